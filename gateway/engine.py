@@ -1,0 +1,122 @@
+"""The generation engine: tokens in, tokens out, the blocks computed by the swarm.
+
+    prompt ids ─embed→ hidden [1, T, D] ─ChainSession (node → node → …)→ hidden ─norm, LM head→ logits ─sample→ id
+
+Torch work (embedding, LM head, sampling) runs in a worker thread; the event loop only awaits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import torch
+from hivemind import DHT
+from hivemind.p2p import P2P
+from transformers import PretrainedConfig, PreTrainedTokenizerBase
+
+from gateway.model_files import load_head, load_tokenizer, stop_token_ids
+from gateway.remote_session import ChainSession
+from gateway.routing import plan_chain
+from gateway.sampling import SamplingParams, make_generator, sample
+from gateway.settings import EngineSettings
+from gateway.swarm_view import SwarmMonitor, SwarmView
+from shared.head import ModelHead
+from shared.model_source import ModelSource, load_config, resolve_model
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompt_ids: list[int]
+    max_new_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    ignore_eos: bool = False
+
+
+class GenerationEngine:
+    def __init__(
+        self,
+        settings: EngineSettings,
+        source: ModelSource,
+        config: PretrainedConfig,
+        tokenizer: PreTrainedTokenizerBase,
+        head: ModelHead,
+    ) -> None:
+        self.settings = settings
+        self.source = source
+        self.config = config
+        self.tokenizer = tokenizer
+        self.head = head
+        self.stop_ids = stop_token_ids(config, tokenizer)
+        self.context_length = int(config.max_position_embeddings)
+        self._dht: DHT | None = None
+        self._p2p: P2P | None = None
+        self._monitor: SwarmMonitor | None = None
+
+    @classmethod
+    async def create(cls, settings: EngineSettings) -> GenerationEngine:
+        # The DHT forks its own process: start it before torch spins up thread pools, which a fork must not copy.
+        dht = DHT(start=True, client_mode=True, **settings.dht_kwargs())
+        if settings.num_threads:
+            torch.set_num_threads(settings.num_threads)
+        source = resolve_model(settings.model, settings.revision)
+        config = await asyncio.to_thread(load_config, source)
+        tokenizer, head = await asyncio.gather(
+            asyncio.to_thread(load_tokenizer, source), asyncio.to_thread(load_head, source, config)
+        )
+        engine = cls(settings, source, config, tokenizer, head)
+        await engine.start(dht)
+        return engine
+
+    @property
+    def model_name(self) -> str:
+        return self.source.name
+
+    async def start(self, dht: DHT) -> None:
+        self._dht = dht
+        self._p2p = await self._dht.replicate_p2p()
+        self._monitor = SwarmMonitor(
+            self._dht, self.model_name, self.config.num_hidden_layers, self.settings.swarm_refresh
+        )
+
+    async def close(self) -> None:
+        if self._dht is not None:
+            await asyncio.to_thread(self._dht.shutdown)
+            self._dht = None
+
+    async def swarm_view(self, fresh: bool = False) -> SwarmView:
+        if self._monitor is None:
+            raise RuntimeError("engine not started")
+        return await self._monitor.view(fresh)
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[int]:
+        """Yield new token ids one by one; stops at max_new_tokens or an end-of-sequence token (yielded)."""
+        if self._p2p is None:
+            raise RuntimeError("engine not started")
+        hops = plan_chain(await self.swarm_view())
+        max_length = len(request.prompt_ids) + request.max_new_tokens
+        generator = make_generator(request.sampling)
+        async with ChainSession(self._p2p, hops, max_length, self.settings.step_timeout) as chain:
+            new_ids = request.prompt_ids
+            position = 0
+            for _ in range(request.max_new_tokens):
+                hidden = await asyncio.to_thread(self._embed, new_ids)
+                output = await chain.step(hidden, position)
+                token = await asyncio.to_thread(self._next_token, output, request.sampling, generator)
+                yield token
+                if token in self.stop_ids and not request.ignore_eos:
+                    return
+                position += len(new_ids)
+                new_ids = [token]
+
+    def _embed(self, token_ids: list[int]) -> torch.Tensor:
+        """-> hidden [1, T, D] in float32 (the wire dtype)."""
+        return self.head.embed(torch.tensor([token_ids])).float()
+
+    def _next_token(self, output: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
+        logits = self.head.logits(output[:, -1:])[0, -1]  # [V]
+        return sample(logits, params, generator)

@@ -1,0 +1,37 @@
+"""The gateway's local share of the model: tokenizer, embeddings, final norm and LM head — nothing else."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from transformers import AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
+
+from shared.errors import ModelLoadError
+from shared.head import ModelHead, build_head
+from shared.model_source import ModelSource
+from shared.weights import open_weights
+
+
+def load_tokenizer(source: ModelSource) -> PreTrainedTokenizerBase:
+    try:
+        if source.kind == "gguf":
+            path = Path(source.location)
+            return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        return AutoTokenizer.from_pretrained(source.location, revision=source.revision)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot load the tokenizer of {source.location}: {exc}") from exc
+
+
+def load_head(source: ModelSource, config: PretrainedConfig) -> ModelHead:
+    return build_head(config, open_weights(source, config))
+
+
+def stop_token_ids(config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    """End-of-sequence ids, as transformers' generate would stop on them."""
+    ids: set[int] = set()
+    for source in (getattr(config, "eos_token_id", None), tokenizer.eos_token_id):
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, list):
+            ids.update(int(i) for i in source)
+    return frozenset(ids)

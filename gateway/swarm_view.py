@@ -1,0 +1,48 @@
+"""The gateway's view of the swarm: who serves which blocks, read from the DHT and kept briefly."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from hivemind import DHT
+
+from shared.dht_records import NodeState, ServerRecord, fetch_servers
+
+
+@dataclass(frozen=True)
+class SwarmView:
+    num_blocks: int
+    servers: dict[str, ServerRecord]
+    fetched_at: float = field(default_factory=time.monotonic)
+
+    def online(self) -> list[ServerRecord]:
+        return [s for s in self.servers.values() if s.state is NodeState.ONLINE]
+
+    def servers_for(self, block: int) -> list[ServerRecord]:
+        return [s for s in self.online() if s.start <= block < s.end]
+
+    def missing_blocks(self) -> list[int]:
+        return [block for block in range(self.num_blocks) if not self.servers_for(block)]
+
+
+class SwarmMonitor:
+    """Reads the model's server records from the DHT; callers get a view at most ``max_age`` seconds old."""
+
+    def __init__(self, dht: DHT, model: str, num_blocks: int, max_age: float) -> None:
+        self._dht = dht
+        self._model = model
+        self._num_blocks = num_blocks
+        self._max_age = max_age
+        self._view: SwarmView | None = None
+        self._lock = asyncio.Lock()
+
+    async def view(self, fresh: bool = False) -> SwarmView:
+        async with self._lock:
+            stale = self._view is None or time.monotonic() - self._view.fetched_at > self._max_age
+            if fresh or stale:
+                servers = await fetch_servers(self._dht, self._model, self._num_blocks)
+                self._view = SwarmView(self._num_blocks, servers)
+            assert self._view is not None  # set just above when missing
+            return self._view

@@ -1,0 +1,126 @@
+"""What nodes announce in the DHT, and how readers get it back.
+
+Keys: ``{model}.model`` holds a ``ModelRecord`` (subkey: the announcing peer); ``{model}.block.{i}`` holds one
+``ServerRecord`` per peer serving block ``i`` (subkey: peer id). Every record expires; nodes re-announce
+periodically, and announce ``OFFLINE`` with a short expiration when they stop. Records that fail validation are
+dropped on read, never trusted.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from enum import StrEnum
+from functools import partial
+from typing import Any
+
+from hivemind import DHT
+from hivemind.dht.node import DHTNode
+from hivemind.utils import get_dht_time
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+logger = logging.getLogger(__name__)
+
+
+class NodeState(StrEnum):
+    JOINING = "joining"
+    ONLINE = "online"
+    DRAINING = "draining"
+    OFFLINE = "offline"
+
+
+class ModelRecord(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    name: str
+    num_blocks: int = Field(gt=0)
+    family: str
+    dtype: str
+
+
+class ServerRecord(BaseModel):
+    """One node's announcement; the same record is stored under every block of its span."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    peer_id: str
+    start: int = Field(ge=0)
+    end: int = Field(gt=0)
+    state: NodeState
+    throughput: float = Field(0.0, ge=0)  # tokens/s one session gets through the whole span
+    cache_tokens_left: int = Field(0, ge=0)
+    version: str
+    protocol: int
+
+    @property
+    def blocks(self) -> range:
+        return range(self.start, self.end)
+
+
+def model_key(model: str) -> str:
+    return f"{model}.model"
+
+
+def block_key(model: str, block: int) -> str:
+    return f"{model}.block.{block}"
+
+
+async def announce(dht: DHT, model: ModelRecord, server: ServerRecord, expiration: float) -> None:
+    """Store ``server`` under each of its blocks and the model record, all expiring in ``expiration`` seconds."""
+    keys = [model_key(model.name)] + [block_key(model.name, i) for i in server.blocks]
+    values: list[Any] = [model.model_dump(mode="json")] + [server.model_dump(mode="json")] * len(server.blocks)
+    await dht.run_coroutine(
+        partial(_store_many, keys=keys, values=values, subkey=server.peer_id, expiration=expiration),
+        return_future=True,
+    )
+
+
+async def _store_many(
+    dht: DHT, node: DHTNode, *, keys: list[str], values: list[Any], subkey: str, expiration: float
+) -> None:
+    await node.store_many(keys, values, get_dht_time() + expiration, subkeys=[subkey] * len(keys))
+
+
+async def fetch_model_record(dht: DHT, model: str) -> ModelRecord | None:
+    found = await dht.get(model_key(model), latest=True, return_future=True)
+    if found is None or not isinstance(found.value, dict):
+        return None
+    for entry in found.value.values():
+        try:
+            return ModelRecord.model_validate(entry.value)
+        except ValidationError:
+            continue
+    return None
+
+
+async def fetch_servers(dht: DHT, model: str, num_blocks: int) -> dict[str, ServerRecord]:
+    """Every valid, unexpired server record for the model, by peer id."""
+    keys = [block_key(model, i) for i in range(num_blocks)]
+    found = await dht.run_coroutine(partial(_get_many, keys=keys), return_future=True)
+    return parse_server_entries(found)
+
+
+async def _get_many(dht: DHT, node: DHTNode, *, keys: list[str]) -> list[dict[str, Any]]:
+    results = await node.get_many(keys, sufficient_expiration_time=float("inf"))
+    entries = []
+    for key in keys:
+        found = results.get(key)
+        if found is not None and isinstance(found.value, dict):
+            entries.append({str(subkey): item.value for subkey, item in found.value.items()})
+    return entries
+
+
+def parse_server_entries(entries: Sequence[dict[str, Any]]) -> dict[str, ServerRecord]:
+    servers: dict[str, ServerRecord] = {}
+    for entry in entries:
+        for subkey, value in entry.items():
+            try:
+                record = ServerRecord.model_validate(value)
+            except ValidationError:
+                logger.warning("dropping a malformed server record from %s", subkey)
+                continue
+            if record.peer_id != subkey:
+                logger.warning("dropping a server record of %s stored by %s", record.peer_id, subkey)
+                continue
+            servers[record.peer_id] = record
+    return servers

@@ -1,0 +1,131 @@
+"""Typed errors shared by the node and the gateway.
+
+Every error that can cross the wire has a stable string ``code`` and a ``retryable`` flag; the node sends the code,
+the client rebuilds the same exception type from it (``error_from_code``), and only retryable ones are retried.
+
+    SwarmError
+    ├── RemoteError                 (crosses the wire)
+    │   ├── ProtocolMismatch        not retryable: client and node speak different protocol versions
+    │   ├── BadRequest              not retryable: malformed message, wrong hidden size / dtype / shape
+    │   ├── UnknownSession          not retryable: step for a session the node does not hold
+    │   ├── PositionOutOfRange      not retryable: positions beyond the session's max length
+    │   ├── WrongSpan               not retryable: blocks asked for are not served by this node
+    │   ├── CacheFull               retryable: the node's KV-cache pool has no room now
+    │   ├── NodeDraining            retryable: the node accepts no new sessions
+    │   └── NodeInternalError       retryable: anything unexpected on the node
+    ├── MissingBlocks               no live node covers some blocks
+    ├── NodeUnreachable             the connection to a node failed or closed mid-session
+    ├── StepTimeout                 a remote step took longer than allowed
+    └── ModelLoadError              a model could not be resolved or loaded
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class SwarmError(Exception):
+    """Base of every error raised by swarmgate's own code."""
+
+    code: ClassVar[str] = "swarm_error"
+    retryable: ClassVar[bool] = False
+
+
+class RemoteError(SwarmError):
+    """An error a node reports over the wire."""
+
+    code = "remote_error"
+
+
+class ProtocolMismatch(RemoteError):
+    code = "protocol_mismatch"
+
+
+class BadRequest(RemoteError):
+    code = "bad_request"
+
+
+class UnknownSession(RemoteError):
+    code = "unknown_session"
+
+
+class PositionOutOfRange(RemoteError):
+    code = "position_out_of_range"
+
+
+class WrongSpan(RemoteError):
+    code = "wrong_span"
+
+
+class CacheFull(RemoteError):
+    code = "cache_full"
+    retryable = True
+
+
+class NodeDraining(RemoteError):
+    code = "node_draining"
+    retryable = True
+
+
+class NodeInternalError(RemoteError):
+    code = "internal_error"
+    retryable = True
+
+
+class MissingBlocks(SwarmError):
+    """No live node serves some blocks; ``blocks`` names them."""
+
+    code = "missing_blocks"
+    retryable = True
+
+    def __init__(self, blocks: list[int]) -> None:
+        self.blocks = blocks
+        super().__init__(f"no live node serves blocks {format_block_ranges(blocks)}")
+
+
+class NodeUnreachable(SwarmError):
+    code = "node_unreachable"
+    retryable = True
+
+
+class StepTimeout(SwarmError):
+    code = "step_timeout"
+    retryable = True
+
+
+class ModelLoadError(SwarmError):
+    code = "model_load_error"
+
+
+_REMOTE_ERRORS: dict[str, type[RemoteError]] = {
+    cls.code: cls
+    for cls in (
+        ProtocolMismatch,
+        BadRequest,
+        UnknownSession,
+        PositionOutOfRange,
+        WrongSpan,
+        CacheFull,
+        NodeDraining,
+        NodeInternalError,
+    )
+}
+
+
+def error_from_code(code: str, message: str) -> RemoteError:
+    """Rebuild the typed error a node sent; unknown codes (a newer node) become ``RemoteError``."""
+    cls = _REMOTE_ERRORS.get(code, RemoteError)
+    error = cls(message)
+    return error
+
+
+def format_block_ranges(blocks: list[int]) -> str:
+    """[0, 1, 2, 7, 9, 10] -> '0:3, 7:8, 9:11' (half-open ranges, as spans are written everywhere)."""
+    ranges: list[str] = []
+    for block in sorted(blocks):
+        if ranges and block == int(ranges[-1].split(":")[1]):
+            start = ranges[-1].split(":")[0]
+            ranges[-1] = f"{start}:{block + 1}"
+        else:
+            ranges.append(f"{block}:{block + 1}")
+    return ", ".join(ranges)

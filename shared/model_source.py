@@ -1,0 +1,58 @@
+"""What a MODEL string names — a local Hugging Face folder, a ``.gguf`` file, or a hub repo — and its config.
+
+The same MODEL string is given to nodes and to the gateway, and its ``name`` keys the model in the DHT and in the API.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from transformers import AutoConfig, PretrainedConfig
+
+from shared.errors import ModelLoadError
+
+SourceKind = Literal["folder", "gguf", "hub"]
+
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    kind: SourceKind
+    location: str  # folder path, .gguf file path, or hub repo id
+    revision: str | None = None
+
+    @property
+    def name(self) -> str:
+        """The model's id: the folder's / repo's / GGUF file's base name."""
+        base = self.location.rstrip("/").rsplit("/", 1)[-1]
+        return base.removesuffix(".gguf") if self.kind == "gguf" else base
+
+
+def resolve_model(spec: str, revision: str | None = None) -> ModelSource:
+    path = Path(spec).expanduser()
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ModelLoadError(f"{spec!r} is a file but not a .gguf file")
+        return ModelSource("gguf", str(path.resolve()))
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"folder {spec!r} has no config.json")
+        return ModelSource("folder", str(path.resolve()))
+    if _REPO_ID.match(spec) and not spec.startswith((".", "/")):
+        return ModelSource("hub", spec, revision)
+    raise ModelLoadError(f"{spec!r} is neither a local folder, a .gguf file, nor a hub repo id")
+
+
+def load_config(source: ModelSource) -> PretrainedConfig:
+    """The model's transformers config (reads only metadata: config.json, or the GGUF header)."""
+    try:
+        if source.kind == "gguf":
+            path = Path(source.location)
+            return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+        return AutoConfig.from_pretrained(source.location, revision=source.revision)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot read the config of {source.location}: {exc}") from exc

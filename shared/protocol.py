@@ -1,0 +1,180 @@
+"""The node's wire protocol: typed messages inside hivemind's protobuf envelope.
+
+Every RPC carries a ``runtime_pb2.ExpertRequest`` / ``ExpertResponse``: ``metadata`` is one JSON message validated by
+the pydantic models below, ``tensors`` are hidden states serialized by hivemind. Three handlers:
+
+* ``inference`` (stream ↔ stream): ``OpenSession`` → ``SessionOpened``; then ``Step`` + hidden [1, T, D] →
+  ``StepResult`` + hidden [1, T, D]; the session's KV cache lives until ``CloseSession`` or the stream ends.
+* ``forward`` (unary): ``ForwardRequest`` + hidden [B, T, D] → ``ForwardResult`` + hidden, no state kept.
+* ``info`` (unary): ``InfoRequest`` → ``NodeInfo``.
+
+Any request may be answered by ``ErrorReply`` with a typed code (``shared.errors``); the node keeps serving.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal
+
+import torch
+from hivemind.compression import deserialize_torch_tensor, serialize_torch_tensor
+from hivemind.proto import runtime_pb2
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from shared.errors import BadRequest, RemoteError, error_from_code
+
+PROTOCOL_VERSION = 1
+
+INFERENCE_HANDLER = "swarmgate.inference"
+FORWARD_HANDLER = "swarmgate.forward"
+INFO_HANDLER = "swarmgate.info"
+
+# Hidden states travel in these dtypes only; anything else is refused before deserializing.
+WIRE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# Bytes per element in hivemind's uncompressed buffer (it widens bfloat16 to float32 on the wire).
+_WIRE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 4}
+MAX_WIRE_ELEMENTS = 1 << 28  # 1 GiB of fp32: refuses absurd declared sizes before allocating
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class OpenSession(_Message):
+    type: Literal["open"] = "open"
+    protocol: int
+    start: int = Field(ge=0)
+    end: int = Field(gt=0)
+    max_length: int = Field(gt=0)
+    alloc_timeout: float = Field(0.0, ge=0, le=600)  # seconds to wait for cache room (0: refuse at once)
+
+
+class Step(_Message):
+    type: Literal["step"] = "step"
+    position: int = Field(ge=0)  # position of the first new token; below the session's length rewinds it
+
+
+class CloseSession(_Message):
+    type: Literal["close"] = "close"
+
+
+ClientMessage = Annotated[OpenSession | Step | CloseSession, Field(discriminator="type")]
+_CLIENT_MESSAGE: TypeAdapter[OpenSession | Step | CloseSession] = TypeAdapter(ClientMessage)
+
+
+class ForwardRequest(_Message):
+    type: Literal["forward"] = "forward"
+    protocol: int
+    start: int = Field(ge=0)
+    end: int = Field(gt=0)
+
+
+class InfoRequest(_Message):
+    type: Literal["info"] = "info"
+
+
+class SessionOpened(_Message):
+    type: Literal["opened"] = "opened"
+    session_id: str
+    start: int
+    end: int
+    max_length: int
+
+
+class StepResult(_Message):
+    type: Literal["result"] = "result"
+    position: int
+
+
+class ForwardResult(_Message):
+    type: Literal["forward_result"] = "forward_result"
+
+
+class NodeInfo(_Message):
+    type: Literal["node_info"] = "node_info"
+    model: str
+    start: int
+    end: int
+    state: str
+    protocol: int
+    version: str
+    dtype: str
+    cache_tokens_total: int
+    cache_tokens_left: int
+    sessions: int
+
+
+class ErrorReply(_Message):
+    type: Literal["error"] = "error"
+    code: str
+    message: str
+
+    @classmethod
+    def of(cls, error: RemoteError) -> ErrorReply:
+        return cls(code=error.code, message=str(error))
+
+    def to_exception(self) -> RemoteError:
+        return error_from_code(self.code, self.message)
+
+
+ServerMessage = Annotated[
+    SessionOpened | StepResult | ForwardResult | NodeInfo | ErrorReply, Field(discriminator="type")
+]
+_SERVER_MESSAGE: TypeAdapter[SessionOpened | StepResult | ForwardResult | NodeInfo | ErrorReply] = TypeAdapter(
+    ServerMessage
+)
+
+
+def encode_request(message: BaseModel, tensors: tuple[torch.Tensor, ...] = ()) -> runtime_pb2.ExpertRequest:
+    return runtime_pb2.ExpertRequest(
+        metadata=message.model_dump_json().encode(), tensors=[serialize_torch_tensor(t) for t in tensors]
+    )
+
+
+def encode_response(message: BaseModel, tensors: tuple[torch.Tensor, ...] = ()) -> runtime_pb2.ExpertResponse:
+    return runtime_pb2.ExpertResponse(
+        metadata=message.model_dump_json().encode(), tensors=[serialize_torch_tensor(t) for t in tensors]
+    )
+
+
+def decode_client_message(
+    request: runtime_pb2.ExpertRequest,
+) -> tuple[OpenSession | Step | CloseSession, list[torch.Tensor]]:
+    return _parse(_CLIENT_MESSAGE, request.metadata), decode_tensors(request.tensors)
+
+
+def decode_unary(request: runtime_pb2.ExpertRequest, model: type[_Message]) -> tuple[Any, list[torch.Tensor]]:
+    return _parse(TypeAdapter(model), request.metadata), decode_tensors(request.tensors)
+
+
+def decode_server_message(
+    response: runtime_pb2.ExpertResponse,
+) -> tuple[SessionOpened | StepResult | ForwardResult | NodeInfo | ErrorReply, list[torch.Tensor]]:
+    return _parse(_SERVER_MESSAGE, response.metadata), decode_tensors(response.tensors)
+
+
+def _parse(adapter: TypeAdapter[Any], metadata: bytes) -> Any:
+    try:
+        return adapter.validate_json(metadata)
+    except ValidationError as exc:
+        raise BadRequest(f"malformed message: {exc.errors(include_url=False)[:3]}") from None
+
+
+def decode_tensors(serialized: Any) -> list[torch.Tensor]:
+    """Deserialize tensors after checking their declared dtype and size against the bytes actually sent."""
+    tensors = []
+    for proto in serialized:
+        if proto.dtype not in WIRE_DTYPES:
+            raise BadRequest(f"tensor dtype {proto.dtype!r} is not one of {sorted(WIRE_DTYPES)}")
+        if proto.compression != runtime_pb2.CompressionType.NONE:
+            raise BadRequest("compressed tensors are not accepted")
+        elements = math.prod(proto.size)
+        if any(d < 0 for d in proto.size) or elements > MAX_WIRE_ELEMENTS:
+            raise BadRequest(f"tensor size {list(proto.size)} is out of bounds")
+        if len(proto.buffer) != elements * _WIRE_BYTES[proto.dtype]:
+            raise BadRequest(f"tensor of size {list(proto.size)} has {len(proto.buffer)} bytes")
+        try:
+            tensors.append(deserialize_torch_tensor(proto))
+        except (ValueError, RuntimeError, TypeError) as exc:
+            raise BadRequest(f"cannot deserialize tensor: {exc}") from None
+    return tensors

@@ -1,0 +1,112 @@
+"""Settings shared by every process, and the argparse front end that turns a settings class into a CLI.
+
+Each command has one frozen pydantic-settings class; its fields are the command's flags (and ``SWARMGATE_*`` env
+vars). We build argparse from the fields ourselves because pydantic-settings' own CLI cannot take space-separated
+lists (``--initial-peers A B``), which the brief's commands promise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import types
+import typing
+from collections.abc import Sequence
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, Field
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ENV_PREFIX = "SWARMGATE_"
+LOOPBACK_MADDRS = ["/ip4/127.0.0.1/tcp/0"]
+
+
+class ProcessSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", frozen=True)
+
+
+class P2PSettings(ProcessSettings):
+    """How a process joins the swarm's DHT."""
+
+    initial_peers: list[str] = Field(
+        default_factory=list, description="multiaddrs of DHT peers to join (as printed by `swarm_node dht`)"
+    )
+    host_maddrs: list[str] = Field(
+        default_factory=lambda: list(LOOPBACK_MADDRS),
+        description="multiaddrs to listen on; use /ip4/0.0.0.0/tcp/PORT to accept other machines",
+    )
+    announce_maddrs: list[str] = Field(default_factory=list, description="public multiaddrs to announce, if any")
+    identity_path: str | None = Field(None, description="file with the peer's private key (stable peer id)")
+    nat_port_map: bool = Field(
+        False, description="ask the local router for a port mapping (UPnP/NAT-PMP); off so nothing leaves the host"
+    )
+
+    def dht_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {
+            "initial_peers": self.initial_peers,
+            "host_maddrs": self.host_maddrs,
+            "nat_port_map": self.nat_port_map,
+            # AutoNAT probes outside peers; a swarm member learns its reachability from its own peers instead.
+            "auto_nat": False,
+        }
+        if self.announce_maddrs:
+            kwargs["announce_maddrs"] = self.announce_maddrs
+        if self.identity_path:
+            kwargs["identity_path"] = self.identity_path
+        return kwargs
+
+
+S = TypeVar("S", bound=BaseModel)
+
+
+def positional(description: str) -> Any:
+    """A required field given as a positional argument on the command line."""
+    return Field(..., description=description, json_schema_extra={"positional": True})
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser, settings_cls: type[BaseModel]) -> None:
+    for name, info in settings_cls.model_fields.items():
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        help_text = _help(name, info)
+        kwargs: dict[str, Any] = {"default": argparse.SUPPRESS, "help": help_text}
+        annotation = _strip_optional(info.annotation)
+        origin = typing.get_origin(annotation)
+        if extra.get("positional"):
+            parser.add_argument(name, metavar=name.upper(), help=help_text)
+            continue
+        flag = "--" + name.replace("_", "-")
+        if annotation is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, **kwargs)
+        elif origin is list:
+            (item,) = typing.get_args(annotation)
+            parser.add_argument(flag, nargs="*", type=item, metavar=name.upper(), **kwargs)
+        elif origin is Literal:
+            parser.add_argument(flag, choices=list(typing.get_args(annotation)), **kwargs)
+        else:
+            parser.add_argument(flag, type=annotation if annotation in (int, float) else str, **kwargs)
+
+
+def build_settings(settings_cls: type[S], namespace: argparse.Namespace) -> S:
+    """Flags given on the command line win over env vars, which win over defaults."""
+    given = {name: value for name, value in vars(namespace).items() if name in settings_cls.model_fields}
+    return settings_cls(**given)
+
+
+def parse_settings(settings_cls: type[S], argv: Sequence[str] | None, prog: str) -> S:
+    parser = argparse.ArgumentParser(prog=prog, description=settings_cls.__doc__)
+    add_settings_arguments(parser, settings_cls)
+    return build_settings(settings_cls, parser.parse_args(argv))
+
+
+def _help(name: str, info: FieldInfo) -> str:
+    default = info.get_default(call_default_factory=True)
+    shown = "required" if info.is_required() else f"default: {default!r}"
+    return f"{info.description or ''} ({shown}; env {ENV_PREFIX}{name.upper()})".replace("%", "%%")
+
+
+def _strip_optional(annotation: Any) -> Any:
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return annotation

@@ -1,0 +1,179 @@
+"""Read only the tensors a process needs: a span's blocks on a node, the embeddings/norm/LM head on the gateway.
+
+Readers speak Hugging Face tensor names (``model.layers.3.self_attn.q_proj.weight``) whatever the file format, and
+record every name they materialise in ``loaded`` so tests can prove a node never touches another span's weights.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from transformers import PretrainedConfig
+
+from shared.errors import ModelLoadError
+from shared.families import family_of
+from shared.model_source import ModelSource
+
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+SAFETENSORS_SINGLE = "model.safetensors"
+
+
+class WeightReader(Protocol):
+    loaded: list[str]
+
+    def names(self) -> set[str]: ...
+
+    def read(self, names: Iterable[str]) -> dict[str, torch.Tensor]: ...
+
+
+def block_prefix(block: int) -> str:
+    return f"model.layers.{block}."
+
+
+class SafetensorsReader:
+    """Tensors from safetensors files, located through the index when the checkpoint is sharded.
+
+    ``fetch`` turns a file name of the checkpoint into a local path: the identity on a local folder, a hub download
+    for a repo — so a hub model downloads only the shards that hold the requested tensors.
+    """
+
+    def __init__(self, fetch: Callable[[str], Path], has_file: Callable[[str], bool]) -> None:
+        self._fetch = fetch
+        self.loaded: list[str] = []
+        if has_file(SAFETENSORS_INDEX):
+            index = json.loads(fetch(SAFETENSORS_INDEX).read_text())
+            self._file_of: dict[str, str] = dict(index["weight_map"])
+        elif has_file(SAFETENSORS_SINGLE):
+            with safe_open(str(fetch(SAFETENSORS_SINGLE)), framework="pt") as f:
+                self._file_of = dict.fromkeys(f.keys(), SAFETENSORS_SINGLE)
+        else:
+            raise ModelLoadError(f"no {SAFETENSORS_INDEX} or {SAFETENSORS_SINGLE} in the checkpoint")
+
+    def names(self) -> set[str]:
+        return set(self._file_of)
+
+    def read(self, names: Iterable[str]) -> dict[str, torch.Tensor]:
+        by_file: dict[str, list[str]] = defaultdict(list)
+        for name in names:
+            if name not in self._file_of:
+                raise ModelLoadError(f"tensor {name} is not in the checkpoint")
+            by_file[self._file_of[name]].append(name)
+        tensors: dict[str, torch.Tensor] = {}
+        for file_name, file_names in by_file.items():
+            with safe_open(str(self._fetch(file_name)), framework="pt") as f:
+                for name in file_names:
+                    tensors[name] = f.get_tensor(name)
+                    self.loaded.append(name)
+        return tensors
+
+
+def local_folder_reader(folder: str) -> SafetensorsReader:
+    root = Path(folder)
+    return SafetensorsReader(fetch=lambda name: root / name, has_file=lambda name: (root / name).is_file())
+
+
+def hub_reader(repo_id: str, revision: str | None) -> SafetensorsReader:
+    """Hub checkpoint: downloads the index, then only the shards that hold what ``read`` is asked for."""
+    from huggingface_hub import file_exists, hf_hub_download
+
+    def fetch(name: str) -> Path:
+        return Path(hf_hub_download(repo_id, name, revision=revision))
+
+    def has_file(name: str) -> bool:
+        return bool(file_exists(repo_id, name, revision=revision))
+
+    return SafetensorsReader(fetch, has_file)
+
+
+class GgufReader:
+    """Tensors of a ``.gguf`` file, dequantized to float32 with the ``gguf`` package.
+
+    Names map through gguf's own HF↔GGUF tensor-name table, and Q/K rows are un-permuted for archs whose llama.cpp
+    converter permuted them — the same two steps transformers applies when it loads a GGUF file.
+    """
+
+    def __init__(self, path: str, config: PretrainedConfig) -> None:
+        import gguf
+
+        self._gguf = gguf
+        self._config = config
+        self._family = family_of(config)
+        self.loaded: list[str] = []
+        self._reader = gguf.GGUFReader(path)
+        self._tensors = {t.name: t for t in self._reader.tensors}
+        arch = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == self._family.gguf_arch)
+        self._name_map = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
+
+    def _gguf_name(self, hf_name: str) -> str | None:
+        name = self._name_map.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        return name if name in self._tensors else None
+
+    def names(self) -> set[str]:
+        blocks = range(self._config.num_hidden_layers)
+        candidates = [f"{block_prefix(i)}{rest}" for i in blocks for rest in _BLOCK_PARAMS]
+        candidates += ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]
+        return {name for name in candidates if self._gguf_name(name) is not None}
+
+    def read(self, names: Iterable[str]) -> dict[str, torch.Tensor]:
+        tensors = {}
+        for name in names:
+            gguf_name = self._gguf_name(name)
+            if gguf_name is None:
+                raise ModelLoadError(f"tensor {name} is not in the GGUF file")
+            tensors[name] = torch.from_numpy(np.ascontiguousarray(self._dequantize(gguf_name)))
+            self.loaded.append(name)
+        return tensors
+
+    def _dequantize(self, gguf_name: str) -> np.ndarray:
+        tensor = self._tensors[gguf_name]
+        # dequantize() returns the row-major (HF) shape: ggml lists dimensions innermost first.
+        weights = self._gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
+        weights = weights.reshape([int(d) for d in reversed(tensor.shape)])
+        if self._family.gguf_permutes_qk and (".attn_q." in gguf_name or ".attn_k." in gguf_name):
+            heads = self._config.num_attention_heads
+            if ".attn_k." in gguf_name:
+                heads = self._config.num_key_value_heads
+            weights = _unpermute_rotary_rows(weights, heads)
+        return weights
+
+
+def _unpermute_rotary_rows(weights: np.ndarray, heads: int) -> np.ndarray:
+    # llama.cpp's converter reorders each head's rows from HF's "first half / second half" rotary layout to
+    # interleaved pairs: rows (h, i, pair) were written as (h, pair, i). Swapping the two axes back restores HF order.
+    half = weights.shape[0] // heads // 2
+    return weights.reshape(heads, half, 2, *weights.shape[1:]).swapaxes(1, 2).reshape(weights.shape)
+
+
+# Parameter names inside one decoder block, for the families we support (Qwen adds biases, Qwen3 q/k norms).
+_BLOCK_PARAMS = [
+    f"{module}.{kind}"
+    for module in (
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "self_attn.o_proj",
+        "self_attn.q_norm",
+        "self_attn.k_norm",
+        "mlp.gate_proj",
+        "mlp.up_proj",
+        "mlp.down_proj",
+        "input_layernorm",
+        "post_attention_layernorm",
+    )
+    for kind in ("weight", "bias")
+]
+
+
+def open_weights(source: ModelSource, config: PretrainedConfig) -> WeightReader:
+    if source.kind == "gguf":
+        return GgufReader(source.location, config)
+    if source.kind == "folder":
+        return local_folder_reader(source.location)
+    return hub_reader(source.location, source.revision)

@@ -1,0 +1,212 @@
+"""The node's RPC handlers: inference sessions (stream), stateless forward (unary) and info (unary).
+
+Every request is validated explicitly; a bad one gets a typed ``ErrorReply`` and the node (and, for a session, the
+stream) keeps serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+
+import torch
+from hivemind.p2p import P2P, P2PContext
+from hivemind.proto import runtime_pb2
+
+from shared.dht_records import NodeState
+from shared.errors import (
+    BadRequest,
+    NodeDraining,
+    NodeInternalError,
+    PositionOutOfRange,
+    ProtocolMismatch,
+    RemoteError,
+    UnknownSession,
+    WrongSpan,
+)
+from shared.kv_cache import SessionKV
+from shared.protocol import (
+    FORWARD_HANDLER,
+    INFERENCE_HANDLER,
+    INFO_HANDLER,
+    PROTOCOL_VERSION,
+    CloseSession,
+    ErrorReply,
+    ForwardRequest,
+    ForwardResult,
+    InfoRequest,
+    NodeInfo,
+    OpenSession,
+    SessionOpened,
+    Step,
+    StepResult,
+    decode_client_message,
+    decode_unary,
+    encode_response,
+)
+from swarm_node.backend import SpanBackend
+from swarm_node.cache_pool import CachePool
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class NodeStatus:
+    """What the handlers need to know about the node beyond its span."""
+
+    model: str
+    version: str
+    max_session_length: int
+    state: NodeState = NodeState.JOINING
+
+
+@dataclass
+class InferenceSession:
+    session_id: str
+    kv: SessionKV
+
+
+class SpanHandlers:
+    def __init__(self, backend: SpanBackend, pool: CachePool, status: NodeStatus) -> None:
+        self.backend = backend
+        self.pool = pool
+        self.status = status
+        self.start, self.end = backend.span.start, backend.span.end
+        self.hidden_size = backend.span.hidden_size
+
+    async def register(self, p2p: P2P) -> None:
+        await p2p.add_protobuf_handler(
+            INFERENCE_HANDLER, self.inference, runtime_pb2.ExpertRequest, stream_input=True, stream_output=True
+        )
+        await p2p.add_protobuf_handler(FORWARD_HANDLER, self.forward, runtime_pb2.ExpertRequest)
+        await p2p.add_protobuf_handler(INFO_HANDLER, self.info, runtime_pb2.ExpertRequest)
+
+    async def inference(
+        self, requests: AsyncIterator[runtime_pb2.ExpertRequest], context: P2PContext
+    ) -> AsyncIterator[runtime_pb2.ExpertResponse]:
+        session: InferenceSession | None = None
+        async with AsyncExitStack() as resources:  # the session's cache room, released when the stream ends
+            async for request in requests:
+                try:
+                    message, tensors = decode_client_message(request)
+                    if isinstance(message, CloseSession):
+                        return
+                    if isinstance(message, OpenSession):
+                        if session is not None:
+                            raise BadRequest("this stream already has an open session")
+                        session = await self._open(message, resources)
+                        yield encode_response(
+                            SessionOpened(
+                                session_id=session.session_id,
+                                start=session.kv.first_block,
+                                end=session.kv.first_block + session.kv.num_layers,
+                                max_length=session.kv.max_length,
+                            )
+                        )
+                        continue
+                    if session is None:
+                        raise UnknownSession("step before the session was opened")
+                    output = await self._step(session, message, tensors)
+                    yield encode_response(StepResult(position=message.position), (output,))
+                except RemoteError as error:
+                    yield encode_response(ErrorReply.of(error))
+                except Exception:
+                    logger.exception("inference step failed")
+                    yield encode_response(ErrorReply.of(NodeInternalError("internal error on the node")))
+
+    async def _open(self, message: OpenSession, resources: AsyncExitStack) -> InferenceSession:
+        check_protocol(message.protocol)
+        blocks = self._check_blocks(message.start, message.end)
+        if self.status.state is not NodeState.ONLINE:
+            raise NodeDraining(f"node is {self.status.state.value}; it accepts no new sessions")
+        if message.max_length > self.status.max_session_length:
+            raise PositionOutOfRange(
+                f"max_length {message.max_length} exceeds this node's limit of {self.status.max_session_length}"
+            )
+        async with AsyncExitStack() as reservation:
+            await reservation.enter_async_context(self.pool.reserve(message.max_length, message.alloc_timeout))
+            kv = await self.backend.new_session_kv(blocks, message.max_length)
+            resources.push_async_exit(reservation.pop_all())  # from here on the stream owns the room
+        session = InferenceSession(uuid.uuid4().hex, kv)
+        logger.debug("session %s opened for blocks %d:%d", session.session_id, blocks.start, blocks.stop)
+        return session
+
+    async def _step(self, session: InferenceSession, message: Step, tensors: list[torch.Tensor]) -> torch.Tensor:
+        if not isinstance(message, Step):
+            raise BadRequest(f"unexpected message {message.type!r} in an open session")
+        hidden = self._check_hidden(tensors, batch=1)
+        new_tokens = hidden.shape[1]
+        if message.position > session.kv.length:
+            raise PositionOutOfRange(
+                f"position {message.position} leaves a gap after the session's {session.kv.length} tokens"
+            )
+        if message.position + new_tokens > session.kv.max_length:
+            raise PositionOutOfRange(
+                f"positions up to {message.position + new_tokens} exceed max_length {session.kv.max_length}"
+            )
+        return await self.backend.step(session.kv, hidden, message.position)
+
+    async def forward(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
+        try:
+            message, tensors = decode_unary(request, ForwardRequest)
+            check_protocol(message.protocol)
+            blocks = self._check_blocks(message.start, message.end)
+            hidden = self._check_hidden(tensors, batch=None)
+            if hidden.shape[1] > self.status.max_session_length:
+                raise PositionOutOfRange(f"{hidden.shape[1]} tokens exceed {self.status.max_session_length}")
+            async with self.pool.reserve(hidden.shape[0] * hidden.shape[1]):
+                output = await self.backend.forward(hidden, blocks)
+            return encode_response(ForwardResult(), (output,))
+        except RemoteError as error:
+            return encode_response(ErrorReply.of(error))
+        except Exception:
+            logger.exception("forward failed")
+            return encode_response(ErrorReply.of(NodeInternalError("internal error on the node")))
+
+    async def info(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
+        try:
+            decode_unary(request, InfoRequest)
+        except RemoteError as error:
+            return encode_response(ErrorReply.of(error))
+        return encode_response(self.node_info())
+
+    def node_info(self) -> NodeInfo:
+        return NodeInfo(
+            model=self.status.model,
+            start=self.start,
+            end=self.end,
+            state=self.status.state.value,
+            protocol=PROTOCOL_VERSION,
+            version=self.status.version,
+            dtype=str(self.backend.dtype).removeprefix("torch."),
+            cache_tokens_total=self.pool.total_tokens,
+            cache_tokens_left=self.pool.tokens_left,
+            sessions=self.pool.sessions,
+        )
+
+    def _check_blocks(self, start: int, end: int) -> range:
+        if not self.start <= start < end <= self.end:
+            raise WrongSpan(f"blocks {start}:{end} are not within this node's span {self.start}:{self.end}")
+        return range(start, end)
+
+    def _check_hidden(self, tensors: list[torch.Tensor], batch: int | None) -> torch.Tensor:
+        if len(tensors) != 1:
+            raise BadRequest(f"expected one hidden-states tensor, got {len(tensors)}")
+        (hidden,) = tensors
+        if hidden.ndim != 3 or hidden.shape[1] == 0 or hidden.shape[0] == 0:
+            raise BadRequest(f"hidden states must be [batch, tokens, {self.hidden_size}], got {list(hidden.shape)}")
+        if batch is not None and hidden.shape[0] != batch:
+            raise BadRequest(f"an inference step takes batch {batch}, got {hidden.shape[0]}")
+        if hidden.shape[2] != self.hidden_size:
+            raise BadRequest(f"hidden size {hidden.shape[2]} != the model's {self.hidden_size}")
+        if not torch.isfinite(hidden).all():
+            raise BadRequest("hidden states contain NaN or infinity")
+        return hidden
+
+
+def check_protocol(version: int) -> None:
+    if version != PROTOCOL_VERSION:
+        raise ProtocolMismatch(f"client speaks protocol {version}, this node speaks {PROTOCOL_VERSION}")

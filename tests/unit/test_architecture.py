@@ -1,0 +1,66 @@
+"""The dependency direction holds: ``shared`` <- ``swarm_node``, ``shared`` <- ``gateway``, never sideways.
+
+The contracts live in pyproject.toml ([tool.importlinter]); import-linter checks them here. A second test proves
+they bite: it copies the packages, adds one forbidden import, and expects import-linter to fail.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("shared", "swarm_node", "gateway")
+SHARED_CONTRACT = "shared is independent of the node and the gateway"
+SIDEWAYS_CONTRACT = "gateway and swarm_node never import each other"
+
+
+def lint_imports(project: Path) -> subprocess.CompletedProcess[str]:
+    """Runs the venv's ``lint-imports`` on the project folder (its pyproject.toml and packages)."""
+    executable = Path(sys.executable).parent / "lint-imports"
+    return subprocess.run(
+        [str(executable), "--no-cache", "--no-logo"],
+        cwd=project,
+        env={"PATH": str(executable.parent), "PYTHONPATH": str(project)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_import_contracts_are_kept() -> None:
+    result = lint_imports(ROOT)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert f"{SHARED_CONTRACT} KEPT" in output
+    assert f"{SIDEWAYS_CONTRACT} KEPT" in output
+
+
+@pytest.mark.parametrize(
+    ("module", "forbidden_import", "contract"),
+    [
+        ("shared/errors.py", "import gateway", SHARED_CONTRACT),
+        ("shared/span.py", "import swarm_node", SHARED_CONTRACT),
+        ("shared/weights.py", "import fastapi", SHARED_CONTRACT),
+        ("gateway/__init__.py", "import swarm_node", SIDEWAYS_CONTRACT),
+        ("swarm_node/__init__.py", "import gateway", SIDEWAYS_CONTRACT),
+    ],
+)
+def test_a_forbidden_import_breaks_a_contract(
+    tmp_path: Path, module: str, forbidden_import: str, contract: str
+) -> None:
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    for package in PACKAGES:
+        shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    with (tmp_path / module).open("a") as source:
+        source.write(f"\n\ndef _violation() -> None:\n    {forbidden_import}\n")
+
+    result = lint_imports(tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert f"{contract} BROKEN" in output
