@@ -1,0 +1,111 @@
+"""Real swarm processes on 127.0.0.1 for integration tests: a DHT bootstrap, nodes, and their logs.
+
+Every process is started with ``python -m`` from this interpreter, logs to a file under the test's tmp folder, and
+is killed when the ``LocalSwarm`` closes, whatever the test did.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from transformers import PreTrainedTokenizerFast
+
+SERVING = re.compile(r"serving blocks (\d+):(\d+) as (\w+)")
+
+
+@dataclass
+class ManagedProcess:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+    peer_id: str = ""
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def send(self, sig: int) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+
+    def stop(self, timeout: float = 15.0) -> int:
+        self.send(signal.SIGTERM)
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            return self.popen.wait()
+
+
+@dataclass
+class LocalSwarm:
+    workdir: Path
+    processes: list[ManagedProcess] = field(default_factory=list)
+    initial_peers: list[str] = field(default_factory=list)
+
+    def _spawn(self, name: str, args: list[str]) -> ManagedProcess:
+        log = self.workdir / f"{name}.log"
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+        with log.open("wb") as out:
+            popen = subprocess.Popen([sys.executable, "-m", *args], stdout=out, stderr=subprocess.STDOUT, env=env)
+        process = ManagedProcess(name, popen, log)
+        self.processes.append(process)
+        return process
+
+    def start_dht(self, timeout: float = 60.0) -> str:
+        log = self.workdir / "dht.stdout"
+        err = (self.workdir / "dht.log").open("wb")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        with log.open("wb") as out:
+            popen = subprocess.Popen([sys.executable, "-m", "swarm_node.cli", "dht"], stdout=out, stderr=err, env=env)
+        self.processes.append(ManagedProcess("dht", popen, self.workdir / "dht.log"))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            lines = [line for line in log.read_text().splitlines() if line.startswith("/ip4/127.0.0.1/")]
+            if lines:
+                self.initial_peers = lines
+                return lines[0]
+            if popen.poll() is not None:
+                raise RuntimeError(f"swarm_node dht exited with {popen.returncode}")
+            time.sleep(0.1)
+        raise TimeoutError("swarm_node dht printed no multiaddr")
+
+    def start_node(self, model: str | Path, blocks: str, *extra: str, name: str | None = None) -> ManagedProcess:
+        args = ["swarm_node.cli", "serve", str(model), "--blocks", blocks, "--num-threads", "1"]
+        args += ["--initial-peers", *self.initial_peers, *extra]
+        return self._spawn(name or f"node-{blocks.replace(':', '-')}-{len(self.processes)}", args)
+
+    def wait_serving(self, node: ManagedProcess, timeout: float = 180.0) -> str:
+        """Block until the node logs that it serves; returns its peer id."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            match = SERVING.search(node.log_text())
+            if match:
+                node.peer_id = match.group(3)
+                return node.peer_id
+            if node.popen.poll() is not None:
+                raise RuntimeError(f"{node.name} exited with {node.popen.returncode}:\n{node.log_text()[-3000:]}")
+            time.sleep(0.2)
+        raise TimeoutError(f"{node.name} did not start serving:\n{node.log_text()[-3000:]}")
+
+    def close(self) -> None:
+        for process in reversed(self.processes):
+            if process.popen.poll() is None:
+                process.popen.kill()
+                process.popen.wait()
+
+
+def save_tiny_tokenizer(folder: Path, vocab_size: int) -> None:
+    """A word-level tokenizer over the tiny model's vocabulary (tokens ``t0 … t{V-1}``), so the engine can load it."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {f"t{i}": i for i in range(vocab_size)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="t0").save_pretrained(folder)

@@ -1,0 +1,64 @@
+"""Integration fixtures: real swarm processes on 127.0.0.1 and a DHT client for the test itself."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import hivemind
+import pytest
+from hivemind.p2p import P2P
+
+from tests.helpers.processes import LocalSwarm, save_tiny_tokenizer
+from tests.tiny_models import VOCAB, GetTinyModel, TinyModel
+
+
+@pytest.fixture
+def local_swarm(tmp_path: Path) -> Iterator[LocalSwarm]:
+    swarm = LocalSwarm(tmp_path)
+    try:
+        yield swarm
+    finally:
+        swarm.close()
+
+
+@pytest.fixture(scope="module")
+def module_swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSwarm]:
+    swarm = LocalSwarm(tmp_path_factory.mktemp("swarm"))
+    try:
+        yield swarm
+    finally:
+        swarm.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_with_tokenizer(tiny_model: GetTinyModel) -> GetTinyModel:
+    """``tiny_with_tokenizer(variant)``: the tiny model's folder with a word-level tokenizer saved beside it."""
+
+    def get(variant: str) -> TinyModel:
+        tiny = tiny_model(variant)
+        if not (tiny.folder / "tokenizer.json").exists():
+            save_tiny_tokenizer(tiny.folder, VOCAB)
+        return tiny
+
+    return get
+
+
+def client_dht(initial_peers: list[str]) -> hivemind.DHT:
+    return hivemind.DHT(
+        initial_peers=initial_peers,
+        client_mode=True,
+        start=True,
+        host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+        nat_port_map=False,
+        auto_nat=False,
+    )
+
+
+@pytest.fixture
+async def client_p2p(module_swarm: LocalSwarm) -> AsyncIterator[P2P]:
+    dht = client_dht(module_swarm.initial_peers)
+    try:
+        yield await dht.replicate_p2p()
+    finally:
+        dht.shutdown()

@@ -1,0 +1,210 @@
+"""A real `swarm_node serve` process, driven over hivemind P2P: sessions, forward, info, and every typed refusal."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+import torch
+from hivemind.p2p import P2P, PeerID
+from hivemind.proto import runtime_pb2
+
+from gateway.remote_session import NodeSession
+from gateway.routing import Hop
+from shared.errors import (
+    BadRequest,
+    PositionOutOfRange,
+    ProtocolMismatch,
+    RemoteError,
+    UnknownSession,
+    WrongSpan,
+)
+from shared.protocol import (
+    FORWARD_HANDLER,
+    INFERENCE_HANDLER,
+    INFO_HANDLER,
+    PROTOCOL_VERSION,
+    ErrorReply,
+    ForwardRequest,
+    InfoRequest,
+    NodeInfo,
+    OpenSession,
+    SessionOpened,
+    Step,
+    StepResult,
+    decode_server_message,
+    encode_request,
+)
+from tests.helpers.processes import LocalSwarm
+from tests.tiny_models import NUM_LAYERS, GetTinyModel
+
+pytestmark = pytest.mark.timeout(300)
+
+HIDDEN = 64
+
+
+@pytest.fixture(scope="module")
+def node_peer(module_swarm: LocalSwarm, tiny_model: GetTinyModel) -> str:
+    module_swarm.start_dht()
+    node = module_swarm.start_node(tiny_model("llama").folder, f"0:{NUM_LAYERS}", "--cache-tokens", "300")
+    return module_swarm.wait_serving(node)
+
+
+class RawStream:
+    """A hand-driven inference stream, to send what a well-behaved client never would."""
+
+    def __init__(self, p2p: P2P, peer: str) -> None:
+        self.p2p, self.peer = p2p, PeerID.from_base58(peer)
+        self.outbox: asyncio.Queue[runtime_pb2.ExpertRequest | None] = asyncio.Queue()
+
+    async def __aenter__(self) -> RawStream:
+        self.replies = await self.p2p.iterate_protobuf_handler(
+            self.peer, INFERENCE_HANDLER, self._requests(), runtime_pb2.ExpertResponse
+        )
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.outbox.put_nowait(None)
+
+    async def _requests(self) -> AsyncIterator[runtime_pb2.ExpertRequest]:
+        while (item := await self.outbox.get()) is not None:
+            yield item
+
+    async def send(self, request: runtime_pb2.ExpertRequest) -> tuple[object, list[torch.Tensor]]:
+        self.outbox.put_nowait(request)
+        return decode_server_message(await asyncio.wait_for(anext(self.replies), 60))
+
+
+def assert_error(reply: object, expected: type[RemoteError]) -> None:
+    assert isinstance(reply, ErrorReply), reply
+    assert isinstance(reply.to_exception(), expected), reply
+
+
+def open_message(**overrides: int) -> runtime_pb2.ExpertRequest:
+    fields = {"protocol": PROTOCOL_VERSION, "start": 0, "end": NUM_LAYERS, "max_length": 16} | overrides
+    return encode_request(OpenSession(**fields))
+
+
+async def node_info(p2p: P2P, peer: str) -> NodeInfo:
+    response = await p2p.call_protobuf_handler(
+        PeerID.from_base58(peer), INFO_HANDLER, encode_request(InfoRequest()), runtime_pb2.ExpertResponse
+    )
+    info, _ = decode_server_message(response)
+    assert isinstance(info, NodeInfo)
+    return info
+
+
+async def wait_for_room(p2p: P2P, peer: str, expected: int) -> NodeInfo:
+    for _ in range(100):
+        info = await node_info(p2p, peer)
+        if info.cache_tokens_left == expected and info.sessions == 0:
+            return info
+        await asyncio.sleep(0.1)
+    return info
+
+
+async def test_malformed_requests_get_typed_errors_and_the_stream_keeps_serving(
+    client_p2p: P2P, node_peer: str
+) -> None:
+    good_hidden = torch.randn(1, 3, HIDDEN)
+    async with RawStream(client_p2p, node_peer) as stream:
+        reply, _ = await stream.send(runtime_pb2.ExpertRequest(metadata=b"{not json"))
+        assert_error(reply, BadRequest)
+        reply, _ = await stream.send(encode_request(Step(position=0), (good_hidden,)))
+        assert_error(reply, UnknownSession)
+        reply, _ = await stream.send(open_message(protocol=PROTOCOL_VERSION + 1))
+        assert_error(reply, ProtocolMismatch)
+        reply, _ = await stream.send(open_message(end=NUM_LAYERS + 1))
+        assert_error(reply, WrongSpan)
+
+        reply, _ = await stream.send(open_message())
+        assert isinstance(reply, SessionOpened)
+        bad_steps = [
+            (Step(position=0), (torch.randn(1, 3, HIDDEN + 1),), BadRequest),  # wrong hidden size
+            (Step(position=0), (torch.randn(3, HIDDEN),), BadRequest),  # wrong rank
+            (Step(position=0), (torch.ones(1, 3, HIDDEN, dtype=torch.int64),), BadRequest),  # wrong dtype
+            (Step(position=0), (torch.full((1, 3, HIDDEN), float("nan")),), BadRequest),
+            (Step(position=0), (), BadRequest),  # no tensor
+            (Step(position=14), (good_hidden,), PositionOutOfRange),  # a gap after 0 tokens
+            (Step(position=0), (torch.randn(1, 17, HIDDEN),), PositionOutOfRange),  # beyond max_length 16
+        ]
+        for message, tensors, expected in bad_steps:
+            reply, _ = await stream.send(encode_request(message, tensors))
+            assert_error(reply, expected)
+        oversized = encode_request(Step(position=0), (good_hidden,))
+        oversized.tensors[0].size[:] = [1, 1 << 20, 1 << 20]  # declares far more than it carries
+        reply, _ = await stream.send(oversized)
+        assert_error(reply, BadRequest)
+
+        reply, tensors = await stream.send(encode_request(Step(position=0), (good_hidden,)))
+        assert isinstance(reply, StepResult)
+        assert tensors[0].shape == good_hidden.shape and torch.isfinite(tensors[0]).all()
+
+
+async def test_interleaved_sessions_equal_each_alone_and_forward(client_p2p: P2P, node_peer: str) -> None:
+    torch.manual_seed(0)
+    prompts = [torch.randn(1, 5, HIDDEN), torch.randn(1, 3, HIDDEN)]
+    steps = [[torch.randn(1, 1, HIDDEN) for _ in range(4)] for _ in prompts]
+    hop = Hop(node_peer, 0, NUM_LAYERS)
+
+    async def run_alone(index: int) -> list[torch.Tensor]:
+        session = NodeSession(client_p2p, hop, max_length=16, step_timeout=60)
+        await session.open()
+        outputs = [await session.step(prompts[index], 0)]
+        for offset, hidden in enumerate(steps[index]):
+            outputs.append(await session.step(hidden, prompts[index].shape[1] + offset))
+        await session.close()
+        return outputs
+
+    alone = [await run_alone(0), await run_alone(1)]
+    sessions = [NodeSession(client_p2p, hop, max_length=16, step_timeout=60) for _ in prompts]
+    for session in sessions:
+        await session.open()
+    interleaved: list[list[torch.Tensor]] = [[], []]
+    for index, session in enumerate(sessions):
+        interleaved[index].append(await session.step(prompts[index], 0))
+    for offset in range(4):
+        for index, session in enumerate(sessions):
+            interleaved[index].append(await session.step(steps[index][offset], prompts[index].shape[1] + offset))
+    for session in sessions:
+        await session.close()
+    for got, want in zip(interleaved, alone, strict=True):
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a, b)
+
+    # The stateless forward of the whole sequence agrees with the session's prefill + decode steps.
+    sequence = torch.cat([prompts[0], *steps[0]], dim=1)
+    response = await client_p2p.call_protobuf_handler(
+        PeerID.from_base58(node_peer),
+        FORWARD_HANDLER,
+        encode_request(ForwardRequest(protocol=PROTOCOL_VERSION, start=0, end=NUM_LAYERS), (sequence,)),
+        runtime_pb2.ExpertResponse,
+    )
+    _, (forward_out,) = decode_server_message(response)
+    torch.testing.assert_close(forward_out, torch.cat(alone[0], dim=1), rtol=1e-5, atol=1e-5)
+
+
+async def test_cache_room_comes_back_after_close_and_after_a_dropped_stream(client_p2p: P2P, node_peer: str) -> None:
+    info = await wait_for_room(client_p2p, node_peer, 300)
+    assert info.cache_tokens_total == 300 and info.cache_tokens_left == 300
+
+    session = NodeSession(client_p2p, Hop(node_peer, 0, NUM_LAYERS), max_length=200, step_timeout=60)
+    await session.open()
+    info = await node_info(client_p2p, node_peer)
+    assert info.cache_tokens_left == 100 and info.sessions == 1
+    # A second session that does not fit is refused with a typed, retryable error.
+    too_big = NodeSession(client_p2p, Hop(node_peer, 0, NUM_LAYERS), max_length=150, step_timeout=60)
+    with pytest.raises(RemoteError) as refused:
+        await too_big.open()
+    assert refused.value.code == "cache_full" and refused.value.retryable
+    await too_big.close()
+    await session.close()
+    assert (await wait_for_room(client_p2p, node_peer, 300)).cache_tokens_left == 300
+
+    # A client that vanishes without closing: its stream ends and the node frees the room.
+    async with RawStream(client_p2p, node_peer) as stream:
+        reply, _ = await stream.send(open_message(max_length=120))
+        assert isinstance(reply, SessionOpened)
+        assert (await node_info(client_p2p, node_peer)).cache_tokens_left == 180
+    assert (await wait_for_room(client_p2p, node_peer, 300)).cache_tokens_left == 300
