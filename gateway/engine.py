@@ -19,7 +19,8 @@ from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 from gateway.model_files import load_head, load_tokenizer, stop_token_ids
 from gateway.remote_session import ChainSession
-from gateway.routing import plan_chain
+from gateway.router import Router
+from gateway.routing import RoutingMode
 from gateway.sampling import SamplingParams, make_generator, sample
 from gateway.settings import EngineSettings
 from gateway.swarm_view import SwarmMonitor, SwarmView
@@ -56,6 +57,7 @@ class GenerationEngine:
         self._dht: DHT | None = None
         self._p2p: P2P | None = None
         self._monitor: SwarmMonitor | None = None
+        self._router: Router | None = None
 
     @classmethod
     async def create(cls, settings: EngineSettings) -> GenerationEngine:
@@ -82,8 +84,18 @@ class GenerationEngine:
         self._monitor = SwarmMonitor(
             self._dht, self.model_name, self.config.num_hidden_layers, self.settings.swarm_refresh
         )
+        self._router = Router(self._monitor, self._p2p, RoutingMode(self.settings.routing))
+        self._router.start()
+
+    @property
+    def router(self) -> Router:
+        if self._router is None:
+            raise RuntimeError("engine not started")
+        return self._router
 
     async def close(self) -> None:
+        if self._router is not None:
+            await self._router.close()
         if self._dht is not None:
             await asyncio.to_thread(self._dht.shutdown)
             self._dht = None
@@ -97,10 +109,9 @@ class GenerationEngine:
         """Yield new token ids one by one; stops at max_new_tokens or an end-of-sequence token (yielded)."""
         if self._p2p is None:
             raise RuntimeError("engine not started")
-        hops = plan_chain(await self.swarm_view())
         max_length = len(request.prompt_ids) + request.max_new_tokens
         generator = make_generator(request.sampling)
-        async with ChainSession(self._p2p, hops, max_length, self.settings.step_timeout) as chain:
+        async with ChainSession(self._p2p, self.router, max_length, self.settings.step_timeout) as chain:
             new_ids = request.prompt_ids
             position = 0
             for _ in range(request.max_new_tokens):

@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from types import TracebackType
 
 import torch
@@ -18,6 +19,7 @@ from hivemind.p2p import P2P, PeerID
 from hivemind.proto import runtime_pb2
 from pydantic import BaseModel
 
+from gateway.router import Router
 from gateway.routing import Hop
 from shared.errors import NodeUnreachable, RemoteError, StepTimeout
 from shared.protocol import (
@@ -80,6 +82,21 @@ class NodeSession:
             raise NodeUnreachable(f"node {self.hop.peer_id} sent a malformed step result")
         return tensors[0]
 
+    async def replay(self, chunks: list[tuple[int, torch.Tensor]]) -> list[tuple[int, torch.Tensor]]:
+        """Send past inputs in their original chunks, pipelined (all sent, then all read): the node computes exactly
+        what the lost node had, at one round trip's cost. Returns the outputs with their positions."""
+        if self.closed or self._replies is None:
+            raise NodeUnreachable(f"session on {self.hop.peer_id} is closed")
+        for position, hidden in chunks:
+            self._outbox.put_nowait(encode_request(Step(position=position), (hidden,)))
+        outputs = []
+        for position, hidden in chunks:
+            reply, tensors = await self._receive()
+            if not isinstance(reply, StepResult) or len(tensors) != 1 or tensors[0].shape != hidden.shape:
+                raise NodeUnreachable(f"node {self.hop.peer_id} sent a malformed replay result")
+            outputs.append((position, tensors[0]))
+        return outputs
+
     async def close(self) -> None:
         if self.closed:
             return
@@ -102,6 +119,10 @@ class NodeSession:
         if self.closed or self._replies is None:
             raise NodeUnreachable(f"session on {self.hop.peer_id} is closed")
         self._outbox.put_nowait(encode_request(message, tensors))
+        return await self._receive()
+
+    async def _receive(self) -> tuple[ServerMessage, list[torch.Tensor]]:
+        assert self._replies is not None  # opened before anything is sent
         try:
             response = await asyncio.wait_for(anext(self._replies), self._timeout)
         except TimeoutError:
@@ -119,16 +140,56 @@ class NodeSession:
         return reply, out
 
 
-class ChainSession:
-    """A session through every hop of a route: hidden states go in at the first block and out after the last."""
+@dataclass
+class Segment:
+    """One hop of a chain and every input it was given, kept so a replacement can be replayed exactly."""
 
-    def __init__(self, p2p: P2P, hops: Sequence[Hop], max_length: int, step_timeout: float) -> None:
-        self.hops = list(hops)
-        self._sessions = [NodeSession(p2p, hop, max_length, step_timeout) for hop in hops]
+    session: NodeSession
+    history: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # (position, hidden [1, T, D])
+
+    def record(self, position: int, hidden: torch.Tensor) -> None:
+        """Remember an input; inputs at or after ``position`` are forgotten first (the node rewinds the same way)."""
+        kept = []
+        for start, chunk in self.history:
+            if start >= position:
+                break
+            kept.append((start, chunk[:, : position - start]))
+        kept.append((position, hidden))
+        self.history = kept
+
+
+class ChainSession:
+    """A session through every block: hidden states go in at block 0 and come out after the last block.
+
+    When a node fails (dies, stalls past the step timeout, or refuses), only its block range is routed again, the new
+    nodes are replayed the exact inputs the lost node had received, and the step goes on — the caller never notices
+    beyond the delay. After ``max_failovers`` replacements in one session the last error is raised.
+    """
+
+    def __init__(
+        self, p2p: P2P, router: Router, max_length: int, step_timeout: float, max_failovers: int = 5
+    ) -> None:
+        self._p2p = p2p
+        self._router = router
+        self._max_length = max_length
+        self._timeout = step_timeout
+        self._failovers_left = max_failovers
+        self._segments: list[Segment] = []
+        self.failovers = 0
+
+    @property
+    def hops(self) -> list[Hop]:
+        return [segment.session.hop for segment in self._segments]
 
     async def __aenter__(self) -> ChainSession:
         try:
-            await asyncio.gather(*(session.open() for session in self._sessions))
+            hops = await self._router.route(self._max_length)
+            self._segments = [Segment(self._new_session(hop)) for hop in hops]
+            for index, result in enumerate(
+                await asyncio.gather(*(s.session.open() for s in self._segments), return_exceptions=True)
+            ):
+                if isinstance(result, BaseException):
+                    await self._fail_over(self._segments[index], result)
         except BaseException:
             await self.close()
             raise
@@ -140,11 +201,76 @@ class ChainSession:
         await self.close()
 
     async def step(self, hidden: torch.Tensor, position: int) -> torch.Tensor:
-        """hidden: [1, T, D] embeddings of new tokens -> [1, T, D] output of the last block."""
-        for session in self._sessions:
-            hidden = await session.step(hidden, position)
+        """hidden: [1, T, D] embeddings of new tokens at position... -> [1, T, D] output of the last block."""
+        index = 0
+        while index < len(self._segments):
+            segment = self._segments[index]
+            try:
+                output = await segment.session.step(hidden, position)
+            except Exception as error:
+                await self._fail_over(segment, error)
+                continue  # the replacement now sits at the same index
+            segment.record(position, hidden)
+            self._router.record_success(segment.session.hop.peer_id)
+            hidden = output
+            index += 1
         return hidden
 
     async def close(self) -> None:
         # Shielded: a cancelled request must still release every node's cache room.
-        await asyncio.shield(asyncio.gather(*(s.close() for s in self._sessions), return_exceptions=True))
+        sessions = [segment.session for segment in self._segments]
+        self._router.release(s.hop for s in sessions)
+        self._segments = []
+        await asyncio.shield(asyncio.gather(*(s.close() for s in sessions), return_exceptions=True))
+
+    def _new_session(self, hop: Hop) -> NodeSession:
+        return NodeSession(self._p2p, hop, self._max_length, self._timeout)
+
+    async def _fail_over(self, failed: Segment, error: BaseException) -> None:
+        """Replace ``failed`` by new segments over the same blocks, replayed up to where it was."""
+        culprit = failed
+        while True:
+            if not _recoverable(error) or self._failovers_left <= 0:
+                raise error
+            self._failovers_left -= 1
+            self.failovers += 1
+            hop = culprit.session.hop
+            logger.warning("node %s failed (%s); re-routing blocks %d:%d", hop.peer_id, error, hop.start, hop.end)
+            self._router.record_failure(hop.peer_id)
+            await self._drop(culprit)
+            replacement, culprit_or_none, error_or_none = await self._build_replacement(failed)
+            if culprit_or_none is None:
+                index = self._segments.index(failed)
+                self._segments[index : index + 1] = replacement
+                return
+            culprit, error = culprit_or_none, error_or_none or error
+            await asyncio.gather(*(self._drop(s) for s in replacement if s is not culprit))
+
+    async def _build_replacement(
+        self, failed: Segment
+    ) -> tuple[list[Segment], Segment | None, BaseException | None]:
+        """New segments for ``failed``'s blocks with its history replayed; or the segment that failed and why."""
+        hop = failed.session.hop
+        hops = await self._router.route(self._max_length, hop.start, hop.end, fresh=True)
+        segments = [Segment(self._new_session(h)) for h in hops]
+        inputs = failed.history
+        for segment in segments:
+            try:
+                await segment.session.open()
+                outputs = await segment.session.replay(inputs)
+            except Exception as error:
+                return segments, segment, error
+            segment.history = inputs
+            inputs = outputs
+        return segments, None, None
+
+    async def _drop(self, segment: Segment) -> None:
+        self._router.release([segment.session.hop])
+        with contextlib.suppress(Exception):
+            await segment.session.close()
+
+
+def _recoverable(error: BaseException) -> bool:
+    if isinstance(error, NodeUnreachable | StepTimeout):
+        return True
+    return isinstance(error, RemoteError) and error.retryable

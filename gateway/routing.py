@@ -1,15 +1,38 @@
-"""Route choice: which nodes carry a session's hidden states, block range by block range.
+"""Route choice as pure functions over plain data: which nodes carry a session, block range by block range.
 
-For now any chain that covers the blocks: at each block, the online server that reaches farthest. The
-latency/throughput router replaces ``plan_chain`` behind this same signature.
+Two modes:
+
+* ``min_latency``: the cheapest path over block boundaries, where using server ``s`` from block ``b`` to the end of
+  its span costs its round-trip time, the compute time of those blocks (from its announced throughput), and a large
+  penalty when it is short of cache room. A route switches nodes only at the end of a node's span.
+* ``max_throughput``: spread sessions: at each boundary take the server with the most per-block throughput left
+  after its announced queue and the sessions this gateway already runs on it.
+
+Banned servers are skipped, except for a block whose every server is banned: then bans are ignored for that block.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import heapq
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
 
 from gateway.swarm_view import SwarmView
+from shared.dht_records import ServerRecord
 from shared.errors import MissingBlocks
+
+# Seconds-equivalent added to a node without room for the session: chosen only when nothing else serves its blocks.
+CACHE_SHORT_PENALTY = 60.0
+# Round-trip time assumed for a node not measured yet (pessimistic, so measured nearby nodes win).
+UNKNOWN_RTT = 0.1
+# Seconds per block assumed for a node that announced no throughput yet.
+UNKNOWN_BLOCK_TIME = 0.1
+
+
+class RoutingMode(StrEnum):
+    MIN_LATENCY = "min_latency"
+    MAX_THROUGHPUT = "max_throughput"
 
 
 @dataclass(frozen=True)
@@ -19,17 +42,88 @@ class Hop:
     end: int
 
 
-def plan_chain(view: SwarmView, start: int = 0, end: int | None = None) -> list[Hop]:
-    """Hops covering blocks [start, end); raises ``MissingBlocks`` naming every uncovered block."""
-    end = view.num_blocks if end is None else end
-    missing = [block for block in view.missing_blocks() if start <= block < end]
+@dataclass(frozen=True)
+class RouteRequest:
+    """Everything a route depends on besides the swarm itself."""
+
+    max_length: int  # tokens the session will hold on each node
+    start: int = 0
+    end: int | None = None
+    rtts: Mapping[str, float] = field(default_factory=dict)
+    banned: frozenset[str] = frozenset()
+    load: Mapping[str, int] = field(default_factory=dict)  # this gateway's open sessions per node
+
+
+def plan_route(view: SwarmView, request: RouteRequest, mode: RoutingMode) -> list[Hop]:
+    """Hops covering blocks [start, end); raises ``MissingBlocks`` naming every block nobody serves."""
+    end = view.num_blocks if request.end is None else request.end
+    candidates = _candidates(view, request, end)
+    if mode is RoutingMode.MIN_LATENCY:
+        return _min_latency(candidates, request, end)
+    return _max_throughput(candidates, request, end)
+
+
+def _candidates(view: SwarmView, request: RouteRequest, end: int) -> dict[int, list[ServerRecord]]:
+    """Per block, the servers a route may use there."""
+    candidates: dict[int, list[ServerRecord]] = {}
+    missing = []
+    for block in range(request.start, end):
+        servers = view.servers_for(block)
+        if not servers:
+            missing.append(block)
+        allowed = [s for s in servers if s.peer_id not in request.banned]
+        candidates[block] = allowed or servers
     if missing:
         raise MissingBlocks(missing)
-    hops: list[Hop] = []
-    block = start
+    return candidates
+
+
+def hop_cost(server: ServerRecord, blocks: int, request: RouteRequest) -> float:
+    rtt = request.rtts.get(server.peer_id, UNKNOWN_RTT)
+    block_time = server.block_time if server.throughput > 0 else UNKNOWN_BLOCK_TIME
+    penalty = CACHE_SHORT_PENALTY if server.cache_tokens_left < request.max_length else 0.0
+    return rtt + blocks * block_time + penalty
+
+
+def _min_latency(candidates: dict[int, list[ServerRecord]], request: RouteRequest, end: int) -> list[Hop]:
+    # Dijkstra over block boundaries: an edge b -> min(s.end, end) for each server s usable at block b.
+    best: dict[int, float] = {request.start: 0.0}
+    came_from: dict[int, Hop] = {}
+    queue: list[tuple[float, int]] = [(0.0, request.start)]
+    while queue:
+        cost, block = heapq.heappop(queue)
+        if block == end:
+            break
+        if cost > best.get(block, float("inf")):
+            continue
+        for server in sorted(candidates[block], key=lambda s: s.peer_id):
+            reach = min(server.end, end)
+            total = cost + hop_cost(server, reach - block, request)
+            if total < best.get(reach, float("inf")):
+                best[reach] = total
+                came_from[reach] = Hop(server.peer_id, block, reach)
+                heapq.heappush(queue, (total, reach))
+    hops = []
+    block = end
+    while block != request.start:
+        hop = came_from[block]
+        hops.append(hop)
+        block = hop.start
+    return hops[::-1]
+
+
+def _max_throughput(candidates: dict[int, list[ServerRecord]], request: RouteRequest, end: int) -> list[Hop]:
+    def spare_rate(server: ServerRecord) -> tuple[bool, float, str]:
+        has_room = server.cache_tokens_left >= request.max_length
+        rate = (server.throughput or 1.0) * (server.end - server.start)  # block-tokens per second
+        busy = 1 + server.queue_depth + request.load.get(server.peer_id, 0)
+        return has_room, rate / busy, server.peer_id
+
+    hops = []
+    block = request.start
     while block < end:
-        best = max(view.servers_for(block), key=lambda s: (s.end, s.throughput, s.peer_id))
-        hop_end = min(best.end, end)
-        hops.append(Hop(best.peer_id, block, hop_end))
-        block = hop_end
+        server = max(candidates[block], key=spare_rate)
+        reach = min(server.end, end)
+        hops.append(Hop(server.peer_id, block, reach))
+        block = reach
     return hops

@@ -47,10 +47,18 @@ class ServerRecord(BaseModel):
     start: int = Field(ge=0)
     end: int = Field(gt=0)
     state: NodeState
-    throughput: float = Field(0.0, ge=0)  # tokens/s one session gets through the whole span
+    throughput: float = Field(0.0, ge=0)  # decode tokens/s one session gets through the whole span
+    prefill_throughput: float = Field(0.0, ge=0)  # prompt tokens/s through the whole span
     cache_tokens_left: int = Field(0, ge=0)
+    queue_depth: int = Field(0, ge=0)  # steps waiting for the compute thread when announced
+    next_rtts: dict[str, float] = Field(default_factory=dict)  # seconds to the nodes that serve our `end` block
     version: str
     protocol: int
+
+    @property
+    def block_time(self) -> float:
+        """Seconds one decode token spends in each block of this node (infinite when unmeasured)."""
+        return 1.0 / (self.throughput * (self.end - self.start)) if self.throughput > 0 else float("inf")
 
     @property
     def blocks(self) -> range:
