@@ -16,10 +16,10 @@ from collections.abc import Iterable, Sequence
 from hivemind.p2p import P2P
 
 from gateway.bans import BanList
-from gateway.node_client import fetch_info
 from gateway.routing import Hop, RouteRequest, RoutingMode, plan_route
 from gateway.swarm_view import SwarmMonitor, SwarmView
 from shared.errors import SwarmError
+from shared.rpc_client import fetch_info
 
 logger = logging.getLogger(__name__)
 

@@ -113,14 +113,19 @@ async def _get_many(dht: DHT, node: DHTNode, *, keys: list[str]) -> list[dict[st
     entries = []
     for key in keys:
         found = results.get(key)
-        if found is not None and isinstance(found.value, dict):
-            entries.append({str(subkey): item.value for subkey, item in found.value.items()})
+        values = found.value if found is not None and isinstance(found.value, dict) else {}
+        entries.append({str(subkey): item.value for subkey, item in values.items()})
     return entries
 
 
 def parse_server_entries(entries: Sequence[dict[str, Any]]) -> dict[str, ServerRecord]:
+    """``entries[i]`` holds the records stored under block ``i``, by subkey.
+
+    A record is kept only if its owner stored it (subkey == peer id) and its span covers the block it was found
+    under: after a node moves, records left under its old blocks name the new span and are ignored there.
+    """
     servers: dict[str, ServerRecord] = {}
-    for entry in entries:
+    for block, entry in enumerate(entries):
         for subkey, value in entry.items():
             try:
                 record = ServerRecord.model_validate(value)
@@ -130,5 +135,6 @@ def parse_server_entries(entries: Sequence[dict[str, Any]]) -> dict[str, ServerR
             if record.peer_id != subkey:
                 logger.warning("dropping a server record of %s stored by %s", record.peer_id, subkey)
                 continue
-            servers[record.peer_id] = record
+            if record.start <= block < record.end:
+                servers[record.peer_id] = record
     return servers

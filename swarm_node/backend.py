@@ -21,9 +21,19 @@ class SpanBackend:
         self.dtype = next(span.parameters()).dtype
         self.device = next(span.parameters()).device
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="span-compute")
+        self._pending = 0
+
+    @property
+    def queue_depth(self) -> int:
+        """Calls submitted to the compute thread and not finished yet (announced so routers can spread load)."""
+        return self._pending
 
     async def _run(self, fn: Callable[[], T]) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+        self._pending += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+        finally:
+            self._pending -= 1
 
     async def new_session_kv(self, blocks: range, max_length: int) -> SessionKV:
         return await self._run(lambda: self.span.new_session_kv(blocks, max_length))

@@ -27,6 +27,11 @@ class CachePool:
     def sessions(self) -> int:
         return self._sessions
 
+    async def wait_until_empty(self) -> None:
+        """Return once no session holds room (a draining node waits on this)."""
+        async with self._freed:
+            await self._freed.wait_for(lambda: self._sessions == 0)
+
     @asynccontextmanager
     async def reserve(self, tokens: int, wait: float = 0.0) -> AsyncIterator[None]:
         """Hold ``tokens`` of room for the body; waits up to ``wait`` seconds, then raises ``CacheFull``."""

@@ -6,6 +6,7 @@ stream) keeps serving.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -61,6 +62,7 @@ class NodeStatus:
     version: str
     max_session_length: int
     state: NodeState = NodeState.JOINING
+    added_latency: float = 0.0  # seconds slept before every reply: emulates a distant node (tests, demos)
 
 
 @dataclass
@@ -77,6 +79,11 @@ class SpanHandlers:
         self.start, self.end = backend.span.start, backend.span.end
         self.hidden_size = backend.span.hidden_size
 
+    def use_backend(self, backend: SpanBackend) -> None:
+        """Serve another span (after the node moved); the caller drained every session first."""
+        self.backend = backend
+        self.start, self.end = backend.span.start, backend.span.end
+
     async def register(self, p2p: P2P) -> None:
         await p2p.add_protobuf_handler(
             INFERENCE_HANDLER, self.inference, runtime_pb2.ExpertRequest, stream_input=True, stream_output=True
@@ -90,6 +97,7 @@ class SpanHandlers:
         session: InferenceSession | None = None
         async with AsyncExitStack() as resources:  # the session's cache room, released when the stream ends
             async for request in requests:
+                await self._emulate_distance()
                 try:
                     message, tensors = decode_client_message(request)
                     if isinstance(message, CloseSession):
@@ -150,6 +158,7 @@ class SpanHandlers:
         return await self.backend.step(session.kv, hidden, message.position)
 
     async def forward(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
+        await self._emulate_distance()
         try:
             message, tensors = decode_unary(request, ForwardRequest)
             check_protocol(message.protocol)
@@ -167,11 +176,16 @@ class SpanHandlers:
             return encode_response(ErrorReply.of(NodeInternalError("internal error on the node")))
 
     async def info(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
+        await self._emulate_distance()
         try:
             decode_unary(request, InfoRequest)
         except RemoteError as error:
             return encode_response(ErrorReply.of(error))
         return encode_response(self.node_info())
+
+    async def _emulate_distance(self) -> None:
+        if self.status.added_latency > 0:
+            await asyncio.sleep(self.status.added_latency)
 
     def node_info(self) -> NodeInfo:
         return NodeInfo(

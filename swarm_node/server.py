@@ -1,11 +1,14 @@
-"""A node's life: join the DHT, load its span, serve, announce; on stop, announce OFFLINE and leave.
+"""A node's life: join the DHT, choose and load a span, serve, announce; drain and announce OFFLINE on stop.
 
 Processes, threads and loops of one node:
 
     main process
-    ├── asyncio loop (main thread): P2P handlers, the announcer; never runs torch
+    ├── asyncio loop (main thread): P2P handlers, the announcer, the balancer; never runs torch
     ├── "span-compute" thread: every torch call on the span (SpanBackend)
     └── hivemind DHT child process, with its p2pd daemon (the node's peer identity)
+
+States announced: JOINING (span chosen, loading) → ONLINE → DRAINING (no new sessions; before a move or a stop)
+→ ONLINE again after a move, or OFFLINE when the node leaves.
 """
 
 from __future__ import annotations
@@ -14,27 +17,33 @@ import asyncio
 import contextlib
 import logging
 import signal
-import time
+from pathlib import Path
 
 import torch
 from hivemind import DHT
 from hivemind.p2p import P2P
 
 import shared
-from shared.dht_records import ModelRecord, NodeState, ServerRecord, announce
+from shared.dht_records import ModelRecord, NodeState, ServerRecord, announce, fetch_servers
+from shared.errors import SwarmError
 from shared.families import family_of
 from shared.model_source import ModelSource, load_config, resolve_model
 from shared.protocol import PROTOCOL_VERSION
+from shared.rpc_client import fetch_info
 from shared.span import build_span
 from shared.weights import open_weights
 from swarm_node.backend import SpanBackend
 from swarm_node.cache_pool import CachePool
 from swarm_node.handlers import NodeStatus, SpanHandlers
 from swarm_node.settings import ServeSettings
+from swarm_node.span_choice import block_throughputs, choose_new_start, choose_start
+from swarm_node.throughput import BlockSpeed, block_speed, load_cached, speed_key
 
 logger = logging.getLogger(__name__)
 
 OFFLINE_RECORD_TTL = 30.0  # how long an OFFLINE record lingers so readers see the node left rather than vanished
+NEXT_HOPS_PROBED = 4  # nodes serving our end block whose round-trip time we measure and announce
+PROBE_TIMEOUT = 2.0
 
 
 def resolve_device(setting: str) -> torch.device:
@@ -46,30 +55,40 @@ def resolve_device(setting: str) -> torch.device:
 def resolve_dtype(setting: str, device: torch.device) -> torch.dtype:
     if setting == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, setting)
+    dtype: torch.dtype = getattr(torch, setting)
+    return dtype
 
 
 class SpanServer:
     def __init__(self, settings: ServeSettings) -> None:
+        if settings.span() is None and settings.num_blocks is None:
+            raise ValueError("give --blocks START:END or --num-blocks N")
         self.settings = settings
         self.source: ModelSource = resolve_model(settings.model, settings.revision)
         self.config = load_config(self.source)
-        span = settings.span()
-        if span is None:
-            raise ValueError("give --blocks START:END (span choice with --num-blocks arrives with the router)")
-        self.start, self.end = span
+        self.num_model_blocks = int(self.config.num_hidden_layers)
         self.device = resolve_device(settings.device)
         self.dtype = resolve_dtype(settings.dtype, self.device)
+        self.speed_key = speed_key(self.source.name, self.device, self.dtype, settings.quant)
+        self.cache_path = Path(settings.throughput_cache).expanduser()
+        self.speed: BlockSpeed | None = load_cached(self.cache_path, self.speed_key)
+        self.status = NodeStatus(
+            self.source.name, shared.__version__, self._max_session_length(), added_latency=settings.added_latency
+        )
+        self.pool = CachePool(settings.cache_tokens)
+        self.start, self.end = settings.span() or (0, 0)
+        self.next_rtts: dict[str, float] = {}
         self.dht: DHT | None = None
-        self.p2p: P2P | None = None
         self.handlers: SpanHandlers | None = None
-        self.throughput = 0.0
+
+    def _max_session_length(self) -> int:
+        return self.settings.max_session_length or int(self.config.max_position_embeddings)
 
     @property
     def model_record(self) -> ModelRecord:
         return ModelRecord(
             name=self.source.name,
-            num_blocks=self.config.num_hidden_layers,
+            num_blocks=self.num_model_blocks,
             family=family_of(self.config).name,
             dtype=str(self.dtype).removeprefix("torch."),
         )
@@ -79,69 +98,129 @@ class SpanServer:
         self.dht = DHT(start=True, **self.settings.dht_kwargs())
         if self.settings.num_threads:
             torch.set_num_threads(self.settings.num_threads)
-        logger.info("loading blocks %d:%d of %s", self.start, self.end, self.source.name)
-        span = await asyncio.to_thread(
-            build_span,
-            self.config,
-            open_weights(self.source, self.config),
-            self.start,
-            self.end,
-            self.dtype,
-            self.device,
-        )
-        backend = SpanBackend(span)
-        max_length = self.settings.max_session_length or int(self.config.max_position_embeddings)
-        status = NodeStatus(self.source.name, shared.__version__, max_length)
-        self.handlers = SpanHandlers(backend, CachePool(self.settings.cache_tokens), status)
+        backend: SpanBackend | None = None
         try:
-            self.p2p = await self.dht.replicate_p2p()
-            await self.handlers.register(self.p2p)
-            self.throughput = await self._measure_throughput(backend)
-            status.state = NodeState.ONLINE
+            p2p = await self.dht.replicate_p2p()
+            if self.settings.num_blocks is not None and self.settings.span() is None:
+                self.start = await self._choose_start(self.settings.num_blocks)
+                self.end = self.start + self.settings.num_blocks
+            await self._announce()  # JOINING: others joining now see this span as taken
+            backend = await self._load(self.start, self.end)
+            self.handlers = SpanHandlers(backend, self.pool, self.status)
+            await self.handlers.register(p2p)
+            self.speed = await block_speed(backend, self.cache_path, self.speed_key)
+            self.status.state = NodeState.ONLINE
             logger.info("serving blocks %d:%d as %s", self.start, self.end, self.dht.peer_id)
-            await self._announce_until(stop)
+            tasks = [asyncio.create_task(self._announce_forever(p2p))]
+            if self.settings.span() is None:
+                tasks.append(asyncio.create_task(self._balance_forever()))
+            await stop.wait()
+            logger.info("stopping: draining open sessions")
+            await self._drain()
+            for task in tasks:
+                task.cancel()
         finally:
-            status.state = NodeState.OFFLINE
+            self.status.state = NodeState.OFFLINE
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._announce(OFFLINE_RECORD_TTL), timeout=5)
-            backend.shutdown()
+            if self.handlers is not None:
+                self.handlers.backend.shutdown()
             self.dht.shutdown()
             logger.info("node stopped")
 
-    async def _announce_until(self, stop: asyncio.Event) -> None:
+    async def _load(self, start: int, end: int) -> SpanBackend:
+        logger.info("loading blocks %d:%d of %s", start, end, self.source.name)
+        reader = await asyncio.to_thread(open_weights, self.source, self.config)
+        span = await asyncio.to_thread(build_span, self.config, reader, start, end, self.dtype, self.device)
+        return SpanBackend(span)
+
+    async def _choose_start(self, num_blocks: int) -> int:
+        assert self.dht is not None  # started in run()
+        servers = await fetch_servers(self.dht, self.source.name, self.num_model_blocks)
+        start = choose_start(block_throughputs(servers.values(), self.num_model_blocks), num_blocks)
+        logger.info("chose blocks %d:%d where the swarm is weakest", start, start + num_blocks)
+        return start
+
+    async def _drain(self) -> None:
+        """Refuse new sessions (announced) and let open ones finish, up to the drain timeout."""
+        self.status.state = NodeState.DRAINING
+        with contextlib.suppress(Exception):
+            await self._announce()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.pool.wait_until_empty(), self.settings.drain_timeout)
+        if self.pool.sessions:
+            logger.warning("drain timeout: leaving %d sessions behind", self.pool.sessions)
+
+    async def _announce_forever(self, p2p: P2P) -> None:
         period = self.settings.announce_period
-        while not stop.is_set():
+        while True:
             try:
-                await self._announce(expiration=2 * period + 5)
+                await self._probe_next_hops(p2p)
+                await self._announce()
             except Exception:
                 logger.warning("DHT announcement failed; retrying in %.0fs", period, exc_info=True)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=period)
+            await asyncio.sleep(period)
 
-    async def _announce(self, expiration: float) -> None:
-        assert self.dht is not None and self.handlers is not None  # set in run() before any announcement
+    async def _announce(self, expiration: float | None = None) -> None:
+        assert self.dht is not None  # started in run()
+        decode, prefill = self.speed.throughputs(self.end - self.start) if self.speed else (0.0, 0.0)
         record = ServerRecord(
             peer_id=self.dht.peer_id.to_base58(),
             start=self.start,
             end=self.end,
-            state=self.handlers.status.state,
-            throughput=self.throughput,
-            cache_tokens_left=self.handlers.pool.tokens_left,
+            state=self.status.state,
+            throughput=decode,
+            prefill_throughput=prefill,
+            cache_tokens_left=self.pool.tokens_left,
+            queue_depth=self.handlers.backend.queue_depth if self.handlers else 0,
+            next_rtts=self.next_rtts,
             version=shared.__version__,
             protocol=PROTOCOL_VERSION,
         )
-        await announce(self.dht, self.model_record, record, expiration)
+        ttl = expiration if expiration is not None else 2 * self.settings.announce_period + 5
+        await announce(self.dht, self.model_record, record, ttl)
 
-    async def _measure_throughput(self, backend: SpanBackend) -> float:
-        """Decode tokens/s through the whole span for one session (a first estimate; the router refines it)."""
-        kv = await backend.new_session_kv(range(self.start, self.end), 16)
-        hidden = torch.zeros(1, 1, backend.span.hidden_size)
-        await backend.step(kv, hidden, 0)  # warm-up
-        steps = 8
-        began = time.perf_counter()
-        for position in range(1, steps + 1):
-            await backend.step(kv, hidden, position)
-        return steps / (time.perf_counter() - began)
+    async def _probe_next_hops(self, p2p: P2P) -> None:
+        """Measure round trips to the nodes a session is likely to go to after us (they serve our end block)."""
+        assert self.dht is not None  # started in run()
+        if self.end >= self.num_model_blocks:
+            return
+        servers = await fetch_servers(self.dht, self.source.name, self.num_model_blocks)
+        me = self.dht.peer_id.to_base58()
+        peers = [s.peer_id for s in servers.values() if s.start <= self.end < s.end and s.peer_id != me]
+        rtts: dict[str, float] = {}
+        for peer in sorted(peers)[:NEXT_HOPS_PROBED]:
+            with contextlib.suppress(SwarmError):
+                rtts[peer] = (await fetch_info(p2p, peer, PROBE_TIMEOUT))[1]
+        self.next_rtts = rtts
+
+    async def _balance_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.balance_period)
+            try:
+                await self._maybe_move()
+            except Exception:
+                logger.warning("rebalancing check failed", exc_info=True)
+
+    async def _maybe_move(self) -> None:
+        assert self.dht is not None and self.handlers is not None  # set in run()
+        servers = await fetch_servers(self.dht, self.source.name, self.num_model_blocks)
+        me = servers.get(self.dht.peer_id.to_base58())
+        if me is None or me.state is not NodeState.ONLINE:
+            return
+        new_start = choose_new_start(servers.values(), me, self.num_model_blocks, self.settings.balance_quality)
+        if new_start is None:
+            return
+        num_blocks = self.end - self.start
+        logger.info("moving from %d:%d to %d:%d", self.start, self.end, new_start, new_start + num_blocks)
+        await self._drain()
+        backend = await self._load(new_start, new_start + num_blocks)
+        old = self.handlers.backend
+        self.start, self.end = new_start, new_start + num_blocks
+        self.handlers.use_backend(backend)
+        old.shutdown()
+        self.status.state = NodeState.ONLINE
+        await self._announce()
 
 
 def serve(settings: ServeSettings) -> None:

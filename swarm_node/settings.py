@@ -31,6 +31,22 @@ class ServeSettings(P2PSettings):
     )
     num_threads: int | None = Field(None, gt=0, description="torch CPU threads; default: torch's own choice")
     announce_period: float = Field(10.0, gt=0, description="seconds between DHT announcements")
+    balance_period: float = Field(
+        60.0, gt=0, description="with --num-blocks: seconds between checks whether moving would help the swarm"
+    )
+    balance_quality: float = Field(
+        0.75, gt=0, le=1, description="move only if the swarm's minimum throughput would grow by more than 1/this"
+    )
+    drain_timeout: float = Field(
+        60.0, ge=0, description="on stop or move: seconds to let open sessions finish before leaving"
+    )
+    added_latency: float = Field(
+        0.0, ge=0, le=10, description="seconds added before every reply, to emulate a distant node (testing)"
+    )
+    throughput_cache: str = Field(
+        "~/.cache/swarmgate/throughput.json",
+        description="file caching measured speed per (model, device, dtype, quant); delete it to measure again",
+    )
 
     @field_validator("blocks")
     @classmethod

@@ -51,7 +51,13 @@ class LocalSwarm:
 
     def _spawn(self, name: str, args: list[str]) -> ManagedProcess:
         log = self.workdir / f"{name}.log"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+        env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "HF_HUB_OFFLINE": "1",
+            "OMP_NUM_THREADS": "1",
+            "SWARMGATE_THROUGHPUT_CACHE": str(self.workdir / "throughput.json"),
+        }
         with log.open("wb") as out:
             popen = subprocess.Popen([sys.executable, "-m", *args], stdout=out, stderr=subprocess.STDOUT, env=env)
         process = ManagedProcess(name, popen, log)

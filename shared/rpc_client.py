@@ -1,4 +1,4 @@
-"""Unary calls to a node: its info (also our latency probe)."""
+"""Unary calls to a node: its info (also the latency probe of gateways and of nodes measuring their next hops)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,115 @@
+"""Route choice and bans on synthetic swarms (pure functions, no processes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.bans import BanList
+from gateway.routing import Hop, RouteRequest, RoutingMode, plan_route
+from gateway.swarm_view import SwarmView
+from shared.dht_records import NodeState, ServerRecord
+from shared.errors import MissingBlocks
+
+MIN_LATENCY, MAX_THROUGHPUT = RoutingMode.MIN_LATENCY, RoutingMode.MAX_THROUGHPUT
+
+
+def server(peer: str, start: int, end: int, *, throughput: float = 20.0, cache: int = 10_000,
+           queue: int = 0, state: NodeState = NodeState.ONLINE) -> ServerRecord:
+    return ServerRecord(peer_id=peer, start=start, end=end, state=state, throughput=throughput,
+                        cache_tokens_left=cache, queue_depth=queue, version="test", protocol=1)
+
+
+def view(*servers: ServerRecord, blocks: int = 30) -> SwarmView:
+    return SwarmView(blocks, {s.peer_id: s for s in servers})
+
+
+def test_split_coverage_gives_a_two_hop_chain() -> None:
+    swarm = view(server("A", 0, 15), server("B", 15, 30))
+    for mode in RoutingMode:
+        assert plan_route(swarm, RouteRequest(64), mode) == [Hop("A", 0, 15), Hop("B", 15, 30)]
+
+
+def test_a_coverage_gap_fails_naming_the_missing_blocks() -> None:
+    swarm = view(server("A", 0, 10), server("B", 12, 20), server("C", 25, 30),
+                 server("D", 20, 25, state=NodeState.DRAINING))
+    for mode in RoutingMode:
+        with pytest.raises(MissingBlocks, match="10:12, 20:25") as error:
+            plan_route(swarm, RouteRequest(64), mode)
+        assert error.value.blocks == [10, 11, 20, 21, 22, 23, 24]
+
+
+def test_min_latency_prefers_the_nearer_replica() -> None:
+    swarm = view(server("A", 0, 15), server("far", 15, 30), server("near", 15, 30))
+    request = RouteRequest(64, rtts={"A": 0.001, "far": 0.2, "near": 0.002})
+    assert plan_route(swarm, request, MIN_LATENCY)[1] == Hop("near", 15, 30)
+
+
+def test_a_cache_full_nearby_node_loses_to_a_farther_one_with_room() -> None:
+    swarm = view(server("A", 0, 15), server("near", 15, 30, cache=10), server("far", 15, 30))
+    request = RouteRequest(512, rtts={"A": 0.001, "near": 0.001, "far": 0.3})
+    assert plan_route(swarm, request, MIN_LATENCY)[1].peer_id == "far"
+    assert plan_route(swarm, request, MAX_THROUGHPUT)[1].peer_id == "far"
+    # ...but it still serves when it is the only one.
+    alone = view(server("A", 0, 15), server("near", 15, 30, cache=10))
+    assert plan_route(alone, request, MIN_LATENCY)[1].peer_id == "near"
+
+
+def test_min_latency_weighs_compute_against_hops() -> None:
+    # One slow node over everything vs two fast halves: the fast chain wins despite the extra hop.
+    swarm = view(server("slow", 0, 30, throughput=1.0), server("L", 0, 15, throughput=50.0),
+                 server("R", 15, 30, throughput=50.0))
+    request = RouteRequest(64, rtts={"slow": 0.001, "L": 0.001, "R": 0.001})
+    assert [h.peer_id for h in plan_route(swarm, request, MIN_LATENCY)] == ["L", "R"]
+    # With fast compute everywhere, one hop beats two.
+    swarm = view(server("whole", 0, 30, throughput=100.0), server("L", 0, 15, throughput=100.0),
+                 server("R", 15, 30, throughput=100.0))
+    request = RouteRequest(64, rtts={"whole": 0.01, "L": 0.01, "R": 0.01})
+    assert plan_route(swarm, request, MIN_LATENCY) == [Hop("whole", 0, 30)]
+
+
+def test_min_latency_switches_nodes_only_at_a_span_end() -> None:
+    swarm = view(server("A", 0, 20), server("B", 10, 30))
+    request = RouteRequest(64, rtts={"A": 0.001, "B": 0.001})
+    assert plan_route(swarm, request, MIN_LATENCY) == [Hop("A", 0, 20), Hop("B", 20, 30)]
+
+
+def test_a_sub_range_route_for_failover() -> None:
+    swarm = view(server("A", 0, 15), server("C", 10, 30))
+    request = RouteRequest(64, start=15, end=30)
+    assert plan_route(swarm, request, MIN_LATENCY) == [Hop("C", 15, 30)]
+
+
+def test_max_throughput_spreads_sessions_by_load_and_queue() -> None:
+    swarm = view(server("A", 0, 15), server("B1", 15, 30), server("B2", 15, 30))
+    load: dict[str, int] = {}
+    chosen = []
+    for _ in range(8):
+        hop = plan_route(swarm, RouteRequest(64, load=load), MAX_THROUGHPUT)[1]
+        load[hop.peer_id] = load.get(hop.peer_id, 0) + 1
+        chosen.append(hop.peer_id)
+    assert chosen.count("B1") == 4 and chosen.count("B2") == 4
+    # A faster node takes proportionally more; a queued node fewer.
+    swarm = view(server("A", 0, 15), server("fast", 15, 30, throughput=60), server("busy", 15, 30, queue=5))
+    assert plan_route(swarm, RouteRequest(64), MAX_THROUGHPUT)[1].peer_id == "fast"
+
+
+def test_banned_nodes_are_avoided_unless_every_server_of_a_block_is_banned() -> None:
+    swarm = view(server("A", 0, 15), server("B1", 15, 30), server("B2", 15, 30))
+    request = RouteRequest(64, rtts={"A": 0.001, "B1": 0.001, "B2": 0.5}, banned=frozenset({"B1"}))
+    assert plan_route(swarm, request, MIN_LATENCY)[1].peer_id == "B2"
+    request = RouteRequest(64, banned=frozenset({"A", "B1", "B2"}))
+    assert len(plan_route(swarm, request, MIN_LATENCY)) == 2
+
+
+def test_bans_double_with_consecutive_failures_and_reset_on_success() -> None:
+    now = [1000.0]
+    bans = BanList(clock=lambda: now[0])
+    assert bans.record_failure("X") == 15
+    assert bans.banned() == {"X"}
+    now[0] += 16
+    assert bans.banned() == frozenset()
+    assert bans.record_failure("X") == 30
+    assert bans.record_failure("X") == 60
+    assert bans.status("X").failures == 3 and bans.status("X").banned_for == pytest.approx(60)
+    bans.record_success("X")
+    assert bans.banned() == frozenset() and bans.record_failure("X") == 15

@@ -1,0 +1,53 @@
+"""Span choice on synthetic swarms (pure functions)."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.dht_records import NodeState, ServerRecord
+from swarm_node.span_choice import block_throughputs, choose_new_start, choose_start
+
+
+def server(peer: str, start: int, end: int, throughput: float = 10.0,
+           state: NodeState = NodeState.ONLINE) -> ServerRecord:
+    return ServerRecord(peer_id=peer, start=start, end=end, state=state, throughput=throughput,
+                        version="test", protocol=1)
+
+
+def test_a_new_node_takes_the_uncovered_half() -> None:
+    throughputs = block_throughputs([server("A", 0, 15)], 30)
+    assert choose_start(throughputs, 15) == 15
+
+
+def test_a_new_node_takes_the_weakest_window() -> None:
+    servers = [server("A", 0, 10, 50), server("B", 10, 20, 5), server("C", 20, 30, 50),
+               server("gone", 10, 20, 100, state=NodeState.OFFLINE)]
+    assert choose_start(block_throughputs(servers, 30), 10) == 10
+    # an empty swarm: the first window
+    assert choose_start([0.0] * 30, 15) == 0
+    with pytest.raises(ValueError):
+        choose_start([0.0] * 30, 31)
+
+
+def test_a_redundant_node_moves_to_an_uncovered_span() -> None:
+    me = server("me", 0, 15)
+    servers = [server("A", 0, 15), me, server("B", 15, 20)]
+    assert choose_new_start(servers, me, 30, balance_quality=0.75) == 15
+
+
+def test_a_node_never_moves_if_its_blocks_would_be_uncovered() -> None:
+    me = server("me", 0, 15)
+    servers = [me, server("B", 15, 30, 1.0)]  # B is weak, but nobody else serves 0:15
+    assert choose_new_start(servers, me, 30, balance_quality=0.75) is None
+
+
+def test_a_node_stays_when_moving_gains_less_than_the_threshold() -> None:
+    me = server("me", 0, 15, 10)
+    servers = [server("A", 0, 15, 10), me, server("B", 15, 30, 18)]
+    # today min = 18 (blocks 15:30); after moving: 0:15 has 10, 15:30 has 28 -> min 10: worse, stay
+    assert choose_new_start(servers, me, 30, balance_quality=0.75) is None
+    servers = [server("A", 0, 15, 30), me, server("B", 15, 30, 10)]
+    # today min = 10; after moving: 0:15 has 30, 15:30 has 20 -> min 20 > 10 / 0.75: move
+    assert choose_new_start(servers, me, 30, balance_quality=0.75) == 15
+    # a threshold that demands more than a doubling keeps it in place
+    assert choose_new_start(servers, me, 30, balance_quality=0.4) is None
