@@ -1,0 +1,179 @@
+"""Churn with real node processes: failover with the same tokens, span choice, latency/throughput routing, drain."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import torch
+from hivemind import DHT
+from hivemind.p2p import P2P
+
+from gateway.remote_session import ChainSession
+from gateway.router import Router
+from gateway.routing import RoutingMode
+from gateway.swarm_view import SwarmMonitor
+from shared.dht_records import NodeState, fetch_servers
+from shared.head import ModelHead, build_head
+from shared.model_source import load_config, resolve_model
+from shared.rpc_client import fetch_info
+from shared.weights import open_weights
+from tests.helpers.processes import LocalSwarm, ManagedProcess
+from tests.integration.conftest import client_dht
+from tests.tiny_models import NUM_LAYERS, GetTinyModel
+
+pytestmark = pytest.mark.timeout(600)
+
+
+class Client:
+    """What the gateway holds for one model: head, DHT view and router (the engine's parts, driven directly)."""
+
+    def __init__(self, model: Path, swarm: LocalSwarm, mode: RoutingMode = RoutingMode.MIN_LATENCY) -> None:
+        source = resolve_model(str(model))
+        self.config = load_config(source)
+        self.dht: DHT = client_dht(swarm.initial_peers)
+        self.head: ModelHead = build_head(self.config, open_weights(source, self.config))
+        self.model_name = source.name
+        self.mode = mode
+
+    async def __aenter__(self) -> Client:
+        self.p2p: P2P = await self.dht.replicate_p2p()
+        monitor = SwarmMonitor(self.dht, self.model_name, self.config.num_hidden_layers, max_age=0.5)
+        self.router = Router(monitor, self.p2p, self.mode)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.router.close()
+        self.dht.shutdown()
+
+    def session(self, max_length: int, step_timeout: float = 20.0) -> ChainSession:
+        return ChainSession(self.p2p, self.router, max_length, step_timeout)
+
+    async def greedy(self, prompt: list[int], new_tokens: int, chain: ChainSession) -> AsyncIterator[int]:
+        ids, position = prompt, 0
+        for _ in range(new_tokens):
+            output = await chain.step(self.head.embed(torch.tensor([ids])), position)
+            token = int(self.head.logits(output[:, -1:])[0, -1].argmax())
+            yield token
+            position += len(ids)
+            ids = [token]
+
+    async def wait_for(self, predicate: str, check: object, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            servers = await fetch_servers(self.dht, self.model_name, self.config.num_hidden_layers)
+            if check(servers):  # type: ignore[operator]
+                return
+            await asyncio.sleep(0.3)
+        raise AssertionError(f"timed out waiting until {predicate}")
+
+
+def start_nodes(swarm: LocalSwarm, model: Path, spans: list[str], *extra: str) -> list[ManagedProcess]:
+    nodes = [swarm.start_node(model, span, *extra) for span in spans]
+    for node in nodes:
+        swarm.wait_serving(node)
+    return nodes
+
+
+@pytest.mark.slow
+async def test_sigkill_of_the_node_carrying_the_second_half_keeps_the_tokens(
+    local_swarm: LocalSwarm, smollm2_gguf: Path
+) -> None:
+    local_swarm.start_dht()
+    start_nodes(local_swarm, smollm2_gguf, ["0:15", "15:30", "15:30"])
+    async with Client(smollm2_gguf, local_swarm) as client:
+        await client.wait_for("every block is covered", lambda s: len(s) == 3)
+        prompt = [1, 504, 3458, 282, 4649, 314]  # "The capital of France is" in SmolLM2's vocabulary
+        async with client.session(64) as chain:
+            reference = [t async for t in client.greedy(prompt, 40, chain)]
+        async with client.session(64) as chain:
+            victim_peer = chain.hops[-1].peer_id
+            victim = next(p for p in local_swarm.processes if p.peer_id == victim_peer)
+            tokens, gaps, last = [], [], time.perf_counter()
+            async for token in client.greedy(prompt, 40, chain):
+                now = time.perf_counter()
+                tokens.append(token)
+                gaps.append(now - last)
+                last = now
+                if len(tokens) == 12:
+                    victim.send(signal.SIGKILL)
+            assert chain.failovers == 1 and chain.hops[-1].peer_id != victim_peer
+        assert tokens == reference
+        typical = sorted(gaps)[len(gaps) // 2]
+        print(f"\nrecovery: the token after the kill took {max(gaps[12:]):.3f}s (typical step {typical:.3f}s)")
+
+
+async def test_num_blocks_takes_the_uncovered_half(local_swarm: LocalSwarm, tiny_model: GetTinyModel) -> None:
+    folder = tiny_model("llama").folder
+    local_swarm.start_dht()
+    start_nodes(local_swarm, folder, ["0:3"])
+    node = local_swarm._spawn(
+        "auto",
+        ["swarm_node.cli", "serve", str(folder), "--num-blocks", "3", "--num-threads", "1",
+         "--initial-peers", *local_swarm.initial_peers],
+    )
+    local_swarm.wait_serving(node)
+    assert "serving blocks 3:6" in node.log_text()
+
+
+async def test_min_latency_prefers_near_replicas_and_max_throughput_spreads(
+    local_swarm: LocalSwarm, tiny_model: GetTinyModel
+) -> None:
+    folder = tiny_model("llama").folder
+    local_swarm.start_dht()
+    near = start_nodes(local_swarm, folder, ["0:3", "3:6"])
+    far = start_nodes(local_swarm, folder, ["0:3", "3:6"], "--added-latency", "0.05")
+    async with Client(folder, local_swarm) as client:
+        await client.wait_for("four nodes are online", lambda s: len(s) == 4)
+        hops = await client.router.route(32, fresh=True)
+        assert [h.peer_id for h in hops] == [near[0].peer_id, near[1].peer_id]
+        assert client.router.rtts[far[1].peer_id] > client.router.rtts[near[1].peer_id] + 0.03
+        client.router.release(hops)
+
+        client.router.mode = RoutingMode.MAX_THROUGHPUT
+        chains = [client.session(32) for _ in range(8)]
+        await asyncio.gather(*(chain.__aenter__() for chain in chains))
+        try:
+            second_half = [chain.hops[-1].peer_id for chain in chains]
+            assert second_half.count(near[1].peer_id) == 4 and second_half.count(far[1].peer_id) == 4
+            infos = [(await fetch_info(client.p2p, node.peer_id, 5))[0] for node in (near[1], far[1])]
+            assert [info.sessions for info in infos] == [4, 4]
+        finally:
+            await asyncio.gather(*(chain.close() for chain in chains))
+
+
+async def test_sigterm_drains_then_goes_offline_and_new_sessions_go_elsewhere(
+    local_swarm: LocalSwarm, tiny_model: GetTinyModel
+) -> None:
+    folder = tiny_model("llama").folder
+    local_swarm.start_dht()
+    first, second = start_nodes(local_swarm, folder, [f"0:{NUM_LAYERS}", f"0:{NUM_LAYERS}"],
+                                "--drain-timeout", "30", "--announce-period", "2")
+    async with Client(folder, local_swarm) as client:
+        await client.wait_for("both nodes are online", lambda s: len(s) == 2)
+        prompt = [3, 14, 15, 92, 65]
+        async with client.session(64) as chain:
+            reference = [t async for t in client.greedy(prompt, 20, chain)]
+        async with client.session(64) as chain:
+            victim = first if chain.hops[0].peer_id == first.peer_id else second
+            survivor = second if victim is first else first
+            tokens = []
+            async for token in client.greedy(prompt, 20, chain):
+                tokens.append(token)
+                if len(tokens) == 5:
+                    victim.send(signal.SIGTERM)
+                    await client.wait_for(
+                        "the node announces DRAINING",
+                        lambda s: s[victim.peer_id].state is NodeState.DRAINING,
+                    )
+                    hops = await client.router.route(64, fresh=True)
+                    assert hops[0].peer_id == survivor.peer_id  # new sessions go elsewhere
+                    client.router.release(hops)
+            assert chain.failovers == 0 and tokens == reference  # the in-flight session finished where it was
+        await client.wait_for("the node announces OFFLINE",
+                              lambda s: s[victim.peer_id].state is NodeState.OFFLINE)
+        assert victim.popen.wait(30) == 0
