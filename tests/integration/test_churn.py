@@ -177,3 +177,29 @@ async def test_sigterm_drains_then_goes_offline_and_new_sessions_go_elsewhere(
         await client.wait_for("the node announces OFFLINE",
                               lambda s: s[victim.peer_id].state is NodeState.OFFLINE)
         assert victim.popen.wait(30) == 0
+
+
+async def test_a_frozen_node_is_detected_by_the_step_timeout_and_routed_around(
+    local_swarm: LocalSwarm, tiny_model: GetTinyModel
+) -> None:
+    folder = tiny_model("llama").folder
+    local_swarm.start_dht()
+    start_nodes(local_swarm, folder, ["0:3", "3:6", "3:6"])
+    async with Client(folder, local_swarm) as client:
+        await client.wait_for("three nodes are online", lambda s: len(s) == 3)
+        prompt = [7, 1, 8, 2, 8]
+        async with client.session(64, step_timeout=3.0) as chain:
+            reference = [t async for t in client.greedy(prompt, 16, chain)]
+        async with client.session(64, step_timeout=3.0) as chain:
+            frozen = next(p for p in local_swarm.processes if p.peer_id == chain.hops[-1].peer_id)
+            tokens = []
+            try:
+                async for token in client.greedy(prompt, 16, chain):
+                    tokens.append(token)
+                    if len(tokens) == 4:
+                        frozen.send(signal.SIGSTOP)
+            finally:
+                frozen.send(signal.SIGCONT)
+            assert chain.failovers == 1 and chain.hops[-1].peer_id != frozen.peer_id
+        assert tokens == reference
+        assert frozen.peer_id in client.router.bans.banned()

@@ -1,0 +1,52 @@
+"""The gateway's view of the swarm as plain JSON-able data, for ``GET /v1/swarm`` and the status page."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.bans import BanList
+from gateway.swarm_view import SwarmView
+from shared.dht_records import NodeState
+
+
+def swarm_report(model: str, view: SwarmView, rtts: dict[str, float], bans: BanList) -> dict[str, Any]:
+    banned = bans.banned()
+    blocks = []
+    for block in range(view.num_blocks):
+        serving = [s for s in view.servers.values() if s.start <= block < s.end]
+        blocks.append(
+            {
+                "block": block,
+                "live": sum(1 for s in serving if s.state is NodeState.ONLINE),
+                "servers": [{"peer_id": s.peer_id, "state": s.state.value} for s in serving],
+            }
+        )
+    nodes = []
+    for server in sorted(view.servers.values(), key=lambda s: (s.start, s.peer_id)):
+        ban = bans.status(server.peer_id)
+        nodes.append(
+            {
+                "peer_id": server.peer_id,
+                "start": server.start,
+                "end": server.end,
+                "state": server.state.value,
+                "throughput": server.throughput,
+                "prefill_throughput": server.prefill_throughput,
+                "cache_tokens_left": server.cache_tokens_left,
+                "queue_depth": server.queue_depth,
+                "rtt": rtts.get(server.peer_id),
+                "banned": server.peer_id in banned,
+                "ban_seconds_left": round(ban.banned_for, 3),
+                "consecutive_failures": ban.failures,
+                "version": server.version,
+            }
+        )
+    missing = view.missing_blocks()
+    return {
+        "model": model,
+        "num_blocks": view.num_blocks,
+        "ready": not missing,
+        "missing_blocks": missing,
+        "blocks": blocks,
+        "nodes": nodes,
+    }
