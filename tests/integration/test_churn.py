@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from gateway.remote_session import ChainSession
 from gateway.router import Router
 from gateway.routing import RoutingMode
 from gateway.swarm_view import SwarmMonitor
-from shared.dht_records import NodeState, fetch_servers
+from shared.dht_records import NodeState, ServerRecord, fetch_servers
 from shared.head import ModelHead, build_head
 from shared.model_source import load_config, resolve_model
 from shared.rpc_client import fetch_info
@@ -27,6 +28,7 @@ from tests.integration.conftest import client_dht
 from tests.tiny_models import NUM_LAYERS, GetTinyModel
 
 pytestmark = pytest.mark.timeout(600)
+logger = logging.getLogger(__name__)
 
 
 class Client:
@@ -62,11 +64,13 @@ class Client:
             position += len(ids)
             ids = [token]
 
-    async def wait_for(self, predicate: str, check: object, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
+    async def wait_for(
+        self, predicate: str, check: Callable[[dict[str, ServerRecord]], bool], limit: float = 60.0
+    ) -> None:
+        deadline = time.monotonic() + limit
         while time.monotonic() < deadline:
             servers = await fetch_servers(self.dht, self.model_name, self.config.num_hidden_layers)
-            if check(servers):  # type: ignore[operator]
+            if check(servers):
                 return
             await asyncio.sleep(0.3)
         raise AssertionError(f"timed out waiting until {predicate}")
@@ -104,7 +108,7 @@ async def test_sigkill_of_the_node_carrying_the_second_half_keeps_the_tokens(
             assert chain.failovers == 1 and chain.hops[-1].peer_id != victim_peer
         assert tokens == reference
         typical = sorted(gaps)[len(gaps) // 2]
-        print(f"\nrecovery: the token after the kill took {max(gaps[12:]):.3f}s (typical step {typical:.3f}s)")
+        logger.info("recovery: the token after the kill took %.3fs (typical step %.3fs)", max(gaps[12:]), typical)
 
 
 async def test_num_blocks_takes_the_uncovered_half(local_swarm: LocalSwarm, tiny_model: GetTinyModel) -> None:
@@ -113,8 +117,17 @@ async def test_num_blocks_takes_the_uncovered_half(local_swarm: LocalSwarm, tiny
     start_nodes(local_swarm, folder, ["0:3"])
     node = local_swarm._spawn(
         "auto",
-        ["swarm_node.cli", "serve", str(folder), "--num-blocks", "3", "--num-threads", "1",
-         "--initial-peers", *local_swarm.initial_peers],
+        [
+            "swarm_node.cli",
+            "serve",
+            str(folder),
+            "--num-blocks",
+            "3",
+            "--num-threads",
+            "1",
+            "--initial-peers",
+            *local_swarm.initial_peers,
+        ],
     )
     local_swarm.wait_serving(node)
     assert "serving blocks 3:6" in node.log_text()
@@ -151,8 +164,9 @@ async def test_sigterm_drains_then_goes_offline_and_new_sessions_go_elsewhere(
 ) -> None:
     folder = tiny_model("llama").folder
     local_swarm.start_dht()
-    first, second = start_nodes(local_swarm, folder, [f"0:{NUM_LAYERS}", f"0:{NUM_LAYERS}"],
-                                "--drain-timeout", "30", "--announce-period", "2")
+    first, second = start_nodes(
+        local_swarm, folder, [f"0:{NUM_LAYERS}", f"0:{NUM_LAYERS}"], "--drain-timeout", "30", "--announce-period", "2"
+    )
     async with Client(folder, local_swarm) as client:
         await client.wait_for("both nodes are online", lambda s: len(s) == 2)
         prompt = [3, 14, 15, 92, 65]
@@ -174,8 +188,7 @@ async def test_sigterm_drains_then_goes_offline_and_new_sessions_go_elsewhere(
                     assert hops[0].peer_id == survivor.peer_id  # new sessions go elsewhere
                     client.router.release(hops)
             assert chain.failovers == 0 and tokens == reference  # the in-flight session finished where it was
-        await client.wait_for("the node announces OFFLINE",
-                              lambda s: s[victim.peer_id].state is NodeState.OFFLINE)
+        await client.wait_for("the node announces OFFLINE", lambda s: s[victim.peer_id].state is NodeState.OFFLINE)
         assert victim.popen.wait(30) == 0
 
 
