@@ -166,9 +166,7 @@ class ChainSession:
     beyond the delay. After ``max_failovers`` replacements in one session the last error is raised.
     """
 
-    def __init__(
-        self, p2p: P2P, router: Router, max_length: int, step_timeout: float, max_failovers: int = 5
-    ) -> None:
+    def __init__(self, p2p: P2P, router: Router, max_length: int, step_timeout: float, max_failovers: int = 5) -> None:
         self._p2p = p2p
         self._router = router
         self._max_length = max_length
@@ -246,9 +244,7 @@ class ChainSession:
             culprit, error = culprit_or_none, error_or_none or error
             await asyncio.gather(*(self._drop(s) for s in replacement if s is not culprit))
 
-    async def _build_replacement(
-        self, failed: Segment
-    ) -> tuple[list[Segment], Segment | None, BaseException | None]:
+    async def _build_replacement(self, failed: Segment) -> tuple[list[Segment], Segment | None, BaseException | None]:
         """New segments for ``failed``'s blocks with its history replayed; or the segment that failed and why."""
         hop = failed.session.hop
         hops = await self._router.route(self._max_length, hop.start, hop.end, fresh=True)

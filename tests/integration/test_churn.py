@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import time
-import logging
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 

@@ -13,10 +13,27 @@ from shared.errors import MissingBlocks
 MIN_LATENCY, MAX_THROUGHPUT = RoutingMode.MIN_LATENCY, RoutingMode.MAX_THROUGHPUT
 
 
-def server(peer: str, start: int, end: int, *, throughput: float = 20.0, cache: int = 10_000,
-           queue: int = 0, state: NodeState = NodeState.ONLINE) -> ServerRecord:
-    return ServerRecord(peer_id=peer, start=start, end=end, state=state, throughput=throughput,
-                        cache_tokens_left=cache, queue_depth=queue, version="test", protocol=1)
+def server(
+    peer: str,
+    start: int,
+    end: int,
+    *,
+    throughput: float = 20.0,
+    cache: int = 10_000,
+    queue: int = 0,
+    state: NodeState = NodeState.ONLINE,
+) -> ServerRecord:
+    return ServerRecord(
+        peer_id=peer,
+        start=start,
+        end=end,
+        state=state,
+        throughput=throughput,
+        cache_tokens_left=cache,
+        queue_depth=queue,
+        version="test",
+        protocol=1,
+    )
 
 
 def view(*servers: ServerRecord, blocks: int = 30) -> SwarmView:
@@ -30,8 +47,9 @@ def test_split_coverage_gives_a_two_hop_chain() -> None:
 
 
 def test_a_coverage_gap_fails_naming_the_missing_blocks() -> None:
-    swarm = view(server("A", 0, 10), server("B", 12, 20), server("C", 25, 30),
-                 server("D", 20, 25, state=NodeState.DRAINING))
+    swarm = view(
+        server("A", 0, 10), server("B", 12, 20), server("C", 25, 30), server("D", 20, 25, state=NodeState.DRAINING)
+    )
     for mode in RoutingMode:
         with pytest.raises(MissingBlocks, match="10:12, 20:25") as error:
             plan_route(swarm, RouteRequest(64), mode)
@@ -56,13 +74,17 @@ def test_a_cache_full_nearby_node_loses_to_a_farther_one_with_room() -> None:
 
 def test_min_latency_weighs_compute_against_hops() -> None:
     # One slow node over everything vs two fast halves: the fast chain wins despite the extra hop.
-    swarm = view(server("slow", 0, 30, throughput=1.0), server("L", 0, 15, throughput=50.0),
-                 server("R", 15, 30, throughput=50.0))
+    swarm = view(
+        server("slow", 0, 30, throughput=1.0), server("L", 0, 15, throughput=50.0), server("R", 15, 30, throughput=50.0)
+    )
     request = RouteRequest(64, rtts={"slow": 0.001, "L": 0.001, "R": 0.001})
     assert [h.peer_id for h in plan_route(swarm, request, MIN_LATENCY)] == ["L", "R"]
     # With fast compute everywhere, one hop beats two.
-    swarm = view(server("whole", 0, 30, throughput=100.0), server("L", 0, 15, throughput=100.0),
-                 server("R", 15, 30, throughput=100.0))
+    swarm = view(
+        server("whole", 0, 30, throughput=100.0),
+        server("L", 0, 15, throughput=100.0),
+        server("R", 15, 30, throughput=100.0),
+    )
     request = RouteRequest(64, rtts={"whole": 0.01, "L": 0.01, "R": 0.01})
     assert plan_route(swarm, request, MIN_LATENCY) == [Hop("whole", 0, 30)]
 

@@ -8,10 +8,12 @@ from shared.dht_records import NodeState, ServerRecord
 from swarm_node.span_choice import block_throughputs, choose_new_start, choose_start
 
 
-def server(peer: str, start: int, end: int, throughput: float = 10.0,
-           state: NodeState = NodeState.ONLINE) -> ServerRecord:
-    return ServerRecord(peer_id=peer, start=start, end=end, state=state, throughput=throughput,
-                        version="test", protocol=1)
+def server(
+    peer: str, start: int, end: int, throughput: float = 10.0, state: NodeState = NodeState.ONLINE
+) -> ServerRecord:
+    return ServerRecord(
+        peer_id=peer, start=start, end=end, state=state, throughput=throughput, version="test", protocol=1
+    )
 
 
 def test_a_new_node_takes_the_uncovered_half() -> None:
@@ -20,8 +22,12 @@ def test_a_new_node_takes_the_uncovered_half() -> None:
 
 
 def test_a_new_node_takes_the_weakest_window() -> None:
-    servers = [server("A", 0, 10, 50), server("B", 10, 20, 5), server("C", 20, 30, 50),
-               server("gone", 10, 20, 100, state=NodeState.OFFLINE)]
+    servers = [
+        server("A", 0, 10, 50),
+        server("B", 10, 20, 5),
+        server("C", 20, 30, 50),
+        server("gone", 10, 20, 100, state=NodeState.OFFLINE),
+    ]
     assert choose_start(block_throughputs(servers, 30), 10) == 10
     # an empty swarm: the first window
     assert choose_start([0.0] * 30, 15) == 0
