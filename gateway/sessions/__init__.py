@@ -1,0 +1,1 @@
+"""The gateway's memory in Redis: session records, their event streams, cancellation, API keys and quotas."""
