@@ -1,16 +1,22 @@
 """Per-session KV storage for a span, and the ``Cache`` adapter transformers' decoder layers write through.
 
 A session's keys and values live in tensors preallocated for its maximum length (the node's cache pool accounts for
-exactly that room). One forward may carry several sessions at different lengths: the adapter writes each row's new
-keys into its own session and hands the layer a right-padded view; the attention mask hides the padding.
+exactly that room). One forward may carry several sessions at different lengths, in one of two layouts:
+
+* **ragged** (decode: every row brings one new token). Each row's new key/value is written into its own session and
+  attention runs row by row over that session's stored keys (``attend``) — no padded copy of anyone's cache, no mask.
+  This is the hot path of batched decode: its cost is what the attention itself must read, whatever the lengths.
+* **padded** (prefill: T > 1). One row reads its session's keys as a view; several rows get a right-padded copy and
+  the attention mask hides the padding. Prefill is compute-bound, so the copy is noise there.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+from torch.nn import functional
 
 
 class SessionKV:
@@ -46,38 +52,73 @@ class BatchCache:
     """What a decoder layer sees as its ``cache`` for one forward over rows of several sessions.
 
     Row ``b`` holds ``new_tokens`` tokens at positions ``starts[b] ...``; a start below the session's length rewinds
-    it (the tokens after it are overwritten), which is how a client replays or edits a suffix.
+    it (the tokens after it are overwritten), which is how a client replays or edits a suffix. ``windows`` maps a
+    block to its sliding-window size (None: full attention), for the ragged layout's own attention.
     """
 
-    def __init__(self, sessions: Sequence[SessionKV], starts: Sequence[int], new_tokens: int) -> None:
+    def __init__(
+        self,
+        sessions: Sequence[SessionKV],
+        starts: Sequence[int],
+        new_tokens: int,
+        windows: Mapping[int, int | None] | None = None,
+    ) -> None:
         self.sessions = list(sessions)
         self.starts = list(starts)
         self.new_tokens = new_tokens
         self.total = max(starts) + new_tokens  # keys the widest row attends to
+        self.windows = dict(windows or {})
+        self.ragged = new_tokens == 1
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # key_states, value_states: [B, kv_heads, T, head_dim]
-        end_offsets = [start + self.new_tokens for start in self.starts]
         for row, (session, start) in enumerate(zip(self.sessions, self.starts, strict=True)):
             layer = layer_idx - session.first_block
             session.keys[layer, :, start : start + self.new_tokens] = key_states[row]
             session.values[layer, :, start : start + self.new_tokens] = value_states[row]
+        if self.ragged:
+            return key_states, value_states  # unused: ``attend`` reads each session's own storage
         if len(self.sessions) == 1:
             session, layer = self.sessions[0], layer_idx - self.sessions[0].first_block
             return (
                 session.keys[layer, :, : self.total].unsqueeze(0),
                 session.values[layer, :, : self.total].unsqueeze(0),
             )
-        batch, heads, _, head_dim = key_states.shape
-        keys = key_states.new_zeros(batch, heads, self.total, head_dim)
-        values = value_states.new_zeros(batch, heads, self.total, head_dim)
-        for row, (session, end) in enumerate(zip(self.sessions, end_offsets, strict=True)):
-            layer = layer_idx - session.first_block
+        return self._padded(layer_idx, key_states)
+
+    def _padded(self, layer_idx: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Right-padded [B, kv_heads, total, head_dim] copies; zeros (finite) where the mask hides the padding."""
+        batch, heads, _, head_dim = like.shape
+        keys = like.new_zeros(batch, heads, self.total, head_dim)
+        values = like.new_zeros(batch, heads, self.total, head_dim)
+        for row, (session, start) in enumerate(zip(self.sessions, self.starts, strict=True)):
+            layer, end = layer_idx - session.first_block, start + self.new_tokens
             keys[row, :, :end] = session.keys[layer, :, :end]
             values[row, :, :end] = session.values[layer, :, :end]
         return keys, values
+
+    def attend(self, layer_idx: int, query: torch.Tensor, scaling: float | None) -> torch.Tensor:
+        """Ragged decode attention: query [B, heads, 1, head_dim] -> [B, 1, heads, head_dim] (the layer's layout).
+
+        Row b attends to its own session's keys up to its new token (within the block's sliding window). Query heads
+        are grouped by the key/value head they share (GQA), so one SDPA call per row reads each key once.
+        """
+        batch, heads, _, head_dim = query.shape
+        window = self.windows.get(layer_idx)
+        outputs = []
+        for row, (session, start) in enumerate(zip(self.sessions, self.starts, strict=True)):
+            layer, end = layer_idx - session.first_block, start + 1
+            begin = max(0, end - window) if window is not None else 0
+            keys = session.keys[layer, :, begin:end]  # [kv_heads, S, head_dim], a view
+            values = session.values[layer, :, begin:end]
+            grouped = query[row].reshape(keys.shape[0], heads // keys.shape[0], head_dim)  # [kv_heads, group, hd]
+            out = functional.scaled_dot_product_attention(
+                grouped.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), scale=scaling
+            )
+            outputs.append(out.reshape(heads, head_dim))
+        return torch.stack(outputs).view(batch, 1, heads, head_dim)
 
     def commit(self) -> None:
         """After the forward: every session now holds exactly the tokens up to its last written position."""
@@ -85,7 +126,7 @@ class BatchCache:
             session.length = start + self.new_tokens
 
     def attention_mask(self, window: int | None, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        """Additive mask [B, 1, T, total]: causal, per-row length, optional sliding window."""
+        """Additive mask [B, 1, T, total] for the padded layout: causal, per-row length, optional sliding window."""
         starts = torch.tensor(self.starts, device=device).view(-1, 1, 1, 1)
         query_pos = starts + torch.arange(self.new_tokens, device=device).view(1, 1, -1, 1)
         key_pos = torch.arange(self.total, device=device).view(1, 1, 1, -1)

@@ -2,30 +2,70 @@
 
 The span runs prefill and incremental decode over ``SessionKV`` caches with explicit positions; a forward may use a
 sub-range of the span's blocks (a client that needs only some of them, e.g. after a failover).
+
+Attention goes through one function we register in transformers' attention-interface registry (a public API):
+decode forwards (one new token per row) attend row by row over each session's own cache (``BatchCache.attend``),
+everything else is transformers' own SDPA attention with our explicit mask.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import torch
 from torch import nn
-from transformers import PretrainedConfig
+from transformers import AttentionInterface, PretrainedConfig
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from shared.errors import ModelLoadError
 from shared.families import family_of
 from shared.kv_cache import BatchCache, SessionKV
 from shared.weights import WeightReader, block_prefix
 
+ATTENTION = "swarmgate"
+RAGGED_KWARG = "swarmgate_ragged"  # carries the BatchCache from our forward, through the layer, to ``_attention``
+
+# Called on each block once its weights are loaded (on the CPU, in the span's dtype); returns the module to keep.
+# The node uses it to swap linear layers for quantized ones; the block is moved to the span's device afterwards.
+BlockTransform = Callable[[nn.Module], nn.Module]
+
+
+def _attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    ragged = kwargs.pop(RAGGED_KWARG, None)
+    if isinstance(ragged, BatchCache):
+        return ragged.attend(cast(int, module.layer_idx), query, scaling), None
+    sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
+    output, _ = sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    return output, None
+
+
+AttentionInterface.register(ATTENTION, _attention)
+
 
 def prepare_config(config: PretrainedConfig) -> PretrainedConfig:
-    """The config our blocks are built with: SDPA attention, which takes our explicit masks."""
-    config._attn_implementation = "sdpa"
+    """The config our blocks are built with: our attention function, which takes explicit masks or ragged rows."""
+    config._attn_implementation = ATTENTION
     return config
 
 
 def head_dim_of(config: PretrainedConfig) -> int:
     return int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+
+
+def kv_bytes_per_token(config: PretrainedConfig, num_blocks: int, dtype: torch.dtype) -> int:
+    """Bytes of keys + values one token occupies in a session over ``num_blocks`` blocks."""
+    element = torch.empty(0, dtype=dtype).element_size()
+    return 2 * num_blocks * int(config.num_key_value_heads) * head_dim_of(config) * element
 
 
 class BlockSpan(nn.Module):
@@ -39,21 +79,24 @@ class BlockSpan(nn.Module):
         self.layers = nn.ModuleDict({str(i): self.family.decoder_layer(config, i) for i in range(start, end)})
         self.rotary = self.family.rotary_embedding(config=config)
         self._windows = {i: self.family.sliding_window(config, i) for i in range(start, end)}
+        # Set by build_span: where the span computes, and the dtype its activations and keys/values are kept in
+        # (a quantized span's parameters are integers, so neither can be read off its parameters).
+        self.device = torch.device("cpu")
+        self.cache_dtype = torch.float32
 
     @property
     def hidden_size(self) -> int:
         return int(self.config.hidden_size)
 
     def new_session_kv(self, blocks: range, max_length: int) -> SessionKV:
-        param = next(self.parameters())
         return SessionKV(
             blocks.start,
             len(blocks),
             int(self.config.num_key_value_heads),
             head_dim_of(self.config),
             max_length,
-            dtype=param.dtype if param.is_floating_point() else torch.float32,
-            device=param.device,
+            dtype=self.cache_dtype,
+            device=self.device,
         )
 
     @torch.inference_mode()
@@ -61,14 +104,15 @@ class BlockSpan(nn.Module):
         self, hidden: torch.Tensor, sessions: Sequence[SessionKV], starts: Sequence[int], blocks: range
     ) -> torch.Tensor:
         """hidden: [B, T, D] new tokens of B sessions, row b at positions starts[b]...; returns [B, T, D]."""
-        cache = BatchCache(sessions, starts, hidden.shape[1])
+        cache = BatchCache(sessions, starts, hidden.shape[1], self._windows)
         position_ids = cache.position_ids(hidden.device)
         position_embeddings = self.rotary(hidden, position_ids)
-        masks: dict[int | None, torch.Tensor] = {}
+        masks: dict[int | None, torch.Tensor | None] = {}
+        extra: dict[str, Any] = {RAGGED_KWARG: cache} if cache.ragged else {}
         for block in blocks:
             window = self._windows[block]
             if window not in masks:
-                masks[window] = cache.attention_mask(window, hidden.dtype, hidden.device)
+                masks[window] = None if cache.ragged else cache.attention_mask(window, hidden.dtype, hidden.device)
             hidden = self.layers[str(block)](
                 hidden,
                 attention_mask=masks[window],
@@ -76,6 +120,7 @@ class BlockSpan(nn.Module):
                 cache=cache,
                 use_cache=True,
                 position_embeddings=position_embeddings,
+                **extra,
             )
         cache.commit()
         return hidden
@@ -88,22 +133,24 @@ def build_span(
     end: int,
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
+    transform: BlockTransform | None = None,
 ) -> BlockSpan:
-    """Build the span's modules without allocating random weights, then fill them with exactly its tensors."""
+    """Build the span's modules without allocating random weights, then fill them with exactly its tensors.
+
+    Blocks are loaded one at a time (read, optionally transformed, moved to ``device``), so the peak memory of
+    loading is one block in ``dtype`` beyond the finished span — a quantized span never exists unquantized whole.
+    """
     with torch.device("meta"):
         span = BlockSpan(config, start, end)
     span.rotary = span.family.rotary_embedding(config=config).to(device)
-    checkpoint_names = _span_checkpoint_names(span)
-    tensors = reader.read(checkpoint_names.values())
-    state = {local: tensors[remote].to(dtype=dtype, device=device) for local, remote in checkpoint_names.items()}
-    span.layers.load_state_dict(state, strict=True, assign=True)
+    span.device, span.cache_dtype = torch.device(device), dtype
+    load_device = "cpu" if transform is not None else device
+    for block in range(start, end):
+        names = {local: f"{block_prefix(block)}{local}" for local in span.layers[str(block)].state_dict()}
+        tensors = reader.read(names.values())
+        state = {local: tensors[remote].to(dtype=dtype, device=load_device) for local, remote in names.items()}
+        layer = span.layers[str(block)]
+        layer.load_state_dict(state, strict=True, assign=True)
+        if transform is not None:
+            span.layers[str(block)] = transform(layer).to(device)
     return span.eval()
-
-
-def _span_checkpoint_names(span: BlockSpan) -> dict[str, str]:
-    """Local parameter name (``3.mlp.up_proj.weight``) -> checkpoint name (``model.layers.3.mlp.up_proj.weight``)."""
-    names = {}
-    for local in span.layers.state_dict():
-        block, rest = local.split(".", 1)
-        names[local] = f"{block_prefix(int(block))}{rest}"
-    return names

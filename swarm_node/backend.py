@@ -1,8 +1,15 @@
-"""The span's compute: one worker thread owns the model and runs every torch call, so the event loop never waits."""
+"""The span's compute: one worker thread owns the model and runs every torch call, so the event loop never waits.
+
+Steps reach the compute thread in two ways: decode steps (one new token) through the ``DecodeBatcher``, which
+merges concurrent sessions' steps into one forward; prompts (several tokens) alone, in chunks of at most
+``prefill_chunk`` tokens — each chunk its own job, so decode batches of other sessions run between the chunks of a
+long prompt instead of waiting for all of it.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
@@ -11,22 +18,25 @@ import torch
 
 from shared.kv_cache import SessionKV
 from shared.span import BlockSpan
+from swarm_node.batcher import BatchPolicy, DecodeBatcher
 
 T = TypeVar("T")
 
 
 class SpanBackend:
-    def __init__(self, span: BlockSpan) -> None:
+    def __init__(self, span: BlockSpan, policy: BatchPolicy | None = None) -> None:
         self.span = span
-        self.dtype = next(span.parameters()).dtype
-        self.device = next(span.parameters()).device
+        self.policy = policy or BatchPolicy()
+        self.dtype = span.cache_dtype
+        self.device = span.device
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="span-compute")
         self._pending = 0
+        self.batcher = DecodeBatcher(self.policy, self._decode_batch)
 
     @property
     def queue_depth(self) -> int:
-        """Calls submitted to the compute thread and not finished yet (announced so routers can spread load)."""
-        return self._pending
+        """Steps waiting for or running on the compute thread (announced so routers can spread load)."""
+        return self._pending + self.batcher.pending
 
     async def _run(self, fn: Callable[[], T]) -> T:
         self._pending += 1
@@ -38,18 +48,35 @@ class SpanBackend:
     async def new_session_kv(self, blocks: range, max_length: int) -> SessionKV:
         return await self._run(lambda: self.span.new_session_kv(blocks, max_length))
 
+    async def serve_step(self, kv: SessionKV, hidden: torch.Tensor, position: int) -> torch.Tensor:
+        """A client's step, hidden [1, T, D] at ``position``: batched with others if T == 1, else prefilled alone."""
+        if hidden.shape[1] == 1:
+            return await self.batcher.submit(kv, hidden, position)
+        return await self.step(kv, hidden, position)
+
     async def step(self, kv: SessionKV, hidden: torch.Tensor, position: int) -> torch.Tensor:
-        """hidden: [1, T, D] at positions position..position+T-1 -> [1, T, D] in the caller's dtype."""
-        return await self._run(lambda: self._forward(hidden, [kv], [position], kv.blocks))
+        """This session alone, now: hidden [1, T, D] at positions position... -> [1, T, D] in the caller's dtype."""
+        chunk = self.policy.prefill_chunk
+        outputs = []
+        for offset in range(0, hidden.shape[1], chunk):
+            part = hidden[:, offset : offset + chunk]
+            run = functools.partial(self._forward, part, [kv], [position + offset], kv.blocks)
+            outputs.append(await self._run(run))
+        return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
 
     async def forward(self, hidden: torch.Tensor, blocks: range) -> torch.Tensor:
-        """Stateless: hidden [B, T, D] from position 0, through ``blocks``."""
+        """Stateless: hidden [B, T, D] from position 0 through ``blocks``, in prefill chunks like ``step``."""
+        kvs = await self._run(lambda: [self.span.new_session_kv(blocks, hidden.shape[1]) for _ in hidden])
+        chunk = self.policy.prefill_chunk
+        outputs = []
+        for offset in range(0, hidden.shape[1], chunk):
+            part = hidden[:, offset : offset + chunk]
+            run = functools.partial(self._forward, part, kvs, [offset] * len(kvs), blocks)
+            outputs.append(await self._run(run))
+        return torch.cat(outputs, dim=1)
 
-        def run() -> torch.Tensor:
-            kvs = [self.span.new_session_kv(blocks, hidden.shape[1]) for _ in range(hidden.shape[0])]
-            return self._forward(hidden, kvs, [0] * len(kvs), blocks)
-
-        return await self._run(run)
+    async def _decode_batch(self, kvs: list[SessionKV], hidden: torch.Tensor, positions: list[int]) -> torch.Tensor:
+        return await self._run(functools.partial(self._forward, hidden, kvs, positions, kvs[0].blocks))
 
     def _forward(self, hidden: torch.Tensor, kvs: list[SessionKV], starts: list[int], blocks: range) -> torch.Tensor:
         wire_dtype = hidden.dtype
@@ -57,4 +84,5 @@ class SpanBackend:
         return output.to("cpu", wire_dtype)
 
     def shutdown(self) -> None:
+        self.batcher.close()
         self._executor.shutdown(wait=False, cancel_futures=True)

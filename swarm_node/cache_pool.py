@@ -1,6 +1,11 @@
-"""The node's KV-cache budget, in tokens: sessions reserve room on open and give it back on close.
+"""The node's KV-cache budget, in tokens: sessions take an allocation when they open and give it back when they end.
 
-Accounting is exact by construction: every reservation is released by the ``async with`` that made it.
+Accounting is exact by construction: ``used`` is the sum of the live allocations, an allocation is counted the moment
+it is granted (no ``await`` between the check and the grant) and released at most once (``Allocation.release`` is
+idempotent), whoever releases it — the session's close, its stream's end, the idle reaper, or a cancelled open.
+
+A request that does not fit either fails at once with ``CacheFull`` (retryable: the router tries another node) or,
+when the caller sends an allocation timeout, waits for room up to that long and then fails the same way.
 """
 
 from __future__ import annotations
@@ -12,12 +17,28 @@ from contextlib import asynccontextmanager
 from shared.errors import CacheFull
 
 
+class Allocation:
+    """Room for ``tokens`` tokens, held until ``release``."""
+
+    def __init__(self, pool: CachePool, tokens: int) -> None:
+        self.pool = pool
+        self.tokens = tokens
+        self.released = False
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self.pool._give_back(self.tokens)
+
+
 class CachePool:
     def __init__(self, total_tokens: int) -> None:
+        if total_tokens <= 0:
+            raise ValueError(f"a cache pool needs room for at least one token, got {total_tokens}")
         self.total_tokens = total_tokens
         self._used = 0
         self._sessions = 0
-        self._freed = asyncio.Condition()
+        self._waiters: list[asyncio.Future[None]] = []  # woken on every release; each re-checks its own request
 
     @property
     def tokens_left(self) -> int:
@@ -25,32 +46,56 @@ class CachePool:
 
     @property
     def sessions(self) -> int:
+        """Live allocations (open sessions and stateless forwards in flight)."""
         return self._sessions
 
-    async def wait_until_empty(self) -> None:
-        """Return once no session holds room (a draining node waits on this)."""
-        async with self._freed:
-            await self._freed.wait_for(lambda: self._sessions == 0)
-
-    @asynccontextmanager
-    async def reserve(self, tokens: int, wait: float = 0.0) -> AsyncIterator[None]:
-        """Hold ``tokens`` of room for the body; waits up to ``wait`` seconds, then raises ``CacheFull``."""
+    async def allocate(self, tokens: int, wait: float = 0.0) -> Allocation:
+        """Grant ``tokens`` of room; waits up to ``wait`` seconds for it, then raises ``CacheFull``."""
+        if tokens <= 0:
+            raise ValueError(f"allocate a positive number of tokens, not {tokens}")
         if tokens > self.total_tokens:
             raise CacheFull(f"{tokens} tokens exceed this node's whole cache of {self.total_tokens}")
-        async with self._freed:
-            if tokens > self.tokens_left:
-                if wait <= 0:
-                    raise CacheFull(f"{tokens} tokens asked, {self.tokens_left} free")
-                try:
-                    await asyncio.wait_for(self._freed.wait_for(lambda: tokens <= self.tokens_left), wait)
-                except TimeoutError:
-                    raise CacheFull(f"{tokens} tokens asked, {self.tokens_left} free after {wait}s") from None
-            self._used += tokens
-            self._sessions += 1
+        deadline = asyncio.get_running_loop().time() + wait
+        while tokens > self.tokens_left:  # re-checked after every wake-up: another request may have taken the room
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                waited = f" after waiting {wait}s" if wait > 0 else ""
+                raise CacheFull(f"{tokens} tokens asked, {self.tokens_left} free{waited}")
+            try:
+                await asyncio.wait_for(self._next_release(), remaining)
+            except TimeoutError:
+                pass  # the loop's check raises with the final count
+        self._used += tokens
+        self._sessions += 1
+        return Allocation(self, tokens)
+
+    @asynccontextmanager
+    async def reserve(self, tokens: int, wait: float = 0.0) -> AsyncIterator[Allocation]:
+        """Hold ``tokens`` of room for the body of an ``async with``."""
+        allocation = await self.allocate(tokens, wait)
         try:
-            yield
+            yield allocation
         finally:
-            self._used -= tokens
-            self._sessions -= 1
-            async with self._freed:
-                self._freed.notify_all()
+            allocation.release()
+
+    async def wait_until_empty(self) -> None:
+        """Return once no allocation is live (a draining node waits on this)."""
+        while self._sessions:
+            await self._next_release()
+
+    async def _next_release(self) -> None:
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        finally:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+
+    def _give_back(self, tokens: int) -> None:
+        self._used -= tokens
+        self._sessions -= 1
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)

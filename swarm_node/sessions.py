@@ -1,0 +1,94 @@
+"""Open inference sessions on a node: their KV caches, their cache-pool allocations, and idle expiry.
+
+A session is opened by an inference stream and lives until the stream closes it, the stream ends, or it sits idle
+(no step running or arriving) for longer than the idle timeout — a client that vanished without closing must not
+hold cache room forever. Closing is idempotent; it returns the room to the pool and drops the session's KV tensors
+at once, even while its stream is still open (a later step then gets ``UnknownSession``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from shared.errors import UnknownSession
+from shared.kv_cache import SessionKV
+from swarm_node.cache_pool import Allocation
+
+logger = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+
+
+class Session:
+    def __init__(self, kv: SessionKV, allocation: Allocation, now: float) -> None:
+        self.session_id = uuid.uuid4().hex
+        self.first_block = kv.first_block
+        self.end_block = kv.first_block + kv.num_layers
+        self.max_length = kv.max_length
+        self.allocation = allocation
+        self.last_active = now
+        self.busy = False  # a step is running: never idle
+        self.ended: str | None = None  # why it ended: "closed" or "expired"
+        self._kv: SessionKV | None = kv
+
+    @property
+    def kv(self) -> SessionKV:
+        if self._kv is None:
+            raise UnknownSession(f"session {self.session_id} has {self.ended}")
+        return self._kv
+
+    def end(self, reason: str) -> None:
+        if self.ended is None:
+            self.ended = reason
+            self._kv = None  # the KV tensors are freed with their last reference: this one
+            self.allocation.release()
+
+
+class SessionRegistry:
+    def __init__(self, idle_timeout: float, clock: Clock = time.monotonic) -> None:
+        self.idle_timeout = idle_timeout
+        self._clock = clock
+        self._sessions: dict[str, Session] = {}
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def add(self, kv: SessionKV, allocation: Allocation) -> Session:
+        session = Session(kv, allocation, self._clock())
+        self._sessions[session.session_id] = session
+        return session
+
+    def close(self, session: Session, reason: str = "closed") -> None:
+        self._sessions.pop(session.session_id, None)
+        session.end(reason)
+
+    @contextmanager
+    def active(self, session: Session) -> Iterator[SessionKV]:
+        """The session's KV for one step; the session is not idle meanwhile. Raises ``UnknownSession`` if ended."""
+        kv = session.kv
+        session.busy = True
+        try:
+            yield kv
+        finally:
+            session.busy = False
+            session.last_active = self._clock()
+
+    def expire_idle(self) -> list[Session]:
+        now = self._clock()
+        idle = [s for s in self._sessions.values() if not s.busy and now - s.last_active > self.idle_timeout]
+        for session in idle:
+            logger.info("session %s expired after %.0fs idle", session.session_id, now - session.last_active)
+            self.close(session, "expired")
+        return idle
+
+    async def expire_forever(self) -> None:
+        """Check for idle sessions a few times per timeout period, until cancelled."""
+        period = min(max(self.idle_timeout / 4, 0.05), 10.0)
+        while True:
+            await asyncio.sleep(period)
+            self.expire_idle()

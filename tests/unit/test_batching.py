@@ -1,0 +1,143 @@
+"""Batched decode across sessions and chunked prefill on in-process backends: the same tokens as each session alone.
+
+Two backends (blocks 0:3 and 3:6 of a tiny model, as two nodes would hold them) and the model's head run greedy
+generation for several sessions at once; their decode steps meet in the batchers and run as batched forwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from shared.head import ModelHead, build_head
+from shared.kv_cache import SessionKV
+from shared.model_source import load_config, resolve_model
+from shared.span import build_span
+from shared.weights import open_weights
+from swarm_node.backend import SpanBackend
+from swarm_node.batcher import BatchPolicy
+from tests.tiny_models import VOCAB, GetTinyModel
+
+NEW_TOKENS = 12
+PROMPT_LENGTHS = (3, 17, 8, 11, 5)  # sessions at different positions all the time
+
+
+@dataclass
+class Chain:
+    head: ModelHead
+    backends: list[SpanBackend]
+
+    async def greedy(self, prompt: list[int], new_tokens: int) -> list[int]:
+        """Prefill, then one decode step per token through every backend (batched with whoever else steps)."""
+        kvs = [await b.new_session_kv(range(b.span.start, b.span.end), 64) for b in self.backends]
+        ids, position, tokens = prompt, 0, []
+        for _ in range(new_tokens):
+            hidden = self.head.embed(torch.tensor([ids]))
+            for backend, kv in zip(self.backends, kvs, strict=True):
+                hidden = await backend.serve_step(kv, hidden, position)
+            tokens.append(int(self.head.logits(hidden)[0, -1].argmax()))
+            position += len(ids)
+            ids = tokens[-1:]
+        return tokens
+
+
+ChainFactory = Callable[[BatchPolicy], "Chain"]
+
+
+@pytest.fixture(params=["llama", "qwen2"])  # qwen2: sliding-window layers in the ragged attention
+async def chain_factory(request: pytest.FixtureRequest, tiny_model: GetTinyModel) -> AsyncIterator[ChainFactory]:
+    tiny = tiny_model(request.param)
+    source = resolve_model(str(tiny.folder))
+    config = load_config(source)
+    built: list[SpanBackend] = []
+
+    def make(policy: BatchPolicy) -> Chain:
+        reader = open_weights(source, config)
+        backends = [SpanBackend(build_span(config, reader, s, e), policy) for s, e in ((0, 3), (3, 6))]
+        built.extend(backends)
+        return Chain(build_head(config, reader), backends)
+
+    yield make
+    for backend in built:
+        backend.shutdown()
+
+
+def prompts() -> list[list[int]]:
+    generator = torch.Generator().manual_seed(7)
+    return [torch.randint(0, VOCAB, (length,), generator=generator).tolist() for length in PROMPT_LENGTHS]
+
+
+async def test_concurrent_sessions_decode_in_batches_with_the_tokens_each_gets_alone(
+    chain_factory: ChainFactory,
+) -> None:
+    chain = chain_factory(BatchPolicy(window=0.05))
+    alone = [await chain.greedy(prompt, NEW_TOKENS) for prompt in prompts()]
+    assert all(size == 1 for backend in chain.backends for size in backend.batcher.batch_sizes)
+    for backend in chain.backends:
+        backend.batcher.batch_sizes.clear()
+
+    together = await asyncio.gather(*(chain.greedy(prompt, NEW_TOKENS) for prompt in prompts()))
+    assert list(together) == alone
+    for backend in chain.backends:
+        sizes = list(backend.batcher.batch_sizes)
+        assert sum(sizes) == len(PROMPT_LENGTHS) * (NEW_TOKENS - 1)  # every decode step ran exactly once
+        assert max(sizes) > 1  # ... and the sessions' steps really shared forwards
+
+
+async def test_steps_arriving_together_run_as_one_forward_equal_to_each_alone(chain_factory: ChainFactory) -> None:
+    chain = chain_factory(BatchPolicy())
+    backend = chain.backends[0]
+    hidden_size = chain.head.embed_tokens.embedding_dim
+    generator = torch.Generator().manual_seed(3)
+    contexts = [torch.randn(1, length, hidden_size, generator=generator) for length in PROMPT_LENGTHS]
+    steps = [torch.randn(1, 1, hidden_size, generator=generator) for _ in PROMPT_LENGTHS]
+
+    async def prefilled() -> list[SessionKV]:
+        kvs = [await backend.new_session_kv(range(0, 3), 32) for _ in contexts]
+        for kv, context in zip(kvs, contexts, strict=True):
+            await backend.serve_step(kv, context, 0)
+        return kvs
+
+    kvs = await prefilled()
+    alone = [await backend.serve_step(kv, step, kv.length) for kv, step in zip(kvs, steps, strict=True)]
+    kvs = await prefilled()
+    backend.batcher.batch_sizes.clear()
+    together = await asyncio.gather(*(backend.serve_step(kv, s, kv.length) for kv, s in zip(kvs, steps, strict=True)))
+    assert list(backend.batcher.batch_sizes) == [len(PROMPT_LENGTHS)]
+    for got, expected in zip(together, alone, strict=True):
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    assert [kv.length for kv in kvs] == [length + 1 for length in PROMPT_LENGTHS]
+
+
+async def test_batches_never_exceed_the_largest_batch(chain_factory: ChainFactory) -> None:
+    chain = chain_factory(BatchPolicy(window=0.05, max_batch=2))
+    expected = [await chain.greedy(prompt, 4) for prompt in prompts()]
+    assert list(await asyncio.gather(*(chain.greedy(prompt, 4) for prompt in prompts()))) == expected
+    assert max(chain.backends[0].batcher.batch_sizes) == 2
+
+
+async def test_long_prompts_prefill_in_chunks_with_the_same_result(chain_factory: ChainFactory) -> None:
+    whole, chunked = chain_factory(BatchPolicy(prefill_chunk=512)), chain_factory(BatchPolicy(prefill_chunk=4))
+    prompt = torch.randn(1, 23, whole.head.embed_tokens.embedding_dim)
+    outputs = []
+    for chain in (whole, chunked):
+        backend = chain.backends[0]
+        kv = await backend.new_session_kv(range(0, 3), 32)
+        outputs.append(await backend.serve_step(kv, prompt, 0))
+        assert kv.length == 23
+    torch.testing.assert_close(outputs[1], outputs[0], atol=1e-5, rtol=0)
+    long_prompt = prompts()[1] * 2
+    assert await chunked.greedy(long_prompt, 6) == await whole.greedy(long_prompt, 6)
+
+
+async def test_a_failing_batch_fails_its_steps_and_the_batcher_keeps_serving(chain_factory: ChainFactory) -> None:
+    chain = chain_factory(BatchPolicy())
+    backend = chain.backends[0]
+    kv = await backend.new_session_kv(range(0, 3), 8)
+    with pytest.raises(RuntimeError):  # a hidden size the span's weights cannot multiply
+        await backend.serve_step(kv, torch.randn(1, 1, 65), 0)
+    assert await chain.greedy(prompts()[0], 3) == await chain.greedy(prompts()[0], 3)
