@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from gateway.router import Router
 from gateway.routing import Hop
 from shared.errors import NodeUnreachable, RemoteError, StepTimeout
+from shared.membership import CallAuth
 from shared.protocol import (
     INFERENCE_HANDLER,
     PROTOCOL_VERSION,
@@ -44,8 +45,9 @@ _CLOSED = None  # sentinel that ends the request stream
 class NodeSession:
     """An inference session on one node for blocks [hop.start, hop.end)."""
 
-    def __init__(self, p2p: P2P, hop: Hop, max_length: int, step_timeout: float) -> None:
+    def __init__(self, p2p: P2P, hop: Hop, max_length: int, step_timeout: float, auth: CallAuth | None = None) -> None:
         self.hop = hop
+        self._auth = auth
         self.max_length = max_length
         self._p2p = p2p
         self._timeout = step_timeout
@@ -69,7 +71,11 @@ class NodeSession:
         except Exception as exc:
             raise NodeUnreachable(f"cannot reach node {self.hop.peer_id}: {exc}") from exc
         opened = OpenSession(
-            protocol=PROTOCOL_VERSION, start=self.hop.start, end=self.hop.end, max_length=self.max_length
+            protocol=PROTOCOL_VERSION,
+            start=self.hop.start,
+            end=self.hop.end,
+            max_length=self.max_length,
+            auth=self._auth.token_for(self.hop.peer_id) if self._auth else None,
         )
         reply, _ = await self._exchange(opened)
         if not isinstance(reply, SessionOpened):
@@ -222,7 +228,7 @@ class ChainSession:
         await asyncio.shield(asyncio.gather(*(s.close() for s in sessions), return_exceptions=True))
 
     def _new_session(self, hop: Hop) -> NodeSession:
-        return NodeSession(self._p2p, hop, self._max_length, self._timeout)
+        return NodeSession(self._p2p, hop, self._max_length, self._timeout, self._router.auth)
 
     async def _fail_over(self, failed: Segment, error: BaseException) -> None:
         """Replace ``failed`` by new segments over the same blocks, replayed up to where it was."""

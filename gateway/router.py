@@ -19,6 +19,7 @@ from gateway.bans import BanList
 from gateway.routing import Hop, RouteRequest, RoutingMode, plan_route
 from gateway.swarm_view import SwarmMonitor, SwarmView
 from shared.errors import SwarmError
+from shared.membership import CallAuth
 from shared.rpc_client import fetch_info
 
 logger = logging.getLogger(__name__)
@@ -35,12 +36,16 @@ class Router:
         mode: RoutingMode = RoutingMode.MIN_LATENCY,
         bans: BanList | None = None,
         probe_period: float = 10.0,
+        auth: CallAuth | None = None,
+        allowed_peers: frozenset[str] | None = None,
     ) -> None:
         self.monitor = monitor
         self.mode = mode
         self.bans = bans or BanList()
         self.rtts: dict[str, float] = {}
         self.load: Counter[str] = Counter()
+        self.auth = auth or CallAuth(None, "")
+        self.allowed_peers = allowed_peers  # None: any node that announces itself (with the swarm secret, if any)
         self._p2p = p2p
         self._probe_period = probe_period
         self._prober: asyncio.Task[None] | None = None
@@ -63,7 +68,7 @@ class Router:
         fresh: bool = False,
     ) -> list[Hop]:
         """Plan hops over blocks [start, end) and count them as this gateway's load until ``release``."""
-        view = await self.monitor.view(fresh=fresh)
+        view = self._allowed(await self.monitor.view(fresh=fresh))
         await self._probe([s.peer_id for s in view.online() if s.peer_id not in self.rtts])
         request = RouteRequest(
             max_length, start, end, rtts=dict(self.rtts), banned=self.bans.banned(), load=dict(self.load)
@@ -84,7 +89,13 @@ class Router:
         self.bans.record_success(peer_id)
 
     async def view(self, fresh: bool = False) -> SwarmView:
-        return await self.monitor.view(fresh=fresh)
+        return self._allowed(await self.monitor.view(fresh=fresh))
+
+    def _allowed(self, view: SwarmView) -> SwarmView:
+        if self.allowed_peers is None:
+            return view
+        servers = {peer: s for peer, s in view.servers.items() if peer in self.allowed_peers}
+        return SwarmView(view.num_blocks, servers, view.fetched_at)
 
     async def _probe(self, peer_ids: Sequence[str]) -> None:
         if peer_ids:
@@ -92,7 +103,7 @@ class Router:
 
     async def _probe_one(self, peer_id: str) -> None:
         try:
-            _, rtt = await fetch_info(self._p2p, peer_id, PROBE_TIMEOUT)
+            _, rtt = await fetch_info(self._p2p, peer_id, PROBE_TIMEOUT, self.auth)
         except SwarmError:
             return  # an unreachable node keeps its old estimate; failing sessions ban it
         old = self.rtts.get(peer_id)
@@ -102,7 +113,7 @@ class Router:
         while True:
             await asyncio.sleep(self._probe_period)
             try:
-                view = await self.monitor.view()
+                view = await self.view()
                 await self._probe([s.peer_id for s in view.online()])
             except Exception:
                 logger.warning("RTT probing failed", exc_info=True)

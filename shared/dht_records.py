@@ -19,6 +19,8 @@ from hivemind.dht.node import DHTNode
 from hivemind.utils import get_dht_time
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from shared.membership import owner_subkey, peer_of_subkey
+
 logger = logging.getLogger(__name__)
 
 
@@ -30,7 +32,7 @@ class NodeState(StrEnum):
 
 
 class ModelRecord(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
     num_blocks: int = Field(gt=0)
@@ -41,7 +43,7 @@ class ModelRecord(BaseModel):
 class ServerRecord(BaseModel):
     """One node's announcement; the same record is stored under every block of its span."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     peer_id: str
     start: int = Field(ge=0)
@@ -78,13 +80,13 @@ async def announce(dht: DHT, model: ModelRecord, server: ServerRecord, expiratio
     keys = [model_key(model.name)] + [block_key(model.name, i) for i in server.blocks]
     values: list[Any] = [model.model_dump(mode="json")] + [server.model_dump(mode="json")] * len(server.blocks)
     await dht.run_coroutine(
-        partial(_store_many, keys=keys, values=values, subkey=server.peer_id, expiration=expiration),
+        partial(_store_many, keys=keys, values=values, subkey=owner_subkey(server.peer_id), expiration=expiration),
         return_future=True,
     )
 
 
 async def _store_many(
-    dht: DHT, node: DHTNode, *, keys: list[str], values: list[Any], subkey: str, expiration: float
+    dht: DHT, node: DHTNode, *, keys: list[str], values: list[Any], subkey: bytes, expiration: float
 ) -> None:
     await node.store_many(keys, values, get_dht_time() + expiration, subkeys=[subkey] * len(keys))
 
@@ -114,7 +116,10 @@ async def _get_many(dht: DHT, node: DHTNode, *, keys: list[str]) -> list[dict[st
     for key in keys:
         found = results.get(key)
         values = found.value if found is not None and isinstance(found.value, dict) else {}
-        entries.append({str(subkey): item.value for subkey, item in values.items()})
+        latest: dict[str, Any] = {}  # a restarted peer may have left a record under its previous owner key
+        for subkey, item in sorted(values.items(), key=lambda pair: pair[1].expiration_time):
+            latest[peer_of_subkey(subkey)] = item.value
+        entries.append(latest)
     return entries
 
 

@@ -10,6 +10,7 @@ the client rebuilds the same exception type from it (``error_from_code``), and o
     │   ├── UnknownSession          not retryable: step for a session the node does not hold
     │   ├── PositionOutOfRange      not retryable: positions beyond the session's max length
     │   ├── WrongSpan               not retryable: blocks asked for are not served by this node
+    │   ├── Unauthorized            not retryable: no valid call token for this private swarm
     │   ├── CacheFull               retryable: the node's KV-cache pool has no room now
     │   ├── NodeDraining            retryable: the node accepts no new sessions
     │   └── NodeInternalError       retryable: anything unexpected on the node
@@ -55,6 +56,10 @@ class PositionOutOfRange(RemoteError):
 
 class WrongSpan(RemoteError):
     code = "wrong_span"
+
+
+class Unauthorized(RemoteError):
+    code = "unauthorized"
 
 
 class CacheFull(RemoteError):
@@ -105,6 +110,7 @@ _REMOTE_ERRORS: dict[str, type[RemoteError]] = {
         UnknownSession,
         PositionOutOfRange,
         WrongSpan,
+        Unauthorized,
         CacheFull,
         NodeDraining,
         NodeInternalError,

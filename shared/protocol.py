@@ -46,6 +46,7 @@ class OpenSession(_Message):
     start: int = Field(ge=0)
     end: int = Field(gt=0)
     max_length: int = Field(gt=0)
+    auth: str | None = None  # call token of a private swarm (shared.membership)
     alloc_timeout: float = Field(0.0, ge=0, le=600)  # seconds to wait for cache room (0: refuse at once)
 
 
@@ -67,10 +68,12 @@ class ForwardRequest(_Message):
     protocol: int
     start: int = Field(ge=0)
     end: int = Field(gt=0)
+    auth: str | None = None
 
 
 class InfoRequest(_Message):
     type: Literal["info"] = "info"
+    auth: str | None = None
 
 
 class SessionOpened(_Message):

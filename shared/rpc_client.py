@@ -9,16 +9,20 @@ from hivemind.p2p import P2P, PeerID
 from hivemind.proto import runtime_pb2
 
 from shared.errors import NodeUnreachable, RemoteError, StepTimeout
+from shared.membership import CallAuth
 from shared.protocol import INFO_HANDLER, ErrorReply, InfoRequest, NodeInfo, decode_server_message, encode_request
 
 
-async def fetch_info(p2p: P2P, peer_id: str, wait: float) -> tuple[NodeInfo, float]:
+async def fetch_info(p2p: P2P, peer_id: str, wait: float, auth: CallAuth | None = None) -> tuple[NodeInfo, float]:
     """The node's info and the round-trip time of the call, in seconds."""
     began = time.perf_counter()
     try:
         response = await asyncio.wait_for(
             p2p.call_protobuf_handler(
-                PeerID.from_base58(peer_id), INFO_HANDLER, encode_request(InfoRequest()), runtime_pb2.ExpertResponse
+                PeerID.from_base58(peer_id),
+                INFO_HANDLER,
+                encode_request(InfoRequest(auth=auth.token_for(peer_id) if auth else None)),
+                runtime_pb2.ExpertResponse,
             ),
             wait,
         )

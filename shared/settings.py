@@ -13,9 +13,12 @@ import typing
 from collections.abc import Sequence
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shared.dht_records import ModelRecord, ServerRecord
+from shared.membership import load_secret, record_validators
 
 ENV_PREFIX = "SWARMGATE_"
 LOOPBACK_MADDRS = ["/ip4/127.0.0.1/tcp/0"]
@@ -40,6 +43,14 @@ class P2PSettings(ProcessSettings):
     nat_port_map: bool = Field(
         False, description="ask the local router for a port mapping (UPnP/NAT-PMP); off so nothing leaves the host"
     )
+    swarm_secret: SecretStr | None = Field(
+        None, description="shared secret of a private swarm (>= 16 bytes); peers without it are ignored"
+    )
+    swarm_secret_file: str | None = Field(None, description="file holding the swarm secret (wins over --swarm-secret)")
+
+    def secret(self) -> bytes | None:
+        value = self.swarm_secret.get_secret_value() if self.swarm_secret else None
+        return load_secret(value, self.swarm_secret_file)
 
     def dht_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
@@ -53,6 +64,7 @@ class P2PSettings(ProcessSettings):
             kwargs["announce_maddrs"] = self.announce_maddrs
         if self.identity_path:
             kwargs["identity_path"] = self.identity_path
+        kwargs["record_validators"] = record_validators(self.secret(), (ServerRecord, ModelRecord))
         return kwargs
 
 

@@ -7,15 +7,14 @@ import signal
 import sys
 import threading
 
-from hivemind import DHT
-
+from shared.dht_process import start_dht
 from swarm_node.settings import DhtSettings
 
 logger = logging.getLogger(__name__)
 
 
 def run_bootstrap(settings: DhtSettings) -> None:
-    dht = DHT(start=True, **settings.dht_kwargs())
+    dht = start_dht(**settings.dht_kwargs())
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

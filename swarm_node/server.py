@@ -24,9 +24,11 @@ from hivemind import DHT
 from hivemind.p2p import P2P
 
 import shared
+from shared.dht_process import start_dht
 from shared.dht_records import ModelRecord, NodeState, ServerRecord, announce, fetch_servers
 from shared.errors import SwarmError
 from shared.families import family_of
+from shared.membership import CallAuth, ReplayGuard
 from shared.model_source import ModelSource, load_config, resolve_model
 from shared.protocol import PROTOCOL_VERSION
 from shared.rpc_client import fetch_info
@@ -34,7 +36,9 @@ from shared.span import build_span
 from shared.weights import open_weights
 from swarm_node.backend import SpanBackend
 from swarm_node.cache_pool import CachePool
+from swarm_node.capacity import default_cache_tokens
 from swarm_node.handlers import NodeStatus, SpanHandlers
+from swarm_node.quantize import block_transform, resolve_quant
 from swarm_node.settings import ServeSettings
 from swarm_node.span_choice import block_throughputs, choose_new_start, choose_start
 from swarm_node.throughput import BlockSpeed, block_speed, load_cached, speed_key
@@ -69,15 +73,25 @@ class SpanServer:
         self.num_model_blocks = int(self.config.num_hidden_layers)
         self.device = resolve_device(settings.device)
         self.dtype = resolve_dtype(settings.dtype, self.device)
-        self.speed_key = speed_key(self.source.name, self.device, self.dtype, settings.quant)
+        self.quant = resolve_quant(settings.quant, self.device)
+        self.speed_key = speed_key(self.source.name, self.device, self.dtype, self.quant)
         self.cache_path = Path(settings.throughput_cache).expanduser()
         self.speed: BlockSpeed | None = load_cached(self.cache_path, self.speed_key)
         self.status = NodeStatus(
-            self.source.name, shared.__version__, self._max_session_length(), added_latency=settings.added_latency
+            self.source.name,
+            shared.__version__,
+            self._max_session_length(),
+            added_latency=settings.added_latency,
+            session_idle_timeout=settings.session_idle_timeout,
         )
-        self.pool = CachePool(settings.cache_tokens)
+        first, last = settings.span() or (0, settings.num_blocks or 0)
+        cache_tokens = settings.cache_tokens or default_cache_tokens(
+            self.config, last - first, self.device, self.dtype, self.quant
+        )
+        self.pool = CachePool(cache_tokens)
         self.start, self.end = settings.span() or (0, 0)
         self.next_rtts: dict[str, float] = {}
+        self.auth = CallAuth(None, "")
         self.dht: DHT | None = None
         self.handlers: SpanHandlers | None = None
 
@@ -95,12 +109,17 @@ class SpanServer:
 
     async def run(self, stop: asyncio.Event) -> None:
         # The DHT forks its own process: start it before torch spins up thread pools, which a fork must not copy.
-        self.dht = DHT(start=True, **self.settings.dht_kwargs())
+        self.dht = start_dht(**self.settings.dht_kwargs())
         if self.settings.num_threads:
             torch.set_num_threads(self.settings.num_threads)
         backend: SpanBackend | None = None
         try:
             p2p = await self.dht.replicate_p2p()
+            self.status.peer_id = self.dht.peer_id.to_base58()
+            secret = self.settings.secret()
+            if secret is not None:
+                self.status.guard = ReplayGuard(secret)
+            self.auth = CallAuth(secret, self.status.peer_id)
             if self.settings.num_blocks is not None and self.settings.span() is None:
                 self.start = await self._choose_start(self.settings.num_blocks)
                 self.end = self.start + self.settings.num_blocks
@@ -124,15 +143,16 @@ class SpanServer:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._announce(OFFLINE_RECORD_TTL), timeout=5)
             if self.handlers is not None:
-                self.handlers.backend.shutdown()
+                self.handlers.shutdown()
             self.dht.shutdown()
             logger.info("node stopped")
 
     async def _load(self, start: int, end: int) -> SpanBackend:
         logger.info("loading blocks %d:%d of %s", start, end, self.source.name)
         reader = await asyncio.to_thread(open_weights, self.source, self.config)
-        span = await asyncio.to_thread(build_span, self.config, reader, start, end, self.dtype, self.device)
-        return SpanBackend(span)
+        transform = block_transform(self.quant, self.dtype)
+        span = await asyncio.to_thread(build_span, self.config, reader, start, end, self.dtype, self.device, transform)
+        return SpanBackend(span, self.settings.batch_policy())
 
     async def _choose_start(self, num_blocks: int) -> int:
         assert self.dht is not None  # started in run()
@@ -191,7 +211,7 @@ class SpanServer:
         rtts: dict[str, float] = {}
         for peer in sorted(peers)[:NEXT_HOPS_PROBED]:
             with contextlib.suppress(SwarmError):
-                rtts[peer] = (await fetch_info(p2p, peer, PROBE_TIMEOUT))[1]
+                rtts[peer] = (await fetch_info(p2p, peer, PROBE_TIMEOUT, self.auth))[1]
         self.next_rtts = rtts
 
     async def _balance_forever(self) -> None:

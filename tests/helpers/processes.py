@@ -6,6 +6,7 @@ is killed when the ``LocalSwarm`` closes, whatever the test did.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -31,8 +32,15 @@ class ManagedProcess:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
     def send(self, sig: int) -> None:
-        if self.popen.poll() is None:
+        """SIGTERM/SIGINT go to the process (a graceful stop); other signals to its whole group, DHT child and
+        p2pd included, as when a machine dies or freezes."""
+        if self.popen.poll() is not None:
+            return
+        if sig in (signal.SIGTERM, signal.SIGINT):
             self.popen.send_signal(sig)
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, sig)
 
     def stop(self, timeout: float = 15.0) -> int:
         self.send(signal.SIGTERM)
@@ -59,17 +67,25 @@ class LocalSwarm:
             "SWARMGATE_THROUGHPUT_CACHE": str(self.workdir / "throughput.json"),
         }
         with log.open("wb") as out:
-            popen = subprocess.Popen([sys.executable, "-m", *args], stdout=out, stderr=subprocess.STDOUT, env=env)
+            popen = subprocess.Popen(
+                [sys.executable, "-m", *args], stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
         process = ManagedProcess(name, popen, log)
         self.processes.append(process)
         return process
 
-    def start_dht(self, timeout: float = 60.0) -> str:
+    def start_dht(self, *extra: str, timeout: float = 60.0) -> str:
         log = self.workdir / "dht.stdout"
         err = (self.workdir / "dht.log").open("wb")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         with log.open("wb") as out:
-            popen = subprocess.Popen([sys.executable, "-m", "swarm_node.cli", "dht"], stdout=out, stderr=err, env=env)
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "swarm_node.cli", "dht", *extra],
+                stdout=out,
+                stderr=err,
+                env=env,
+                start_new_session=True,
+            )
         self.processes.append(ManagedProcess("dht", popen, self.workdir / "dht.log"))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -102,9 +118,9 @@ class LocalSwarm:
 
     def close(self) -> None:
         for process in reversed(self.processes):
-            if process.popen.poll() is None:
-                process.popen.kill()
-                process.popen.wait()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.popen.pid, signal.SIGKILL)  # the DHT child and p2pd too
+            process.popen.wait()
 
 
 def save_tiny_tokenizer(folder: Path, vocab_size: int) -> None:

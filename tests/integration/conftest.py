@@ -9,6 +9,8 @@ import hivemind
 import pytest
 from hivemind.p2p import P2P
 
+from shared.dht_records import ModelRecord, ServerRecord
+from shared.membership import record_validators
 from tests.helpers.processes import LocalSwarm, save_tiny_tokenizer
 from tests.tiny_models import VOCAB, GetTinyModel, TinyModel
 
@@ -44,7 +46,8 @@ def tiny_with_tokenizer(tiny_model: GetTinyModel) -> GetTinyModel:
     return get
 
 
-def client_dht(initial_peers: list[str]) -> hivemind.DHT:
+def client_dht(initial_peers: list[str], secret: bytes | None = None) -> hivemind.DHT:
+    """A DHT client for the test itself, with the same record validators as every swarmgate process."""
     return hivemind.DHT(
         initial_peers=initial_peers,
         client_mode=True,
@@ -52,6 +55,7 @@ def client_dht(initial_peers: list[str]) -> hivemind.DHT:
         host_maddrs=["/ip4/127.0.0.1/tcp/0"],
         nat_port_map=False,
         auto_nat=False,
+        record_validators=record_validators(secret, (ServerRecord, ModelRecord)),
     )
 
 

@@ -1,0 +1,123 @@
+"""A private swarm on 127.0.0.1: outsiders are never routed to, records cannot be forged or overwritten, tokens are
+checked and cannot be replayed."""
+
+from __future__ import annotations
+
+import asyncio
+from functools import partial
+from pathlib import Path
+
+import pytest
+import torch
+from hivemind import DHT
+from hivemind.dht.node import DHTNode
+from hivemind.utils import get_dht_time
+
+from gateway.remote_session import NodeSession
+from gateway.router import Router
+from gateway.routing import Hop
+from gateway.swarm_view import SwarmMonitor
+from shared.dht_records import NodeState, ServerRecord, block_key, fetch_servers
+from shared.errors import Unauthorized
+from shared.membership import CallAuth, make_call_token
+from shared.model_source import resolve_model
+from shared.rpc_client import fetch_info
+from tests.helpers.processes import LocalSwarm
+from tests.integration.conftest import client_dht
+from tests.tiny_models import NUM_LAYERS, GetTinyModel
+
+pytestmark = pytest.mark.timeout(300)
+
+SECRET = "private swarm secret for tests"
+SPAN = f"0:{NUM_LAYERS}"
+
+
+async def _store_raw(dht: DHT, node: DHTNode, *, key: str, subkey: bytes, value: dict[str, object]) -> bool:
+    return bool(await node.store(key, value, get_dht_time() + 30, subkey=subkey))
+
+
+async def _raw_subkeys(dht: DHT, node: DHTNode, *, key: str) -> list[bytes]:
+    found = await node.get(key, latest=True)
+    return list(found.value) if found is not None and isinstance(found.value, dict) else []
+
+
+async def test_outsiders_are_ignored_and_members_cannot_forge_or_replay(
+    local_swarm: LocalSwarm, tiny_model: GetTinyModel
+) -> None:
+    folder: Path = tiny_model("llama").folder
+    model = resolve_model(str(folder)).name
+    local_swarm.start_dht("--swarm-secret", SECRET)
+    member = local_swarm.start_node(folder, SPAN, "--swarm-secret", SECRET)
+    outsider = local_swarm.start_node(folder, SPAN, "--swarm-secret", "a different secret entirely")
+    stranger = local_swarm.start_node(folder, SPAN)  # no secret at all
+    for node in (member, outsider, stranger):
+        local_swarm.wait_serving(node)
+
+    dht = client_dht(local_swarm.initial_peers, SECRET.encode())
+    try:
+        p2p = await dht.replicate_p2p()
+        auth = CallAuth(SECRET.encode(), dht.peer_id.to_base58())
+        await asyncio.sleep(3)  # every node has tried to announce by now
+        servers = await fetch_servers(dht, model, NUM_LAYERS)
+        assert set(servers) == {member.peer_id}
+
+        router = Router(SwarmMonitor(dht, model, NUM_LAYERS, max_age=0.5), p2p, auth=auth)
+        for _ in range(5):
+            assert [hop.peer_id for hop in await router.route(16, fresh=True)] == [member.peer_id]
+
+        # Overwriting the member's record under its own (owner-marked) subkey fails: we cannot sign as its owner.
+        (member_subkey,) = await dht.run_coroutine(partial(_raw_subkeys, key=block_key(model, 0)), return_future=True)
+        forged = servers[member.peer_id].model_copy(update={"state": NodeState.OFFLINE}).model_dump(mode="json")
+        stored = await dht.run_coroutine(
+            partial(_store_raw, key=block_key(model, 0), subkey=member_subkey, value=forged), return_future=True
+        )
+        assert not stored
+        # A record claiming the member's identity under a plain subkey is refused by the schema of subkeys/owners.
+        impostor = ServerRecord(
+            peer_id=member.peer_id,
+            start=0,
+            end=NUM_LAYERS,
+            state=NodeState.ONLINE,
+            throughput=1e9,
+            version="x",
+            protocol=1,
+        ).model_dump(mode="json")
+        await dht.run_coroutine(
+            partial(_store_raw, key=block_key(model, 0), subkey=b"someone-else", value=impostor), return_future=True
+        )
+        servers = await fetch_servers(dht, model, NUM_LAYERS)
+        assert servers[member.peer_id].state is NodeState.ONLINE and servers[member.peer_id].throughput < 1e9
+
+        # RPCs: no token, a token for another node, and a replayed token are refused; a fresh one works.
+        hop = Hop(member.peer_id, 0, NUM_LAYERS)
+        with pytest.raises(Unauthorized):
+            await fetch_info(p2p, member.peer_id, 10)
+        with pytest.raises(Unauthorized):
+            await NodeSession(p2p, hop, 8, 10).open()
+        other = CallAuth(SECRET.encode(), dht.peer_id.to_base58())
+        wrong_callee = make_call_token(SECRET.encode(), dht.peer_id.to_base58(), outsider.peer_id)
+        with pytest.raises(Unauthorized):
+            await fetch_info(p2p, member.peer_id, 10, _FixedToken(wrong_callee))
+        token = other.token_for(member.peer_id)
+        info, _ = await fetch_info(p2p, member.peer_id, 10, _FixedToken(token))
+        assert info.state == "online"
+        with pytest.raises(Unauthorized, match="replayed"):
+            await fetch_info(p2p, member.peer_id, 10, _FixedToken(token))
+        session = NodeSession(p2p, hop, 8, 10, auth)
+        await session.open()
+        assert (await session.step(torch.randn(1, 2, 64), 0)).shape == (1, 2, 64)
+        await session.close()
+        await router.close()
+    finally:
+        dht.shutdown()
+
+
+class _FixedToken(CallAuth):
+    """Always presents the same token: what an eavesdropper replaying a captured request would send."""
+
+    def __init__(self, token: str | None) -> None:
+        super().__init__(None, "")
+        self._token = token
+
+    def token_for(self, callee: str) -> str | None:
+        return self._token
