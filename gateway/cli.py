@@ -1,4 +1,4 @@
-"""`gateway generate` (one completion from the command line)."""
+"""`gateway serve` (the OpenAI-compatible HTTP API) and `gateway generate` (one completion from the command line)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
-from gateway.settings import GenerateSettings
+from gateway.settings import GenerateSettings, ServeSettings
 from shared.logging_setup import configure_logging
 from shared.settings import add_settings_arguments, build_settings
 
@@ -15,13 +15,18 @@ from shared.settings import add_settings_arguments, build_settings
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="gateway", description="The swarmgate gateway.")
     commands = parser.add_subparsers(dest="command", required=True)
-    add_settings_arguments(
-        commands.add_parser("generate", help=GenerateSettings.__doc__, description=GenerateSettings.__doc__),
-        GenerateSettings,
-    )
+    for name, settings_cls in (("serve", ServeSettings), ("generate", GenerateSettings)):
+        add_settings_arguments(
+            commands.add_parser(name, help=settings_cls.__doc__, description=settings_cls.__doc__), settings_cls
+        )
     args = parser.parse_args(argv)
     configure_logging()
-    asyncio.run(_generate(build_settings(GenerateSettings, args)))
+    if args.command == "serve":
+        from gateway.app import serve
+
+        asyncio.run(serve(build_settings(ServeSettings, args)))
+    else:
+        asyncio.run(_generate(build_settings(GenerateSettings, args)))
 
 
 async def _generate(settings: GenerateSettings) -> None:

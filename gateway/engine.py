@@ -2,40 +2,38 @@
 
     prompt ids ─embed→ hidden [1, T, D] ─ChainSession (node → node → …)→ hidden ─norm, LM head→ logits ─sample→ id
 
-Torch work (embedding, LM head, sampling) runs in a worker thread; the event loop only awaits.
+The prefill step returns the last block's hidden states for every prompt position, so prompt logprobs (``echo``)
+cost one LM-head pass over them and no extra remote work. Torch work (embedding, LM head, sampling) runs in a
+worker thread; the event loop only awaits.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import torch
 from hivemind import DHT
 from hivemind.p2p import P2P
 from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
+from gateway.generation import EngineEvent, GeneratedToken, GenerationRequest, PromptScores
 from gateway.model_files import load_head, load_tokenizer, stop_token_ids
 from gateway.remote_session import ChainSession
 from gateway.router import Router
 from gateway.routing import RoutingMode
-from gateway.sampling import SamplingParams, make_generator, sample
+from gateway.sampling import Sampler, top_logprobs
 from gateway.settings import EngineSettings
 from gateway.swarm_view import SwarmMonitor, SwarmView
+from gateway.tokens import HFTokenCodec
 from shared.head import ModelHead
 from shared.model_source import ModelSource, load_config, resolve_model
 
 logger = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class GenerationRequest:
-    prompt_ids: list[int]
-    max_new_tokens: int
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    ignore_eos: bool = False
+__all__ = ["GenerationEngine", "GenerationRequest"]
 
 
 class GenerationEngine:
@@ -54,6 +52,7 @@ class GenerationEngine:
         self.head = head
         self.stop_ids = stop_token_ids(config, tokenizer)
         self.context_length = int(config.max_position_embeddings)
+        self.codec = HFTokenCodec(tokenizer, head.vocab_size)
         self._dht: DHT | None = None
         self._p2p: P2P | None = None
         self._monitor: SwarmMonitor | None = None
@@ -105,29 +104,57 @@ class GenerationEngine:
             raise RuntimeError("engine not started")
         return await self._monitor.view(fresh)
 
+    async def missing_blocks(self) -> list[int]:
+        return (await self.swarm_view()).missing_blocks()
+
     async def generate(self, request: GenerationRequest) -> AsyncIterator[int]:
         """Yield new token ids one by one; stops at max_new_tokens or an end-of-sequence token (yielded)."""
+        async with contextlib.aclosing(self.stream(request)) as events:
+            async for event in events:
+                if isinstance(event, GeneratedToken):
+                    yield event.token_id
+
+    async def stream(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
+        """``PromptScores`` first when asked, then each new token; stops after max_new_tokens or an EOS token."""
         if self._p2p is None:
             raise RuntimeError("engine not started")
+        if request.max_new_tokens == 0 and request.prompt_logprobs is None:
+            return  # nothing to compute: no session needed
         max_length = len(request.prompt_ids) + request.max_new_tokens
-        generator = make_generator(request.sampling)
+        sampler = Sampler(request.sampling, self.head.vocab_size, request.prompt_ids)
         async with ChainSession(self._p2p, self.router, max_length, self.settings.step_timeout) as chain:
-            new_ids = request.prompt_ids
-            position = 0
-            for _ in range(request.max_new_tokens):
+            new_ids, position = request.prompt_ids, 0
+            while True:
                 hidden = await asyncio.to_thread(self._embed, new_ids)
-                output = await chain.step(hidden, position)
-                token = await asyncio.to_thread(self._next_token, output, request.sampling, generator)
-                yield token
-                if token in self.stop_ids and not request.ignore_eos:
-                    return
+                output = await chain.step(hidden, position)  # [1, T, D] after the last block
+                if position == 0 and request.prompt_logprobs is not None:
+                    yield await asyncio.to_thread(self._prompt_scores, output, new_ids, request.prompt_logprobs)
                 position += len(new_ids)
-                new_ids = [token]
+                if position - len(request.prompt_ids) >= request.max_new_tokens:
+                    return
+                token = await asyncio.to_thread(self._next_token, output, sampler, request.logprobs)
+                yield token
+                if token.eos and not request.ignore_eos:
+                    return
+                new_ids = [token.token_id]
 
     def _embed(self, token_ids: list[int]) -> torch.Tensor:
         """-> hidden [1, T, D] in float32 (the wire dtype)."""
         return self.head.embed(torch.tensor([token_ids])).float()
 
-    def _next_token(self, output: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
+    def _next_token(self, output: torch.Tensor, sampler: Sampler, num_logprobs: int | None) -> GeneratedToken:
         logits = self.head.logits(output[:, -1:])[0, -1]  # [V]
-        return sample(logits, params, generator)
+        token = sampler.next_token(logits)
+        eos = token in self.stop_ids
+        if num_logprobs is None:
+            return GeneratedToken(token, eos)
+        logprobs = torch.log_softmax(logits, dim=-1)  # [V]
+        return GeneratedToken(token, eos, float(logprobs[token]), top_logprobs(logprobs, num_logprobs))
+
+    def _prompt_scores(self, output: torch.Tensor, prompt_ids: list[int], k: int) -> PromptScores:
+        """output: [1, T, D] of the prefill -> logprob of each prompt token given the ones before it."""
+        logprobs = torch.log_softmax(self.head.logits(output[:, :-1])[0], dim=-1)  # [T-1, V]
+        targets = torch.tensor(prompt_ids[1:], dtype=torch.long)
+        chosen = logprobs.gather(-1, targets[:, None])[:, 0].tolist()  # [T-1]
+        tops = [top_logprobs(row, k) for row in logprobs]
+        return PromptScores([None, *chosen], [None, *tops])

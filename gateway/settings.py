@@ -1,4 +1,4 @@
-"""Settings of the gateway's generation engine (and, later, its HTTP server)."""
+"""Settings of the gateway's generation engine and of its commands (`gateway generate`, `gateway serve`)."""
 
 from __future__ import annotations
 
@@ -30,3 +30,20 @@ class GenerateSettings(EngineSettings):
     temperature: float = Field(0.0, ge=0, description="0 is greedy")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass")
     seed: int | None = Field(None, description="sampling seed")
+
+
+class ServeSettings(EngineSettings):
+    """Serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, ...) for a model."""
+
+    host: str = Field("127.0.0.1", description="address the HTTP server listens on (0.0.0.0: every interface)")
+    port: int = Field(8000, ge=0, le=65535, description="HTTP port (0: any free port, logged at start)")
+    served_model_name: str | None = Field(
+        None, description="the API's model id; default: the model folder's / repo's / GGUF file's base name"
+    )
+    redis_url: str | None = Field(None, description="Redis URL of the session store shared by gateway replicas")
+    default_max_tokens: int = Field(
+        1024,
+        ge=0,
+        description="max tokens of a chat completion that sets none (0: the rest of the context window, OpenAI's "
+        "default; nodes reserve KV-cache room for the whole length up front, so that default is costly)",
+    )

@@ -11,6 +11,7 @@ when the caller sends an allocation timeout, waits for room up to that long and 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -61,10 +62,8 @@ class CachePool:
             if remaining <= 0:
                 waited = f" after waiting {wait}s" if wait > 0 else ""
                 raise CacheFull(f"{tokens} tokens asked, {self.tokens_left} free{waited}")
-            try:
+            with contextlib.suppress(TimeoutError):  # then the loop's check raises with the final count
                 await asyncio.wait_for(self._next_release(), remaining)
-            except TimeoutError:
-                pass  # the loop's check raises with the final count
         self._used += tokens
         self._sessions += 1
         return Allocation(self, tokens)

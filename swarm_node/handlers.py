@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
 import torch
@@ -28,7 +26,7 @@ from shared.errors import (
     UnknownSession,
     WrongSpan,
 )
-from shared.kv_cache import SessionKV
+from shared.membership import ReplayGuard
 from shared.protocol import (
     FORWARD_HANDLER,
     INFERENCE_HANDLER,
@@ -50,6 +48,7 @@ from shared.protocol import (
 )
 from swarm_node.backend import SpanBackend
 from swarm_node.cache_pool import CachePool
+from swarm_node.sessions import Session, SessionRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -63,12 +62,9 @@ class NodeStatus:
     max_session_length: int
     state: NodeState = NodeState.JOINING
     added_latency: float = 0.0  # seconds slept before every reply: emulates a distant node (tests, demos)
-
-
-@dataclass
-class InferenceSession:
-    session_id: str
-    kv: SessionKV
+    session_idle_timeout: float = 300.0  # seconds a session may sit without a step before its room is taken back
+    peer_id: str = ""  # this node's own peer id (call tokens name it)
+    guard: ReplayGuard | None = None  # a private swarm's call-token check; None: a public swarm
 
 
 class SpanHandlers:
@@ -76,8 +72,10 @@ class SpanHandlers:
         self.backend = backend
         self.pool = pool
         self.status = status
+        self.sessions = SessionRegistry(status.session_idle_timeout)
         self.start, self.end = backend.span.start, backend.span.end
         self.hidden_size = backend.span.hidden_size
+        self._expiry: asyncio.Task[None] | None = None
 
     def use_backend(self, backend: SpanBackend) -> None:
         """Serve another span (after the node moved); the caller drained every session first."""
@@ -85,17 +83,26 @@ class SpanHandlers:
         self.start, self.end = backend.span.start, backend.span.end
 
     async def register(self, p2p: P2P) -> None:
+        """Serve the RPCs on ``p2p``, and start expiring idle sessions."""
         await p2p.add_protobuf_handler(
             INFERENCE_HANDLER, self.inference, runtime_pb2.ExpertRequest, stream_input=True, stream_output=True
         )
         await p2p.add_protobuf_handler(FORWARD_HANDLER, self.forward, runtime_pb2.ExpertRequest)
         await p2p.add_protobuf_handler(INFO_HANDLER, self.info, runtime_pb2.ExpertRequest)
+        if self._expiry is None:
+            self._expiry = asyncio.create_task(self.sessions.expire_forever(), name="session-expiry")
+
+    def shutdown(self) -> None:
+        """Stop expiring sessions and stop the compute thread."""
+        if self._expiry is not None:
+            self._expiry.cancel()
+        self.backend.shutdown()
 
     async def inference(
         self, requests: AsyncIterator[runtime_pb2.ExpertRequest], context: P2PContext
     ) -> AsyncIterator[runtime_pb2.ExpertResponse]:
-        session: InferenceSession | None = None
-        async with AsyncExitStack() as resources:  # the session's cache room, released when the stream ends
+        session: Session | None = None
+        try:
             async for request in requests:
                 await self._emulate_distance()
                 try:
@@ -105,13 +112,14 @@ class SpanHandlers:
                     if isinstance(message, OpenSession):
                         if session is not None:
                             raise BadRequest("this stream already has an open session")
-                        session = await self._open(message, resources)
+                        self._authorize(message.auth, context)
+                        session = await self._open(message)
                         yield encode_response(
                             SessionOpened(
                                 session_id=session.session_id,
-                                start=session.kv.first_block,
-                                end=session.kv.first_block + session.kv.num_layers,
-                                max_length=session.kv.max_length,
+                                start=session.first_block,
+                                end=session.end_block,
+                                max_length=session.max_length,
                             )
                         )
                         continue
@@ -124,8 +132,11 @@ class SpanHandlers:
                 except Exception:
                     logger.exception("inference step failed")
                     yield encode_response(ErrorReply.of(NodeInternalError("internal error on the node")))
+        finally:  # the stream closed, ended or was cancelled: its session's room goes back to the pool
+            if session is not None:
+                self.sessions.close(session)
 
-    async def _open(self, message: OpenSession, resources: AsyncExitStack) -> InferenceSession:
+    async def _open(self, message: OpenSession) -> Session:
         check_protocol(message.protocol)
         blocks = self._check_blocks(message.start, message.end)
         if self.status.state is not NodeState.ONLINE:
@@ -134,33 +145,37 @@ class SpanHandlers:
             raise PositionOutOfRange(
                 f"max_length {message.max_length} exceeds this node's limit of {self.status.max_session_length}"
             )
-        async with AsyncExitStack() as reservation:
-            await reservation.enter_async_context(self.pool.reserve(message.max_length, message.alloc_timeout))
+        allocation = await self.pool.allocate(message.max_length, message.alloc_timeout)
+        try:
             kv = await self.backend.new_session_kv(blocks, message.max_length)
-            resources.push_async_exit(reservation.pop_all())  # from here on the stream owns the room
-        session = InferenceSession(uuid.uuid4().hex, kv)
+        except BaseException:  # cancelled or failed before the session exists: nobody else would release the room
+            allocation.release()
+            raise
+        session = self.sessions.add(kv, allocation)
         logger.debug("session %s opened for blocks %d:%d", session.session_id, blocks.start, blocks.stop)
         return session
 
-    async def _step(self, session: InferenceSession, message: Step, tensors: list[torch.Tensor]) -> torch.Tensor:
+    async def _step(self, session: Session, message: Step, tensors: list[torch.Tensor]) -> torch.Tensor:
         if not isinstance(message, Step):
             raise BadRequest(f"unexpected message {message.type!r} in an open session")
         hidden = self._check_hidden(tensors, batch=1)
         new_tokens = hidden.shape[1]
-        if message.position > session.kv.length:
-            raise PositionOutOfRange(
-                f"position {message.position} leaves a gap after the session's {session.kv.length} tokens"
-            )
-        if message.position + new_tokens > session.kv.max_length:
-            raise PositionOutOfRange(
-                f"positions up to {message.position + new_tokens} exceed max_length {session.kv.max_length}"
-            )
-        return await self.backend.step(session.kv, hidden, message.position)
+        with self.sessions.active(session) as kv:
+            if message.position > kv.length:
+                raise PositionOutOfRange(
+                    f"position {message.position} leaves a gap after the session's {kv.length} tokens"
+                )
+            if message.position + new_tokens > kv.max_length:
+                raise PositionOutOfRange(
+                    f"positions up to {message.position + new_tokens} exceed max_length {kv.max_length}"
+                )
+            return await self.backend.serve_step(kv, hidden, message.position)
 
     async def forward(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
         await self._emulate_distance()
         try:
             message, tensors = decode_unary(request, ForwardRequest)
+            self._authorize(message.auth, context)
             check_protocol(message.protocol)
             blocks = self._check_blocks(message.start, message.end)
             hidden = self._check_hidden(tensors, batch=None)
@@ -178,10 +193,15 @@ class SpanHandlers:
     async def info(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
         await self._emulate_distance()
         try:
-            decode_unary(request, InfoRequest)
+            message, _ = decode_unary(request, InfoRequest)
+            self._authorize(message.auth, context)
         except RemoteError as error:
             return encode_response(ErrorReply.of(error))
         return encode_response(self.node_info())
+
+    def _authorize(self, token: str | None, context: P2PContext) -> None:
+        if self.status.guard is not None:
+            self.status.guard.check(token, context.remote_id.to_base58(), self.status.peer_id)
 
     async def _emulate_distance(self) -> None:
         if self.status.added_latency > 0:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, field_validator
 
 from shared.settings import P2PSettings, positional
+
+if TYPE_CHECKING:
+    from swarm_node.batcher import BatchPolicy
 
 
 class DhtSettings(P2PSettings):
@@ -24,8 +27,31 @@ class ServeSettings(P2PSettings):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="compute dtype; auto: bfloat16 on cuda, float32 on cpu"
     )
-    quant: Literal["none"] = Field("none", description="weight quantization of the span's linear layers")
-    cache_tokens: int = Field(16384, gt=0, description="KV-cache pool size, in tokens across all sessions")
+    quant: Literal["auto", "none", "int8", "nf4"] = Field(
+        "auto",
+        description="weight quantization of the span's projections (bitsandbytes LLM.int8 or 4-bit NF4); auto: nf4 on"
+        " cuda (a quarter of bfloat16's memory), none on cpu (bitsandbytes' cpu int8/nf4 matmuls are ~5x slower)",
+    )
+    cache_tokens: int | None = Field(
+        None,
+        gt=0,
+        description="KV-cache pool size, in tokens across all sessions; default: on cuda, 90% of the GPU memory"
+        " free after the weights; on cpu, 16384 or what fits in a quarter of the available RAM, whichever is less",
+    )
+    session_idle_timeout: float = Field(
+        300.0, gt=0, description="seconds a session may go without a step before it is closed and its room freed"
+    )
+    batch_window: float = Field(
+        0.005,
+        ge=0,
+        le=1,
+        description="seconds a decode step waits for other sessions' steps to share one batched forward"
+        " (a lone session never waits)",
+    )
+    max_batch_size: int = Field(32, gt=0, description="most sessions' decode steps in one batched forward")
+    prefill_chunk_tokens: int = Field(
+        512, gt=0, description="prompt tokens per prefill forward: bounds activation memory on long prompts"
+    )
     max_session_length: int | None = Field(
         None, gt=0, description="longest session accepted; default: the model's context length"
     )
@@ -57,6 +83,11 @@ class ServeSettings(P2PSettings):
 
     def span(self) -> tuple[int, int] | None:
         return parse_blocks(self.blocks) if self.blocks else None
+
+    def batch_policy(self) -> BatchPolicy:
+        from swarm_node.batcher import BatchPolicy  # torch-heavy; --help need not import it
+
+        return BatchPolicy(self.batch_window, self.max_batch_size, self.prefill_chunk_tokens)
 
 
 def parse_blocks(text: str) -> tuple[int, int]:

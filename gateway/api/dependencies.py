@@ -1,0 +1,65 @@
+"""The serving objects a route needs, as ``Annotated`` dependencies, and the HTTP glue every route shares."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
+
+from gateway.api.serving_chat import ChatServing
+from gateway.api.serving_common import Disconnected, Stream
+from gateway.api.serving_completions import CompletionServing
+from gateway.api.serving_models import ModelServing
+from gateway.api.sse import event_stream
+
+
+@dataclass(frozen=True)
+class Services:
+    completions: CompletionServing
+    chat: ChatServing
+    models: ModelServing
+
+
+def services(request: Request) -> Services:
+    found = request.app.state.services
+    if not isinstance(found, Services):
+        raise RuntimeError("the app was built without its services (use gateway.app.create_app)")
+    return found
+
+
+def _completions(request: Request) -> CompletionServing:
+    return services(request).completions
+
+
+def _chat(request: Request) -> ChatServing:
+    return services(request).chat
+
+
+def _models(request: Request) -> ModelServing:
+    return services(request).models
+
+
+CompletionsDep = Annotated[CompletionServing, Depends(_completions)]
+ChatDep = Annotated[ChatServing, Depends(_chat)]
+ModelsDep = Annotated[ModelServing, Depends(_models)]
+
+
+def disconnect_waiter(request: Request) -> Disconnected:
+    """Returns when the client disconnects (the body is already read, so the next ASGI message says so)."""
+
+    async def wait() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    return wait
+
+
+def respond(result: BaseModel | Stream) -> Response:
+    if isinstance(result, Stream):
+        return event_stream(result.events, result.id)
+    session_id = getattr(result, "id", None)
+    headers = {"X-Session-Id": session_id} if isinstance(session_id, str) else None
+    return JSONResponse(result.model_dump(mode="json"), headers=headers)

@@ -1,0 +1,192 @@
+"""The HTTP edge's errors: the one module that decides statuses, in OpenAI's envelope.
+
+    APIError                    status  type                    code (string, stable)
+    ├── InvalidRequest          400     invalid_request_error   invalid_value, invalid_type, missing_required_parameter,
+    │                                                           invalid_json, context_length_exceeded, ...
+    ├── NotFound                404     invalid_request_error   model_not_found, not_found
+    ├── MethodNotAllowed        405     invalid_request_error   method_not_allowed
+    ├── ServiceUnavailable      503     service_unavailable     missing_blocks, swarm_unavailable
+    ├── InternalError           500     server_error            internal_error
+    └── ClientDisconnected      499     client_closed_request   client_disconnected (logged, never received)
+
+Anything else raised while serving is logged once with its traceback and answered as ``InternalError``, whose
+message says nothing about the cause. Request validation (FastAPI's 422) is answered 400, as OpenAI does.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.api.protocol import ErrorInfo, ErrorResponse
+from gateway.generation import InvalidPrompt
+from shared.errors import MissingBlocks, SwarmError
+
+logger = logging.getLogger(__name__)
+
+
+class APIError(Exception):
+    status: ClassVar[int] = 500
+    type: ClassVar[str] = "server_error"
+
+    def __init__(self, message: str, code: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message, self.code, self.param = message, code, param
+
+    def body(self) -> dict[str, Any]:
+        info = ErrorInfo(message=self.message, type=self.type, param=self.param, code=self.code)
+        return ErrorResponse(error=info).model_dump()
+
+    def response(self, headers: Mapping[str, str] | None = None) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+
+
+class InvalidRequest(APIError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class NotFound(APIError):
+    status = 404
+    type = "invalid_request_error"
+
+
+class MethodNotAllowed(APIError):
+    status = 405
+    type = "invalid_request_error"
+
+
+class ServiceUnavailable(APIError):
+    status = 503
+    type = "service_unavailable"
+
+
+class ClientDisconnected(APIError):
+    """The client left before the answer was ready (nginx's 499); nobody receives this response."""
+
+    status = 499
+    type = "client_closed_request"
+
+
+class InternalError(APIError):
+    status = 500
+    type = "server_error"
+
+    def __init__(self) -> None:
+        super().__init__("The server had an error while processing your request.", "internal_error")
+
+
+def model_not_found(model: str) -> NotFound:
+    return NotFound(f"The model `{model}` does not exist.", "model_not_found", "model")
+
+
+def as_api_error(exc: BaseException) -> APIError:
+    """The client-facing error for anything raised while serving; unexpected ones are logged here, once."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, InvalidPrompt):
+        return InvalidRequest(str(exc), "invalid_value", "messages")
+    if isinstance(exc, MissingBlocks):
+        return ServiceUnavailable(f"The swarm cannot serve this model now: {exc}", "missing_blocks")
+    if isinstance(exc, SwarmError) and exc.retryable:
+        return ServiceUnavailable(f"The swarm failed to serve the request, try again: {exc}", "swarm_unavailable")
+    logger.error("unexpected error while serving a request", exc_info=exc)
+    return InternalError()
+
+
+# pydantic error types -> OpenAI-style string codes
+_VALIDATION_CODES = {"missing": "missing_required_parameter", "json_invalid": "invalid_json"}
+
+
+def validation_error(exc: RequestValidationError) -> InvalidRequest:
+    first = exc.errors()[0] if exc.errors() else {"type": "invalid", "loc": (), "msg": "invalid request"}
+    kind = str(first.get("type", ""))
+    if kind == "json_invalid":
+        return InvalidRequest("We could not parse the JSON body of your request.", "invalid_json")
+    param = _param_name(first.get("loc", ()))
+    code = _VALIDATION_CODES.get(kind, "invalid_type" if kind.endswith(("_type", "_parsing")) else "invalid_value")
+    message = f"Invalid value for '{param}': {first.get('msg', 'invalid')}" if param else str(first.get("msg"))
+    return InvalidRequest(message, code, param)
+
+
+_UNION_TAGS = {"str", "int", "float", "bool", "dict", "list", "none"}
+
+
+def _param_name(loc: Any) -> str | None:
+    """('body', 'messages', 0, 'role') -> 'messages[0].role'; union member tags like 'list[int]' are dropped."""
+    name = ""
+    for part in loc:
+        if part == "body" and not name:
+            continue
+        if isinstance(part, int):
+            name += f"[{part}]"
+        elif "[" not in str(part) and str(part) not in _UNION_TAGS:
+            name += f".{part}" if name else str(part)
+    return name or None
+
+
+def http_error(exc: HTTPException) -> APIError:
+    if exc.status_code == 404:
+        return NotFound("Not found.", "not_found")
+    if exc.status_code == 405:
+        return MethodNotAllowed("Method not allowed.", "method_not_allowed")
+    if exc.status_code < 500:
+        return InvalidRequest(str(exc.detail), "invalid_request")
+    return InternalError()
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    async def on_api_error(_: Request, exc: Exception) -> JSONResponse:
+        return as_api_error(exc).response()
+
+    async def on_validation_error(_: Request, exc: Exception) -> JSONResponse:
+        error = validation_error(exc) if isinstance(exc, RequestValidationError) else as_api_error(exc)
+        return error.response()
+
+    async def on_http_error(_: Request, exc: Exception) -> JSONResponse:
+        if not isinstance(exc, HTTPException):
+            return as_api_error(exc).response()
+        return http_error(exc).response(exc.headers)
+
+    app.add_exception_handler(APIError, on_api_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(HTTPException, on_http_error)
+    app.add_middleware(CatchAllMiddleware)
+
+
+class CatchAllMiddleware:
+    """Answers 500 in OpenAI's envelope for any exception that escapes a route, logging it once.
+
+    Starlette's own ``Exception`` handler re-raises after responding, so the server would log the error a second
+    time; this sits inside it and swallows the exception once it is answered.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:
+            error = as_api_error(exc)
+            if started:
+                return  # too late for a status; the client sees the connection end
+            response = error.response()
+            await response(scope, receive, send)

@@ -1,0 +1,20 @@
+"""GET /v1/models and GET /v1/models/{model}."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from gateway.api.dependencies import ModelsDep
+from gateway.api.protocol import ModelCard, ModelList
+
+router = APIRouter()
+
+
+@router.get("/v1/models")
+async def list_models(serving: ModelsDep) -> ModelList:
+    return serving.models()
+
+
+@router.get("/v1/models/{model:path}")
+async def retrieve_model(model: str, serving: ModelsDep) -> ModelCard:
+    return serving.model(model)

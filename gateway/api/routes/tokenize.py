@@ -1,0 +1,21 @@
+"""POST /tokenize and POST /detokenize (vLLM's shapes)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from gateway.api.dependencies import ModelsDep
+from gateway.api.protocol import DetokenizeRequest, DetokenizeResponse, TokenizeResponse
+from gateway.api.protocol_chat import TokenizeRequest
+
+router = APIRouter()
+
+
+@router.post("/tokenize")
+async def tokenize(body: TokenizeRequest, serving: ModelsDep) -> TokenizeResponse:
+    return await serving.tokenize(body)
+
+
+@router.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, serving: ModelsDep) -> DetokenizeResponse:
+    return await serving.detokenize(body)

@@ -1,0 +1,194 @@
+"""What both generation endpoints share: model and parameter checks, prompt limits, and running the choices.
+
+Serving classes depend on ``gateway.generation.Engine`` only; they return either a response model or a
+``Stream`` of SSE data strings, and never touch HTTP objects (the router hands them a ``Disconnected`` waiter).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from gateway.api.assembler import EmittedToken, FinishReason, Piece
+from gateway.api.choices import ChoiceEvent, ChoiceSpec, merge, prime, run_choice
+from gateway.api.errors import ClientDisconnected, InvalidRequest, model_not_found
+from gateway.api.protocol import SamplingFields
+from gateway.api.request_log import RequestRecord, failure
+from gateway.generation import Engine, PromptScores, SamplingParams
+
+T = TypeVar("T")
+
+# Returns when the client has gone away (the router builds it from the ASGI receive channel).
+Disconnected = Callable[[], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class ServingConfig:
+    model_name: str  # the id clients send and are answered with
+    default_max_tokens: int = 0  # chat requests without max_tokens; 0: the rest of the context window
+
+
+@dataclass(frozen=True)
+class Stream:
+    """A streamed response: its id (also the X-Session-Id header) and its SSE data strings."""
+
+    id: str
+    events: AsyncIterator[str]
+
+
+@dataclass
+class ChoiceResult:
+    """One choice's events gathered for a non-streaming response."""
+
+    index: int
+    text: str = ""
+    tokens: list[EmittedToken] = field(default_factory=list)
+    prompt: PromptScores | None = None
+    finish_reason: FinishReason = "length"
+    generated: int = 0
+    logprob_sum: float = 0.0
+
+    def add(self, event: ChoiceEvent) -> None:
+        if isinstance(event.payload, PromptScores):
+            self.prompt = event.payload
+            return
+        self.text += event.payload.text
+        self.tokens += event.payload.tokens
+        if event.payload.finish_reason is not None:
+            self.finish_reason = event.payload.finish_reason
+            self.generated, self.logprob_sum = event.generated, event.logprob_sum
+
+    @property
+    def mean_logprob(self) -> float:
+        return self.logprob_sum / max(1, len(self.tokens))
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def token_string(raw: bytes) -> str:
+    """A token as OpenAI spells it: its text, or ``bytes:\\xNN…`` when it is part of a multi-byte character."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{byte:02x}" for byte in raw)
+
+
+async def until_disconnected(work: Awaitable[T], disconnected: Disconnected) -> T:
+    """``work``'s result, or ``ClientDisconnected`` — after cancelling ``work`` — if the client leaves first."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            return task.result()
+        raise ClientDisconnected("the client closed the connection", "client_disconnected")
+    finally:
+        task.cancel()
+        watcher.cancel()
+        await asyncio.gather(task, watcher, return_exceptions=True)
+
+
+class ServingBase:
+    def __init__(self, engine: Engine, config: ServingConfig) -> None:
+        self.engine = engine
+        self.config = config
+
+    @property
+    def codec_vocab(self) -> int:
+        return self.engine.codec.vocab_size
+
+    def check_model(self, model: str) -> None:
+        if model != self.config.model_name:
+            raise model_not_found(model)
+
+    def sampling_params(self, body: SamplingFields) -> SamplingParams:
+        top_k = body.top_k or 0
+        # top_p 0 keeps only the most likely token: greedy (the probability cut alone would keep nothing).
+        if body.top_p == 0:
+            top_k = 1
+        return SamplingParams(
+            temperature=1.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if not body.top_p else body.top_p,
+            top_k=max(0, top_k),
+            min_p=body.min_p or 0.0,
+            seed=body.seed,
+            presence_penalty=body.presence_penalty or 0.0,
+            frequency_penalty=body.frequency_penalty or 0.0,
+            repetition_penalty=body.repetition_penalty or 1.0,
+            logit_bias=self._logit_bias(body.logit_bias),
+        )
+
+    def _logit_bias(self, bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
+        pairs: list[tuple[int, float]] = []
+        for key, value in (bias or {}).items():
+            if not key.lstrip("-").isdigit() or not 0 <= int(key) < self.codec_vocab:
+                message = f"Invalid key in 'logit_bias': {key!r} is not a token id"
+                raise InvalidRequest(message, "invalid_value", "logit_bias")
+            if not -100 <= value <= 100:
+                message = f"Invalid value in 'logit_bias' for {key}: {value} is outside [-100, 100]"
+                raise InvalidRequest(message, "invalid_value", "logit_bias")
+            pairs.append((int(key), value))
+        return tuple(pairs)
+
+    def check_token_ids(self, ids: list[int], param: str) -> None:
+        if not ids:
+            raise InvalidRequest("The prompt is empty: there is no token to continue from.", "invalid_value", param)
+        if any(not 0 <= token < self.codec_vocab for token in ids):
+            raise InvalidRequest(f"Token ids in '{param}' must lie in [0, {self.codec_vocab}).", "invalid_value", param)
+
+    def completion_budget(self, prompt_tokens: int, requested: int | None, param: str) -> int:
+        """Tokens to generate: ``requested`` (None: the server's default) within the context window."""
+        limit = self.engine.context_length
+        room = limit - prompt_tokens
+        if requested is None:
+            default = self.config.default_max_tokens
+            requested = min(default, room) if default > 0 else room
+        if prompt_tokens + requested > limit or room <= 0:
+            raise InvalidRequest(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{prompt_tokens + requested} tokens ({prompt_tokens} in the prompt, {requested} for the "
+                "completion). Please reduce the prompt or the completion length.",
+                "context_length_exceeded",
+                param,
+            )
+        return requested
+
+    async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        # Long inputs take a while to tokenize: keep the event loop free.
+        return await asyncio.to_thread(self.engine.codec.encode, text, add_special_tokens)
+
+    def events(self, specs: list[ChoiceSpec]) -> AsyncIterator[ChoiceEvent]:
+        return merge([run_choice(self.engine, spec) for spec in specs])
+
+    async def collect(
+        self, record: RequestRecord, specs: list[ChoiceSpec], disconnected: Disconnected
+    ) -> list[ChoiceResult]:
+        async def gather() -> list[ChoiceResult]:
+            results = {spec.index: ChoiceResult(spec.index) for spec in specs}
+            async for event in self.events(specs):
+                results[event.index].add(event)
+            return [results[spec.index] for spec in specs]
+
+        async with record.tracking():
+            results = await until_disconnected(gather(), disconnected)
+            record.completion_tokens = sum(result.generated for result in results)
+        return results
+
+    async def start(
+        self, record: RequestRecord, specs: list[ChoiceSpec], disconnected: Disconnected
+    ) -> AsyncIterator[ChoiceEvent]:
+        """The choices' events with the first already there (so a failure to start is an HTTP error)."""
+        try:
+            return await until_disconnected(prime(self.events(specs)), disconnected)
+        except BaseException as exc:
+            record.done(failure(exc))
+            raise
+
+
+def last_piece(event: ChoiceEvent) -> Piece | None:
+    return event.payload if isinstance(event.payload, Piece) and event.payload.finish_reason else None

@@ -1,0 +1,54 @@
+"""The model list, tokenize/detokenize, and readiness: small answers about the served model and the swarm."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gateway.api.errors import InvalidRequest, ServiceUnavailable
+from gateway.api.protocol import DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList, TokenizeResponse
+from gateway.api.protocol_chat import TokenizeRequest
+from gateway.api.serving_chat import ChatServing
+from gateway.api.serving_common import ServingBase
+from shared.errors import format_block_ranges
+
+
+class ModelServing(ServingBase):
+    def card(self) -> ModelCard:
+        length = self.engine.context_length
+        return ModelCard(id=self.config.model_name, context_length=length, max_model_len=length)
+
+    def models(self) -> ModelList:
+        return ModelList(data=[self.card()])
+
+    def model(self, model_id: str) -> ModelCard:
+        self.check_model(model_id)
+        return self.card()
+
+    async def tokenize(self, body: TokenizeRequest) -> TokenizeResponse:
+        if body.model is not None:
+            self.check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise InvalidRequest("Give exactly one of 'prompt' and 'messages'.", "invalid_value", "prompt")
+        if body.messages is not None:
+            ids = await ChatServing(self.engine, self.config).prompt_ids(body.messages)
+        else:
+            ids = await self.encode(body.prompt or "", body.add_special_tokens)
+        return TokenizeResponse(count=len(ids), max_model_len=self.engine.context_length, tokens=ids)
+
+    async def detokenize(self, body: DetokenizeRequest) -> DetokenizeResponse:
+        if body.model is not None:
+            self.check_model(body.model)
+        if any(not 0 <= token < self.codec_vocab for token in body.tokens):
+            raise InvalidRequest(f"Token ids must lie in [0, {self.codec_vocab}).", "invalid_value", "tokens")
+        text = await asyncio.to_thread(self.engine.codec.decode, body.tokens)
+        return DetokenizeResponse(prompt=text)
+
+    async def ready(self) -> dict[str, object]:
+        """Ready when every block has a live node; otherwise ``ServiceUnavailable`` naming the gaps."""
+        missing = await self.engine.missing_blocks()
+        if missing:
+            raise ServiceUnavailable(
+                f"No live node serves blocks {format_block_ranges(missing)} of {self.config.model_name} yet.",
+                "missing_blocks",
+            )
+        return {"status": "ready", "model": self.config.model_name}

@@ -1,0 +1,123 @@
+"""The contract between the HTTP serving layer and the generation engine — plain Python, no torch, no hivemind.
+
+The serving layer (``gateway.api``) sees only what is here: a request of token ids and sampling parameters in, a
+stream of ``PromptScores`` (once, when asked) and ``GeneratedToken``s out, and a ``TokenCodec`` for text. The
+engine (``gateway.engine``) implements ``Engine``; tests may hand the serving layer any other implementation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+# (token id, logprob) pairs, most likely first.
+TopLogprobs = tuple[tuple[int, float], ...]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the next token is picked from the logits; the defaults leave the model's distribution untouched."""
+
+    temperature: float = 1.0  # 0: greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0: no limit
+    min_p: float = 0.0  # drop tokens below min_p × the most likely token's probability
+    seed: int | None = None
+    presence_penalty: float = 0.0  # OpenAI's: subtracted once from every token already generated
+    frequency_penalty: float = 0.0  # OpenAI's: subtracted per occurrence in the generated tokens
+    repetition_penalty: float = 1.0  # transformers': divides logits of prompt and generated tokens
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    def with_seed(self, seed: int | None) -> SamplingParams:
+        return SamplingParams(**{**self.__dict__, "seed": seed})
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompt_ids: list[int]
+    max_new_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    ignore_eos: bool = False
+    logprobs: int | None = None  # alternatives reported per generated token; None: no logprobs at all
+    prompt_logprobs: int | None = None  # the same for every prompt token (echo); None: not computed
+
+
+@dataclass(frozen=True)
+class GeneratedToken:
+    token_id: int
+    eos: bool  # an end-of-sequence token: the engine stops after it
+    logprob: float | None = None  # of this token under the model's own (unprocessed) distribution
+    top: TopLogprobs = ()  # the ``logprobs`` most likely tokens at this position
+
+
+@dataclass(frozen=True)
+class PromptScores:
+    """Logprobs of each prompt token given the tokens before it; the first token has none (``None``)."""
+
+    logprobs: list[float | None]
+    top: list[TopLogprobs | None]
+
+
+EngineEvent = PromptScores | GeneratedToken
+
+
+class InvalidPrompt(ValueError):
+    """The prompt cannot be built from what the client sent (the client's error, not the server's)."""
+
+
+class ChatTemplateMissing(InvalidPrompt):
+    """The model's tokenizer has no chat template."""
+
+
+class TokenCodec(Protocol):
+    """Text ↔ token ids for the served model."""
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Text of the ids with special tokens left out (what a user reads)."""
+        ...
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The raw bytes one token stands for (may be part of a multi-byte character)."""
+        ...
+
+    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+        """The conversation as a prompt, with the model's chat template; raises ``ChatTemplateMissing``."""
+        ...
+
+    def fim_ids(self) -> tuple[int, int, int] | None:
+        """(prefix, suffix, middle) fill-in-the-middle token ids, or None when the model has none."""
+        ...
+
+
+class Engine(Protocol):
+    """What the serving layer needs of a generation engine."""
+
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def context_length(self) -> int: ...
+
+    @property
+    def codec(self) -> TokenCodec: ...
+
+    def stream(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
+        """``PromptScores`` first when ``prompt_logprobs`` is set, then one ``GeneratedToken`` per new token.
+
+        Closing the iterator (or cancelling its consumer) ends the generation and closes its node sessions.
+        """
+        ...
+
+    async def missing_blocks(self) -> list[int]:
+        """Blocks no live node serves now (empty: every request can be routed)."""
+        ...
