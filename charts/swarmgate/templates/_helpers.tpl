@@ -57,7 +57,7 @@ http://{{ include "swarmgate.dhtHost" . }}:{{ .Values.dht.publishPort }}/initial
 {{- define "swarmgate.memberEnv" -}}
 - name: SWARMGATE_BOOTSTRAP_URL
   value: {{ include "swarmgate.bootstrapUrl" . | quote }}
-{{ include "swarmgate.secretEnv" . }}
+{{- include "swarmgate.secretEnv" . }}
 {{- with .Values.model.hfToken.existingSecret }}
 - name: HF_TOKEN
   valueFrom:
