@@ -210,6 +210,11 @@ def test_nodes_choose_spans_with_num_blocks(renderings: dict[tuple[str, str, str
     assert args[:3] == ["swarm_node", "serve", values_of(vid)["model"]["name"]]  # type: ignore[index]
     assert args[args.index("--num-blocks") + 1] == str(values["numBlocks"])  # type: ignore[index]
     assert "--blocks" not in args
+    assert args[args.index("--quant") + 1] == values["quant"]  # type: ignore[index]
+    if values["cacheTokens"] == 0:  # type: ignore[index]
+        assert "--cache-tokens" not in args  # the node sizes its pool from free memory
+    else:
+        assert args[args.index("--cache-tokens") + 1] == str(values["cacheTokens"])  # type: ignore[index]
     # Each node announces its own pod IP; POD_IP must be defined before the args that use it.
     announce = args[args.index("--announce-maddrs") + 1]
     assert re.fullmatch(r"/ip4/\$\(POD_IP\)/tcp/31337", announce)
