@@ -87,20 +87,22 @@ def _wait_listening(process: ManagedProcess, timeout: float) -> Gateway:
 
 
 def stop_gracefully(swarm: LocalSwarm, timeout: float = 20.0) -> None:
-    """SIGTERM every process (newest first) and wait; then kill whatever is left, children included.
+    """SIGTERM every process at once and wait; then kill whatever is left, children included.
 
     Killing a node or gateway outright would orphan the DHT process hivemind forks for it (and that process's
     p2pd daemon), which then runs on, stealing CPU from every later test.
     """
+    descendants = {process.popen.pid: _descendants(process.popen.pid) for process in swarm.processes}
     for process in reversed(swarm.processes):
-        descendants = _descendants(process.popen.pid)
         process.send(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for process in reversed(swarm.processes):
         try:
-            process.popen.wait(timeout)
+            process.popen.wait(max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             process.popen.kill()
             process.popen.wait()
-        _kill_all(descendants)
+        _kill_all(descendants[process.popen.pid])
 
 
 def kill_tree(process: ManagedProcess) -> None:
