@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint
+.PHONY: test lint demo
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ $(TOOLS_STAMP): scripts/install-deploy-tools.sh
 
 test: $(STAMP) $(TOOLS_STAMP)
 	$(BIN)/python -m pytest tests/
+
+# A DHT, two nodes (blocks 0:15 and 15:30) of the bundled SmolLM2-135M-Instruct and the gateway on 127.0.0.1:8000;
+# prints a curl line once the swarm is ready, stops everything on Ctrl-C.
+demo: $(STAMP)
+	$(BIN)/python scripts/demo.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

