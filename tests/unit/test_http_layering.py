@@ -1,0 +1,38 @@
+"""The HTTP layer's import contracts (pyproject.toml) bite: serving code that reached for torch or the swarm client,
+or a swarm client that reached for OpenAI types, fails lint-imports."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.unit.test_architecture import PACKAGES, ROOT, lint_imports
+
+HTTP_CONTRACT = "the HTTP layer sees the engine interface only, never torch or the swarm client"
+CLIENT_CONTRACT = "the swarm client never sees OpenAI types"
+
+
+@pytest.mark.parametrize(
+    ("module", "forbidden_import", "contract"),
+    [
+        ("gateway/api/stop.py", "import torch", HTTP_CONTRACT),
+        ("gateway/api/serving_common.py", "import gateway.engine", HTTP_CONTRACT),
+        ("gateway/api/protocol.py", "import gateway.sampling", HTTP_CONTRACT),
+        ("gateway/remote_session.py", "import gateway.api.protocol", CLIENT_CONTRACT),
+        ("gateway/engine.py", "import fastapi", CLIENT_CONTRACT),
+    ],
+)
+def test_a_forbidden_import_breaks_an_http_contract(
+    tmp_path: Path, module: str, forbidden_import: str, contract: str
+) -> None:
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    for package in PACKAGES:
+        shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    with (tmp_path / module).open("a") as source:
+        source.write(f"\n\ndef _violation() -> None:\n    {forbidden_import}\n")
+    result = lint_imports(tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert f"{contract} BROKEN" in output
