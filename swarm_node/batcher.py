@@ -1,13 +1,15 @@
 """Which decode steps run together: steps of different sessions that arrive close in time become one forward.
 
 Decode is memory-bound — one step reads every weight of the span to produce one token — so B sessions' steps in one
-forward (B rows of T=1, each at its own position) cost little more than one. The policy:
+forward (B rows of T=1, each at its own position) cost much less than B forwards. The policy:
 
-* The first waiting step starts a batch. The batch closes when it holds as many steps as there are sessions
-  decoding right now (those that stepped within the last ``ACTIVE_HORIZON`` seconds: nobody else is coming), when it
-  reaches ``max_batch``, or ``window`` seconds after the first step arrived, whichever comes first. So a lone stream
-  never waits, and concurrent streams wait at most ``window`` for each other.
-* While a batch runs on the compute thread, new steps queue; they form the next batch as soon as it is done.
+* The first waiting step opens a batch; every step already queued joins it.
+* The batch then waits — at most ``window`` seconds after it opened — only for the sessions that are *due*: each
+  decoding session steps here with a rhythm (its previous interval between steps), and a session whose next step is
+  expected before the window ends is worth waiting for. Sessions that are elsewhere in the chain for longer than the
+  window (another group of streams on the next node) are not: the node runs what it has, and the two groups keep
+  both nodes busy in a pipeline instead of serializing on each other. A lone stream never waits.
+* ``max_batch`` caps the rows of a forward. While a batch runs on the compute thread, new steps queue for the next.
 * Rows for different block ranges (a client may use a sub-range of the span) run as separate forwards.
 """
 
@@ -16,10 +18,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 import weakref
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 
 import torch
@@ -28,7 +29,8 @@ from shared.kv_cache import SessionKV
 
 logger = logging.getLogger(__name__)
 
-ACTIVE_HORIZON = 1.0  # seconds since its last step during which a session counts as decoding
+ACTIVE_HORIZON = 1.0  # a session counts as decoding until this long (or two of its intervals) after its last step
+RHYTHM_SMOOTHING = 0.5  # weight of the newest interval in a session's running estimate
 
 # Runs one forward: (sessions, hidden [B, 1, D], positions) -> [B, 1, D].
 RunBatch = Callable[[list[SessionKV], torch.Tensor, list[int]], Awaitable[torch.Tensor]]
@@ -36,9 +38,43 @@ RunBatch = Callable[[list[SessionKV], torch.Tensor, list[int]], Awaitable[torch.
 
 @dataclass(frozen=True)
 class BatchPolicy:
-    window: float = 0.005  # seconds the first step of a batch waits for other sessions' steps
+    window: float = 0.03  # seconds a batch waits, at most, for sessions due to step
     max_batch: int = 32  # rows in one decode forward
     prefill_chunk: int = 512  # prompt tokens per prefill forward: bounds activation memory for long prompts
+
+
+@dataclass
+class _Rhythm:
+    last: float  # when the session's latest step arrived
+    interval: float | None = None  # running estimate of the time between its steps
+
+
+class ArrivalForecast:
+    """When each decoding session's next step is due here, from the rhythm of its previous steps."""
+
+    def __init__(self) -> None:
+        self._rhythms: weakref.WeakKeyDictionary[SessionKV, _Rhythm] = weakref.WeakKeyDictionary()
+
+    def arrived(self, kv: SessionKV, now: float) -> None:
+        rhythm = self._rhythms.get(kv)
+        if rhythm is None:
+            self._rhythms[kv] = _Rhythm(now)
+            return
+        interval = now - rhythm.last
+        if rhythm.interval is not None:
+            interval = RHYTHM_SMOOTHING * interval + (1 - RHYTHM_SMOOTHING) * rhythm.interval
+        rhythm.last, rhythm.interval = now, interval
+
+    def due(self, now: float, until: float, present: Collection[SessionKV]) -> int:
+        """Sessions not ``present`` that still decode and whose next step is expected by ``until``."""
+        count = 0
+        for kv, rhythm in list(self._rhythms.items()):
+            if kv in present or rhythm.interval is None:
+                continue
+            decoding = now - rhythm.last <= max(ACTIVE_HORIZON, 2 * rhythm.interval)
+            if decoding and rhythm.last + rhythm.interval <= until:
+                count += 1
+        return count
 
 
 @dataclass
@@ -54,7 +90,7 @@ class DecodeBatcher:
         self.policy = policy
         self._run_batch = run_batch
         self._queue: asyncio.Queue[_Request] = asyncio.Queue()
-        self._last_step: weakref.WeakKeyDictionary[SessionKV, float] = weakref.WeakKeyDictionary()
+        self._forecast = ArrivalForecast()
         self._task: asyncio.Task[None] | None = None
         self.batch_sizes: deque[int] = deque(maxlen=1000)  # rows of recent forwards, newest last (tests, bench)
 
@@ -64,10 +100,11 @@ class DecodeBatcher:
 
     async def submit(self, kv: SessionKV, hidden: torch.Tensor, position: int) -> torch.Tensor:
         """hidden: [1, 1, D] of one session at ``position`` -> [1, 1, D], computed in some batch."""
+        loop = asyncio.get_running_loop()
         if self._task is None:
             self._task = asyncio.create_task(self._serve_forever(), name="decode-batcher")
-        self._last_step[kv] = time.monotonic()
-        future: asyncio.Future[torch.Tensor] = asyncio.get_running_loop().create_future()
+        self._forecast.arrived(kv, loop.time())
+        future: asyncio.Future[torch.Tensor] = loop.create_future()
         self._queue.put_nowait(_Request(kv, hidden, position, future))
         return await future
 
@@ -76,10 +113,6 @@ class DecodeBatcher:
             self._task.cancel()
         while not self._queue.empty():
             self._queue.get_nowait().future.cancel()
-
-    def _decoding_now(self) -> int:
-        horizon = time.monotonic() - ACTIVE_HORIZON
-        return sum(1 for last in list(self._last_step.values()) if last >= horizon)
 
     async def _serve_forever(self) -> None:
         while True:
@@ -93,15 +126,20 @@ class DecodeBatcher:
 
     async def _collect(self) -> list[_Request]:
         batch = [await self._queue.get()]
+        self._drain_into(batch)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.policy.window
-        expected = min(self.policy.max_batch, self._decoding_now())
-        while len(batch) < expected and (remaining := deadline - loop.time()) > 0:
+        due = self._forecast.due(loop.time(), deadline, {request.kv for request in batch})
+        wanted = min(self.policy.max_batch, len(batch) + due)
+        while len(batch) < wanted and (remaining := deadline - loop.time()) > 0:
             with contextlib.suppress(TimeoutError):
                 batch.append(await asyncio.wait_for(self._queue.get(), remaining))
+                self._drain_into(batch)
+        return batch
+
+    def _drain_into(self, batch: list[_Request]) -> None:
         while len(batch) < self.policy.max_batch and not self._queue.empty():
             batch.append(self._queue.get_nowait())
-        return batch
 
     async def _run(self, group: list[_Request]) -> None:
         try:
@@ -113,6 +151,7 @@ class DecodeBatcher:
                     request.future.set_exception(error)
             return
         self.batch_sizes.append(len(group))
+        logger.debug("decode batch of %d rows", len(group))
         for row, request in enumerate(group):
             if not request.future.done():
                 request.future.set_result(output[row : row + 1])

@@ -8,11 +8,17 @@ about 5x slower than a float32 matmul (measured on this project's 2-core CI box)
 CPU node; ``nf4`` on CUDA — a quarter of bfloat16's weight memory, so a small GPU hosts about 3.5x more blocks, and
 bitsandbytes' 4-bit inference kernels keep batch-1 decode near bfloat16 speed (the default Petals chose too).
 ``int8`` is the more faithful of the two (outlier columns stay in 16 bits) but its matmuls are slower.
+
+Unquantized projections on the CPU are stored transposed (``TransposedLinear``): MKL multiplies the small batches of
+decode (1-16 rows) by a contiguous [in, out] matrix about 15-25% faster than by ``nn.Linear``'s transposed view
+(measured on the CI box at 8-16 rows; the same at 1 row), so batched decode gains without changing a result beyond
+float rounding.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -40,10 +46,12 @@ def resolve_quant(setting: QuantSetting, device: torch.device) -> Quant:
     return setting
 
 
-def block_transform(quant: Quant, compute_dtype: torch.dtype) -> BlockTransform | None:
-    """The per-block transform ``build_span`` applies while loading (None: keep plain linear layers)."""
+def block_transform(
+    quant: Quant, compute_dtype: torch.dtype, device: torch.device | None = None
+) -> BlockTransform | None:
+    """The per-block transform ``build_span`` applies while loading (None: keep ``nn.Linear`` layers)."""
     if quant == "none":
-        return None
+        return _transpose_projections if device is not None and device.type == "cpu" else None
 
     def transform(block: nn.Module) -> nn.Module:
         return quantize_block(block, quant, compute_dtype)
@@ -51,8 +59,32 @@ def block_transform(quant: Quant, compute_dtype: torch.dtype) -> BlockTransform 
     return transform
 
 
+class TransposedLinear(nn.Module):
+    """``nn.Linear`` with its weight kept as a contiguous [in, out] matrix (see the module docstring for why)."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight_t = nn.Parameter(linear.weight.data.t().contiguous(), requires_grad=False)
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.data, requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [..., in] -> [..., out]."""
+        rows = x.reshape(-1, self.in_features)
+        out = rows @ self.weight_t if self.bias is None else torch.addmm(self.bias, rows, self.weight_t)
+        return out.view(*x.shape[:-1], self.out_features)
+
+
+def _transpose_projections(block: nn.Module) -> nn.Module:
+    return _replace_projections(block, TransposedLinear)
+
+
 def quantize_block(block: nn.Module, quant: Quant, compute_dtype: torch.dtype) -> nn.Module:
     """Swap the block's projections for bitsandbytes layers; weights are quantized when the block moves to a device."""
+    return _replace_projections(block, lambda linear: _quantized_linear(linear, quant, compute_dtype))
+
+
+def _replace_projections(block: nn.Module, make: Callable[[nn.Linear], nn.Module]) -> nn.Module:
     targets = [
         (name, module)
         for name, module in block.named_modules()
@@ -61,7 +93,7 @@ def quantize_block(block: nn.Module, quant: Quant, compute_dtype: torch.dtype) -
     for name, linear in targets:
         parent_name, _, child = name.rpartition(".")
         parent = block.get_submodule(parent_name) if parent_name else block
-        setattr(parent, child, _quantized_linear(linear, quant, compute_dtype))
+        setattr(parent, child, make(linear))
     return block
 
 

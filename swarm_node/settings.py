@@ -42,11 +42,11 @@ class ServeSettings(P2PSettings):
         300.0, gt=0, description="seconds a session may go without a step before it is closed and its room freed"
     )
     batch_window: float = Field(
-        0.005,
+        0.03,
         ge=0,
         le=1,
-        description="seconds a decode step waits for other sessions' steps to share one batched forward"
-        " (a lone session never waits)",
+        description="seconds a decode batch waits, at most, for steps of other sessions due to arrive (judged by"
+        " each session's rhythm); a lone session never waits",
     )
     max_batch_size: int = Field(32, gt=0, description="most sessions' decode steps in one batched forward")
     prefill_chunk_tokens: int = Field(

@@ -7,6 +7,7 @@ generation for several sessions at once; their decode steps meet in the batchers
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -19,11 +20,13 @@ from shared.model_source import load_config, resolve_model
 from shared.span import build_span
 from shared.weights import open_weights
 from swarm_node.backend import SpanBackend
-from swarm_node.batcher import BatchPolicy
+from swarm_node.batcher import ArrivalForecast, BatchPolicy
+from swarm_node.quantize import block_transform
 from tests.tiny_models import VOCAB, GetTinyModel
 
 NEW_TOKENS = 12
-PROMPT_LENGTHS = (3, 17, 8, 11, 5)  # sessions at different positions all the time
+PROMPT_LENGTHS = (3, 17, 8, 11, 5)
+SPANS = ((0, 3), (3, 6))  # sessions at different positions all the time
 
 
 @dataclass
@@ -57,7 +60,8 @@ async def chain_factory(request: pytest.FixtureRequest, tiny_model: GetTinyModel
 
     def make(policy: BatchPolicy) -> Chain:
         reader = open_weights(source, config)
-        backends = [SpanBackend(build_span(config, reader, s, e), policy) for s, e in ((0, 3), (3, 6))]
+        node_layout = block_transform("none", torch.float32, torch.device("cpu"))  # what a CPU node serves
+        backends = [SpanBackend(build_span(config, reader, s, e, transform=node_layout), policy) for s, e in SPANS]
         built.extend(backends)
         return Chain(build_head(config, reader), backends)
 
@@ -113,6 +117,13 @@ async def test_steps_arriving_together_run_as_one_forward_equal_to_each_alone(ch
     assert [kv.length for kv in kvs] == [length + 1 for length in PROMPT_LENGTHS]
 
 
+async def test_a_lone_session_never_waits_for_the_window(chain_factory: ChainFactory) -> None:
+    chain = chain_factory(BatchPolicy(window=60.0))
+    began = time.monotonic()
+    await chain.greedy(prompts()[0], 6)
+    assert time.monotonic() - began < 30  # five decode steps per backend: any wait for the window would take minutes
+
+
 async def test_batches_never_exceed_the_largest_batch(chain_factory: ChainFactory) -> None:
     chain = chain_factory(BatchPolicy(window=0.05, max_batch=2))
     expected = [await chain.greedy(prompt, 4) for prompt in prompts()]
@@ -141,3 +152,21 @@ async def test_a_failing_batch_fails_its_steps_and_the_batcher_keeps_serving(cha
     with pytest.raises(RuntimeError):  # a hidden size the span's weights cannot multiply
         await backend.serve_step(kv, torch.randn(1, 1, 65), 0)
     assert await chain.greedy(prompts()[0], 3) == await chain.greedy(prompts()[0], 3)
+
+
+def test_the_forecast_expects_sessions_by_their_rhythm() -> None:
+    forecast = ArrivalForecast()
+    steady, slow, new, gone = (SessionKV(0, 1, 1, 2, 4, torch.float32, torch.device("cpu")) for _ in range(4))
+    for t in (0.0, 0.1, 0.2):  # steps every 100 ms
+        forecast.arrived(steady, t)
+    for t in (0.0, 0.4):  # every 400 ms
+        forecast.arrived(slow, t)
+    forecast.arrived(new, 0.25)  # one step: no rhythm yet, nobody waits for it
+    for t in (-5.0, -4.9):  # stopped decoding long ago
+        forecast.arrived(gone, t)
+    assert forecast.due(now=0.25, until=0.27, present=()) == 0
+    assert forecast.due(now=0.28, until=0.31, present=()) == 1  # steady is due at 0.3
+    assert forecast.due(now=0.28, until=0.31, present={steady}) == 0  # ... unless already in the batch
+    assert forecast.due(now=0.28, until=0.81, present=()) == 2  # slow is due at 0.8
+    del gone  # a closed session's KV is dropped, and with it its rhythm
+    assert forecast.due(now=0.28, until=100.0, present=()) == 2

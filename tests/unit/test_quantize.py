@@ -26,7 +26,7 @@ from shared.head import ModelHead, build_head
 from shared.model_source import load_config, resolve_model
 from shared.span import BlockSpan, build_span
 from shared.weights import open_weights
-from swarm_node.quantize import QUANTIZED_PROJECTIONS, Quant, block_transform, resolve_quant
+from swarm_node.quantize import QUANTIZED_PROJECTIONS, Quant, TransposedLinear, block_transform, resolve_quant
 from tests.tiny_models import GetTinyModel
 
 TINY_TOLERANCE = {"int8": 0.10, "nf4": 0.50}
@@ -37,6 +37,21 @@ QUANT_MODULES: dict[str, type[nn.Module]] = {"int8": Linear8bitLt, "nf4": Linear
 def forward_all(span: BlockSpan, hidden: torch.Tensor) -> torch.Tensor:
     blocks = range(span.start, span.end)
     return span(hidden, [span.new_session_kv(blocks, hidden.shape[1])], [0], blocks)
+
+
+def test_plain_cpu_projections_are_stored_transposed_with_the_same_results(tiny_model: GetTinyModel) -> None:
+    source = resolve_model(str(tiny_model("qwen2").folder))
+    config = load_config(source)
+    hidden = torch.randn(2, 9, config.hidden_size, generator=torch.Generator().manual_seed(1))
+    plain = build_span(config, open_weights(source, config), 0, 6)
+    layout = block_transform("none", torch.float32, torch.device("cpu"))
+    transposed = build_span(config, open_weights(source, config), 0, 6, transform=layout)
+    spans = (plain, transposed)
+    assert block_transform("none", torch.float32, torch.device("cuda")) is None
+    assert sum(isinstance(m, TransposedLinear) for m in transposed.modules()) == 6 * len(QUANTIZED_PROJECTIONS)
+    blocks = range(0, 6)
+    outputs = [span(hidden, [span.new_session_kv(blocks, 9) for _ in hidden], [0, 0], blocks) for span in spans]
+    torch.testing.assert_close(outputs[1], outputs[0], atol=1e-5, rtol=0)
 
 
 def test_auto_quantizes_on_cuda_only() -> None:
