@@ -28,7 +28,9 @@ from gateway.sampling import Sampler, top_logprobs
 from gateway.settings import EngineSettings
 from gateway.swarm_view import SwarmMonitor, SwarmView
 from gateway.tokens import HFTokenCodec
+from shared.dht_process import start_dht
 from shared.head import ModelHead
+from shared.membership import CallAuth
 from shared.model_source import ModelSource, load_config, resolve_model
 
 logger = logging.getLogger(__name__)
@@ -61,7 +63,7 @@ class GenerationEngine:
     @classmethod
     async def create(cls, settings: EngineSettings) -> GenerationEngine:
         # The DHT forks its own process: start it before torch spins up thread pools, which a fork must not copy.
-        dht = DHT(start=True, client_mode=True, **settings.dht_kwargs())
+        dht = start_dht(client_mode=True, **settings.dht_kwargs())
         if settings.num_threads:
             torch.set_num_threads(settings.num_threads)
         source = resolve_model(settings.model, settings.revision)
@@ -83,7 +85,13 @@ class GenerationEngine:
         self._monitor = SwarmMonitor(
             self._dht, self.model_name, self.config.num_hidden_layers, self.settings.swarm_refresh
         )
-        self._router = Router(self._monitor, self._p2p, RoutingMode(self.settings.routing))
+        self._router = Router(
+            self._monitor,
+            self._p2p,
+            RoutingMode(self.settings.routing),
+            auth=CallAuth(self.settings.secret(), dht.peer_id.to_base58()),
+            allowed_peers=frozenset(self.settings.allowed_peers) or None,
+        )
         self._router.start()
 
     @property

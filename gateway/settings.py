@@ -17,6 +17,9 @@ class EngineSettings(P2PSettings):
     step_timeout: float = Field(30.0, gt=0, description="seconds one remote step may take before it fails")
     swarm_refresh: float = Field(2.0, gt=0, description="seconds a DHT view of the swarm stays fresh")
     num_threads: int | None = Field(None, gt=0, description="torch CPU threads; default: torch's own choice")
+    allowed_peers: list[str] = Field(
+        default_factory=list, description="if given, route only through these node peer ids (an allowlist)"
+    )
     routing: Literal["min_latency", "max_throughput"] = Field(
         "min_latency", description="default route choice: lowest latency, or spread sessions for throughput"
     )
