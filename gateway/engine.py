@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
 
 import torch
 from hivemind import DHT
@@ -26,6 +27,7 @@ from gateway.router import Router
 from gateway.routing import RoutingMode
 from gateway.sampling import Sampler, top_logprobs
 from gateway.settings import EngineSettings
+from gateway.swarm_report import swarm_report
 from gateway.swarm_view import SwarmMonitor, SwarmView
 from gateway.tokens import HFTokenCodec
 from shared.dht_process import start_dht
@@ -108,12 +110,15 @@ class GenerationEngine:
             self._dht = None
 
     async def swarm_view(self, fresh: bool = False) -> SwarmView:
-        if self._monitor is None:
-            raise RuntimeError("engine not started")
-        return await self._monitor.view(fresh)
+        """What routing sees: the DHT's records, less the nodes outside the allowlist (if any)."""
+        return await self.router.view(fresh)
 
     async def missing_blocks(self) -> list[int]:
         return (await self.swarm_view()).missing_blocks()
+
+    async def swarm_report(self) -> dict[str, Any]:
+        view = await self.swarm_view()
+        return swarm_report(self.model_name, view, dict(self.router.rtts), self.router.bans)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[int]:
         """Yield new token ids one by one; stops at max_new_tokens or an end-of-sequence token (yielded)."""

@@ -121,3 +121,7 @@ class Engine(Protocol):
     async def missing_blocks(self) -> list[int]:
         """Blocks no live node serves now (empty: every request can be routed)."""
         ...
+
+    async def swarm_report(self) -> dict[str, Any]:
+        """The engine's view of the swarm as JSON-able data: per block who serves it, per node its state."""
+        ...

@@ -43,6 +43,9 @@ class ModelServing(ServingBase):
         text = await asyncio.to_thread(self.engine.codec.decode, body.tokens)
         return DetokenizeResponse(prompt=text)
 
+    async def swarm(self) -> dict[str, object]:
+        return await self.engine.swarm_report()
+
     async def ready(self) -> dict[str, object]:
         """Ready when every block has a live node; otherwise ``ServiceUnavailable`` naming the gaps."""
         missing = await self.engine.missing_blocks()

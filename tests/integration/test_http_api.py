@@ -110,6 +110,21 @@ def test_models_health_and_tokenizer_endpoints(gateway: Gateway) -> None:
         assert http.post("/detokenize", json={"tokens": [4, 5, 6]}).json() == {"prompt": "t4 t5 t6"}
 
 
+def test_swarm_view_names_who_serves_each_block(gateway: Gateway, module_swarm: LocalSwarm) -> None:
+    with gateway.http() as http:
+        view = http.get("/v1/swarm").json()
+    assert view["model"] == gateway.model and view["ready"] and view["missing_blocks"] == []
+    assert [b["block"] for b in view["blocks"]] == list(range(6)) and all(b["live"] == 1 for b in view["blocks"])
+    serving = {p.peer_id for p in module_swarm.processes if p.peer_id}
+    nodes = {n["peer_id"]: n for n in view["nodes"]}
+    assert set(nodes) == serving
+    assert sorted((n["start"], n["end"]) for n in nodes.values()) == [(0, 3), (3, 6)]
+    for node in nodes.values():
+        assert node["state"] == "online" and node["throughput"] > 0 and node["cache_tokens_left"] > 0
+        assert node["banned"] is False
+        assert node["rtt"] is None or node["rtt"] >= 0
+
+
 def test_greedy_completion_equals_transformers_streamed_or_not(
     gateway: Gateway, chat_model: TinyModel, tokenizer: PreTrainedTokenizerBase
 ) -> None:

@@ -1,4 +1,4 @@
-"""GET /health (the process answers) and GET /ready (the swarm covers every block: requests can be served)."""
+"""GET /health (the process answers), GET /ready (the swarm covers every block) and GET /v1/swarm (the view)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,12 @@ router = APIRouter()
 @router.get("/health")
 async def health() -> dict[str, str]:
     return {"status": "ok"}
+
+
+@router.get("/v1/swarm")
+async def swarm(serving: ModelsDep) -> dict[str, object]:
+    """Per block: who serves it and in what state; per node: span, throughput, cache room, RTT, ban status."""
+    return await serving.swarm()
 
 
 @router.get("/ready")
