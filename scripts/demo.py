@@ -27,6 +27,9 @@ HOST, PORT = "127.0.0.1", 8000
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SPANS = ("0:15", "15:30")
 STARTUP_TIMEOUT = 600.0  # seconds: first runs measure node speed and load the GGUF on a slow machine
+# Three busy processes (two nodes, the gateway) share the CPU: oversubscribed torch threads spin against each other
+# and slow every step many times over, so each gets its share of the cores.
+THREADS = str(max(1, (os.cpu_count() or 1) // 3))
 
 
 def say(line: str) -> None:
@@ -156,11 +159,12 @@ def main() -> None:
                 span,
                 "--initial-peers",
                 peer,
+                "--num-threads",
+                THREADS,
             )
         say(f"starting the gateway on http://{HOST}:{PORT}")
-        demo.spawn(
-            "gateway", "gateway.cli", "serve", str(gguf), "--initial-peers", peer, "--host", HOST, "--port", str(PORT)
-        )
+        gateway_args = ["serve", str(gguf), "--initial-peers", peer, "--host", HOST, "--port", str(PORT)]
+        demo.spawn("gateway", "gateway.cli", *gateway_args, "--num-threads", THREADS)
         url = f"http://{HOST}:{PORT}"
         say("waiting until every block is served (a first run measures each node's speed)…")
         wait_ready(demo, url)
