@@ -47,6 +47,6 @@ class ServeSettings(EngineSettings):
     default_max_tokens: int = Field(
         1024,
         ge=0,
-        description="max tokens of a chat completion that sets none (0: the rest of the context window, OpenAI's "
-        "default; nodes reserve KV-cache room for the whole length up front, so that default is costly)",
+        description="max tokens of a chat completion that sets none (or a completion with max_tokens null); 0: the "
+        "rest of the context window, OpenAI's default, costly since nodes reserve KV-cache room for all of it up front",
     )

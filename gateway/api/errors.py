@@ -27,7 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.api.protocol import ErrorInfo, ErrorResponse
 from gateway.generation import InvalidPrompt
-from shared.errors import MissingBlocks, SwarmError
+from shared.errors import MissingBlocks, ModelLoadError, SwarmError
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +95,8 @@ def as_api_error(exc: BaseException) -> APIError:
         return InvalidRequest(str(exc), "invalid_value", "messages")
     if isinstance(exc, MissingBlocks):
         return ServiceUnavailable(f"The swarm cannot serve this model now: {exc}", "missing_blocks")
-    if isinstance(exc, SwarmError) and exc.retryable:
+    if isinstance(exc, SwarmError) and not isinstance(exc, ModelLoadError):
+        # Typed swarm failures (lost nodes, full caches, refusals) are the swarm's state, not a gateway bug.
         return ServiceUnavailable(f"The swarm failed to serve the request, try again: {exc}", "swarm_unavailable")
     logger.error("unexpected error while serving a request", exc_info=exc)
     return InternalError()

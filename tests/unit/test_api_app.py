@@ -19,7 +19,7 @@ import pytest
 from gateway.api.serving_common import ServingConfig
 from gateway.app import create_app
 from gateway.generation import ChatTemplateMissing, EngineEvent, GeneratedToken, GenerationRequest
-from shared.errors import CacheFull, MissingBlocks, NodeUnreachable
+from shared.errors import CacheFull, MissingBlocks, NodeUnreachable, PositionOutOfRange
 
 ALPHABET = "<abcdefghijklmnopqrstuvwxyz "  # token i is character i; token 0 ("<") is EOS
 
@@ -108,7 +108,12 @@ async def test_an_unexpected_error_is_a_500_without_internals_logged_once(caplog
 
 
 @pytest.mark.parametrize(
-    ("failure", "code"), [(MissingBlocks([3, 4, 5]), "missing_blocks"), (CacheFull("no room"), "swarm_unavailable")]
+    ("failure", "code"),
+    [
+        (MissingBlocks([3, 4, 5]), "missing_blocks"),
+        (CacheFull("no room"), "swarm_unavailable"),
+        (PositionOutOfRange("session longer than this node allows"), "swarm_unavailable"),
+    ],
 )
 async def test_swarm_errors_before_the_first_token_are_503_even_when_streaming(failure: Exception, code: str) -> None:
     async with client_for(ScriptedEngine(failure=failure)) as client:
