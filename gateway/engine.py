@@ -20,7 +20,7 @@ from hivemind import DHT
 from hivemind.p2p import P2P
 from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
-from gateway.generation import EngineEvent, GeneratedToken, GenerationRequest, PromptScores
+from gateway.generation import EngineEvent, GeneratedToken, GenerationRequest, PromptScores, TopLogprobs
 from gateway.model_files import load_head, load_tokenizer, stop_token_ids
 from gateway.remote_session import ChainSession
 from gateway.router import Router
@@ -38,6 +38,8 @@ from shared.model_source import ModelSource, load_config, resolve_model
 logger = logging.getLogger(__name__)
 
 __all__ = ["GenerationEngine", "GenerationRequest"]
+
+PROMPT_SCORE_CHUNK = 256  # prompt positions per LM-head pass when scoring a prompt (echo with logprobs)
 
 
 class GenerationEngine:
@@ -165,9 +167,16 @@ class GenerationEngine:
         return GeneratedToken(token, eos, float(logprobs[token]), top_logprobs(logprobs, num_logprobs))
 
     def _prompt_scores(self, output: torch.Tensor, prompt_ids: list[int], k: int) -> PromptScores:
-        """output: [1, T, D] of the prefill -> logprob of each prompt token given the ones before it."""
-        logprobs = torch.log_softmax(self.head.logits(output[:, :-1])[0], dim=-1)  # [T-1, V]
-        targets = torch.tensor(prompt_ids[1:], dtype=torch.long)
-        chosen = logprobs.gather(-1, targets[:, None])[:, 0].tolist()  # [T-1]
-        tops = [top_logprobs(row, k) for row in logprobs]
-        return PromptScores([None, *chosen], [None, *tops])
+        """output: [1, T, D] of the prefill -> logprob of each prompt token given the ones before it.
+
+        In chunks of positions: logits of a whole long prompt at once would take T × V floats (GBs at 8k tokens).
+        """
+        targets = torch.tensor(prompt_ids[1:], dtype=torch.long)  # [T-1]
+        chosen: list[float | None] = [None]
+        tops: list[TopLogprobs | None] = [None]
+        for start in range(0, len(prompt_ids) - 1, PROMPT_SCORE_CHUNK):
+            end = min(start + PROMPT_SCORE_CHUNK, len(prompt_ids) - 1)
+            logprobs = torch.log_softmax(self.head.logits(output[:, start:end])[0], dim=-1)  # [chunk, V]
+            chosen += logprobs.gather(-1, targets[start:end, None])[:, 0].tolist()
+            tops += [top_logprobs(row, k) for row in logprobs]
+        return PromptScores(chosen, tops)
