@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint demo
+.PHONY: test lint demo bench
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,16 @@ test: $(STAMP) $(TOOLS_STAMP)
 # prints a curl line once the swarm is ready, stops everything on Ctrl-C.
 demo: $(STAMP)
 	$(BIN)/python scripts/demo.py
+
+BENCH_STAMP := $(VENV)/.bench-installed
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -e '.[test,quant,bench]'
+	touch $@
+
+# Node capacity (bench/capacity.py): SmolLM2 through two local nodes against transformers generate, 1-16 concurrent
+# streams, quant none/int8/nf4; prints one table and writes bench/results/capacity-t1.{md,png} (about 15 minutes).
+bench: $(BENCH_STAMP)
+	$(BIN)/python -m bench.capacity
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
