@@ -19,6 +19,7 @@ import torch
 from shared.kv_cache import SessionKV
 from shared.span import BlockSpan
 from swarm_node.batcher import BatchPolicy, DecodeBatcher
+from swarm_node.capacity import return_freed_memory
 
 T = TypeVar("T")
 
@@ -32,6 +33,7 @@ class SpanBackend:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="span-compute")
         self._pending = 0
         self.batcher = DecodeBatcher(self.policy, self._decode_batch)
+        return_freed_memory()  # the span was just loaded: its loading buffers are garbage now
 
     @property
     def queue_depth(self) -> int:

@@ -89,14 +89,17 @@ class DecodeBatcher:
     def __init__(self, policy: BatchPolicy, run_batch: RunBatch) -> None:
         self.policy = policy
         self._run_batch = run_batch
-        self._queue: asyncio.Queue[_Request] = asyncio.Queue()
+        # A plain deque and an event rather than asyncio.Queue: on Python 3.11 ``wait_for(queue.get(), t)`` can drop
+        # an item when the timeout and the arrival coincide, and a dropped step would hang its session.
+        self._queue: deque[_Request] = deque()
+        self._arrival = asyncio.Event()
         self._forecast = ArrivalForecast()
         self._task: asyncio.Task[None] | None = None
         self.batch_sizes: deque[int] = deque(maxlen=1000)  # rows of recent forwards, newest last (tests, bench)
 
     @property
     def pending(self) -> int:
-        return self._queue.qsize()
+        return len(self._queue)
 
     async def submit(self, kv: SessionKV, hidden: torch.Tensor, position: int) -> torch.Tensor:
         """hidden: [1, 1, D] of one session at ``position`` -> [1, 1, D], computed in some batch."""
@@ -105,14 +108,15 @@ class DecodeBatcher:
             self._task = asyncio.create_task(self._serve_forever(), name="decode-batcher")
         self._forecast.arrived(kv, loop.time())
         future: asyncio.Future[torch.Tensor] = loop.create_future()
-        self._queue.put_nowait(_Request(kv, hidden, position, future))
+        self._queue.append(_Request(kv, hidden, position, future))
+        self._arrival.set()
         return await future
 
     def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
-        while not self._queue.empty():
-            self._queue.get_nowait().future.cancel()
+        while self._queue:
+            self._queue.popleft().future.cancel()
 
     async def _serve_forever(self) -> None:
         while True:
@@ -125,21 +129,25 @@ class DecodeBatcher:
                 await self._run(group)
 
     async def _collect(self) -> list[_Request]:
-        batch = [await self._queue.get()]
+        while not self._queue:
+            self._arrival.clear()
+            await self._arrival.wait()
+        batch: list[_Request] = []
         self._drain_into(batch)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.policy.window
         due = self._forecast.due(loop.time(), deadline, {request.kv for request in batch})
         wanted = min(self.policy.max_batch, len(batch) + due)
         while len(batch) < wanted and (remaining := deadline - loop.time()) > 0:
+            self._arrival.clear()
             with contextlib.suppress(TimeoutError):
-                batch.append(await asyncio.wait_for(self._queue.get(), remaining))
-                self._drain_into(batch)
+                await asyncio.wait_for(self._arrival.wait(), remaining)
+            self._drain_into(batch)
         return batch
 
     def _drain_into(self, batch: list[_Request]) -> None:
-        while len(batch) < self.policy.max_batch and not self._queue.empty():
-            batch.append(self._queue.get_nowait())
+        while len(batch) < self.policy.max_batch and self._queue:
+            batch.append(self._queue.popleft())
 
     async def _run(self, group: list[_Request]) -> None:
         try:

@@ -8,7 +8,11 @@ everything else on the machine, and a session's cache is allocated for its whole
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import gc
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -76,3 +80,15 @@ def available_ram() -> int:
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def return_freed_memory() -> None:
+    """Hand memory freed while loading (per-block float32 copies of quantized weights) back to the OS.
+
+    glibc keeps freed heap pages mapped, so without this a quantized CPU node's resident memory stays near that of an
+    unquantized one (measured on SmolLM2's 15-block span: nf4 674 -> 502 MiB, int8 667 -> 523 MiB).
+    """
+    gc.collect()
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
