@@ -60,6 +60,7 @@ class Result:
     generate: list[float] = field(default_factory=list)  # transformers generate on the whole model, tokens/s
     rss_loaded: tuple[float, float] = (0.0, 0.0)  # MiB, per node
     rss_peak: tuple[float, float] = (0.0, 0.0)
+    load: list[float] = field(default_factory=list)  # the machine's 1-minute load average, sampled per measurement
 
 
 def smollm2_path() -> Path:
@@ -197,12 +198,15 @@ async def run_streams(
         for _ in range(args.repeats):
             result.single.append(await streams(engine, prompts[:1], 1, args.new_tokens))
             result.generate.append(await asyncio.to_thread(generate_speed, reference, prompts[0], args.new_tokens))
+            result.load.append(os.getloadavg()[0])
         del reference
     for concurrency in args.concurrency:
         if concurrency == 1 and result.single:
             result.aggregate[1] = statistics.median(result.single)
             continue
-        result.aggregate[concurrency] = await streams(engine, prompts, concurrency, args.new_tokens)
+        runs = [await streams(engine, prompts, concurrency, args.new_tokens) for _ in range(args.level_repeats)]
+        result.aggregate[concurrency] = statistics.median(runs)
+        result.load.append(os.getloadavg()[0])
         print(f"  {quant}: {concurrency:>2} streams {result.aggregate[concurrency]:6.1f} tok/s", flush=True)
 
 
@@ -215,8 +219,10 @@ async def wait_covered(engine: GenerationEngine, within: float = 120.0) -> None:
 
 
 def table(results: list[Result], concurrency: list[int]) -> str:
-    head = ["quant", "threads", "swarm 1-stream", "generate", "ratio"] + [f"{c} streams" for c in concurrency]
-    head += [f"{concurrency[-2] if len(concurrency) > 1 else concurrency[-1]}x/1x", "RSS loaded MiB", "RSS peak MiB"]
+    scale_at = 8 if 8 in concurrency else concurrency[-1]  # the target: 8 streams >= 4x one stream
+    head = ["quant", "threads", "swarm 1 stream", "generate", "swarm/generate"]
+    head += [f"{c} stream{'s' if c > 1 else ''}" for c in concurrency]
+    head += [f"{scale_at} vs 1", "RSS loaded MiB (0:15 / 15:30)", "RSS peak MiB"]
     rows = [head, ["---"] * len(head)]
     for r in results:
         single = statistics.median(r.single) if r.single else None
@@ -224,7 +230,6 @@ def table(results: list[Result], concurrency: list[int]) -> str:
         cells = [r.quant, str(r.threads), fmt(single), fmt(generate)]
         cells.append(f"{single / generate:.2f}x" if single and generate else "—")
         cells += [fmt(r.aggregate.get(c)) for c in concurrency]
-        scale_at = concurrency[-2] if len(concurrency) > 1 else concurrency[-1]
         one = r.aggregate.get(1)
         cells.append(f"{r.aggregate[scale_at] / one:.1f}x" if one and scale_at in r.aggregate else "—")
         cells.append(" / ".join(f"{m:.0f}" for m in r.rss_loaded))
@@ -266,6 +271,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--concurrency", default="1,2,4,8,16", help="stream counts (default: %(default)s)")
     parser.add_argument("--new-tokens", type=int, default=32, help="tokens per stream (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=3, help="single-stream vs generate pairs (default: 3)")
+    parser.add_argument("--level-repeats", type=int, default=1, help="runs per concurrency level, median (default: 1)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of every process (default: 1)")
     parser.add_argument("--node-flag", action="append", default=[], help="extra `swarm_node serve` flag (repeat)")
     parser.add_argument("--out", type=Path, default=Path("bench/results"), help="folder for the table and plot")
@@ -284,6 +290,11 @@ async def main() -> None:
         results.append(await measure(args, quant, model))
     args.out.mkdir(parents=True, exist_ok=True)
     text = table(results, args.concurrency)
+    loads = [load for r in results for load in r.load]
+    text += (
+        f"\n\n{os.cpu_count()} CPUs; 1-minute load average during the measurements {min(loads):.1f}-{max(loads):.1f}"
+        f" (this benchmark alone keeps it near 1-2); {args.new_tokens} new tokens per stream, greedy."
+    )
     print(text)
     (args.out / f"capacity-t{args.threads}.md").write_text(text + "\n")
     plot(results, args.out / f"capacity-t{args.threads}.png")
