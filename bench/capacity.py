@@ -6,7 +6,7 @@ For each quantization (none / int8 / nf4) it starts a DHT and two ``swarm_node s
 * single-stream tokens/s through the swarm, next to transformers ``generate`` on the whole model run in this
   process with the same thread settings in the same run (none only: it is the exactness reference);
 * aggregate tokens/s of 1, 2, 4, 8 and 16 concurrent greedy streams (every token counted, prefill included);
-* each node's resident memory (RSS) once loaded, and its peak (high-water mark) after the streams.
+* each node's resident memory (RSS) once loaded, and after the streams (its KV caches freed, allocator warm).
 
 It prints one table (also written as Markdown) and writes a PNG of throughput against concurrency.
 
@@ -59,7 +59,7 @@ class Result:
     single: list[float] = field(default_factory=list)  # repeated single-stream runs through the swarm, tokens/s
     generate: list[float] = field(default_factory=list)  # transformers generate on the whole model, tokens/s
     rss_loaded: tuple[float, float] = (0.0, 0.0)  # MiB, per node
-    rss_peak: tuple[float, float] = (0.0, 0.0)
+    rss_after: tuple[float, float] = (0.0, 0.0)
     load: list[float] = field(default_factory=list)  # the machine's 1-minute load average, sampled per measurement
 
 
@@ -180,7 +180,7 @@ async def measure(args: argparse.Namespace, quant: str, model: Path) -> Result:
                 await run_streams(args, engine, quant, model, result)
             finally:
                 await engine.close()
-            result.rss_peak = (rss_mib(nodes[0].process.pid, "VmHWM"), rss_mib(nodes[1].process.pid, "VmHWM"))
+            result.rss_after = (rss_mib(nodes[0].process.pid), rss_mib(nodes[1].process.pid))
         finally:
             swarm.close()
     return result
@@ -222,7 +222,7 @@ def table(results: list[Result], concurrency: list[int]) -> str:
     scale_at = 8 if 8 in concurrency else concurrency[-1]  # the target: 8 streams >= 4x one stream
     head = ["quant", "threads", "swarm 1 stream", "generate", "swarm/generate"]
     head += [f"{c} stream{'s' if c > 1 else ''}" for c in concurrency]
-    head += [f"{scale_at} vs 1", "RSS loaded MiB (0:15 / 15:30)", "RSS peak MiB"]
+    head += [f"{scale_at} vs 1", "RSS loaded MiB (0:15 / 15:30)", "RSS after streams MiB"]
     rows = [head, ["---"] * len(head)]
     for r in results:
         single = statistics.median(r.single) if r.single else None
@@ -233,7 +233,7 @@ def table(results: list[Result], concurrency: list[int]) -> str:
         one = r.aggregate.get(1)
         cells.append(f"{r.aggregate[scale_at] / one:.1f}x" if one and scale_at in r.aggregate else "—")
         cells.append(" / ".join(f"{m:.0f}" for m in r.rss_loaded))
-        cells.append(" / ".join(f"{m:.0f}" for m in r.rss_peak))
+        cells.append(" / ".join(f"{m:.0f}" for m in r.rss_after))
         rows.append(cells)
     return "\n".join("| " + " | ".join(row) + " |" for row in rows)
 

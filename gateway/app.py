@@ -11,22 +11,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 from collections.abc import Iterator
 
 import uvicorn
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
+from gateway.api.auth import Authenticator, authenticate
+from gateway.api.body_limit import BodyLimitMiddleware
 from gateway.api.dependencies import Services
 from gateway.api.errors import install_error_handlers
+from gateway.api.live_sessions import SessionTracker
+from gateway.api.metrics_http import install_metrics
+from gateway.api.openapi_docs import install_openapi
 from gateway.api.request_log import install_request_ids
-from gateway.api.routes import chat, completions, health, models, tokenize
+from gateway.api.routes import chat, completions, health, metrics, models, page, tokenize
+from gateway.api.routes import sessions as session_routes
 from gateway.api.serving_chat import ChatServing
 from gateway.api.serving_common import ServingConfig
 from gateway.api.serving_completions import CompletionServing
 from gateway.api.serving_models import ModelServing
 from gateway.generation import Engine
+from gateway.sessions.api_keys import KeyStore
+from gateway.sessions.quotas import QuotaLimiter
+from gateway.sessions.redis_link import RedisLink
+from gateway.sessions.store import SessionStore
 from gateway.settings import ServeSettings
 
 logger = logging.getLogger(__name__)
@@ -34,15 +45,31 @@ logger = logging.getLogger(__name__)
 GRACEFUL_SHUTDOWN_SECONDS = 5  # open streams get this long to finish on Ctrl-C before they are cut
 
 
-def create_app(engine: Engine, config: ServingConfig) -> FastAPI:
+def create_app(
+    engine: Engine,
+    config: ServingConfig,
+    sessions: SessionTracker | None = None,
+    authenticator: Authenticator | None = None,
+) -> FastAPI:
+    """The API over ``engine``; without ``sessions`` they live in memory only, without ``authenticator`` it is open."""
     app = FastAPI(title="swarmgate", summary="An OpenAI-compatible API in front of a swarm of transformer blocks")
+    if sessions is None:
+        sessions = SessionTracker(SessionStore(RedisLink(None), "local"), None, config.model_name, resume_grace=0.0)
+    app.state.authenticator = authenticator or Authenticator([], None, required=False)
     app.state.services = Services(
-        completions=CompletionServing(engine, config),
-        chat=ChatServing(engine, config),
-        models=ModelServing(engine, config),
+        completions=CompletionServing(engine, config, sessions),
+        chat=ChatServing(engine, config, sessions),
+        models=ModelServing(engine, config, sessions),
+        sessions=sessions,
     )
     install_error_handlers(app)
-    for module in (completions, chat, models, tokenize, health):
+    install_openapi(app)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_request_bytes)
+    install_metrics(app, engine)
+    authenticated = [Depends(authenticate)]  # every /v1 route but the swarm view (the page and probes read it)
+    for module in (completions, chat, models, tokenize, session_routes):
+        app.include_router(module.router, dependencies=authenticated)
+    for module in (health, metrics, page):  # probes, Prometheus and the swarm page need no API key
         app.include_router(module.router)
     return app
 
@@ -53,9 +80,25 @@ async def serve(settings: ServeSettings) -> None:
 
     install_request_ids()
     engine = await GenerationEngine.create(settings)
+    link = RedisLink(settings.redis_url or None)
+    store = SessionStore(link, settings.replica_id or f"{socket.gethostname()}:{os.getpid()}", settings.session_ttl)
     try:
-        config = ServingConfig(settings.served_model_name or engine.model_name, settings.default_max_tokens)
-        app = create_app(engine, config)
+        config = ServingConfig(
+            settings.served_model_name or engine.model_name, settings.default_max_tokens, settings.max_request_bytes
+        )
+        if link.enabled and await link.probe():
+            logger.info("sessions, API keys and quotas in Redis at %s", link.url)
+        store.start()
+        sessions = SessionTracker(
+            store,
+            QuotaLimiter(link, settings.replicas),
+            config.model_name,
+            settings.resume_grace,
+            settings.max_concurrent_generations,
+        )
+        static_keys = [key.get_secret_value() for key in settings.api_keys]
+        authenticator = Authenticator(static_keys, KeyStore(link) if link.enabled else None, settings.require_api_key)
+        app = create_app(engine, config, sessions, authenticator)
         listener = _bind(settings.host, settings.port)
         host, port = listener.getsockname()[:2]
         server = _Server(
@@ -64,11 +107,16 @@ async def serve(settings: ServeSettings) -> None:
                 log_config=None,
                 access_log=False,
                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
-            )
+            ),
+            sessions,
+            settings.drain_timeout,
         )
         logger.info("serving %s on http://%s:%d/v1", config.model_name, host, port)
         await server.serve(sockets=[listener])
+        await sessions.close()
     finally:
+        await store.close()
+        await link.close()
         await engine.close()
 
 
@@ -83,15 +131,41 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 class _Server(uvicorn.Server):
+    """uvicorn with a drain: the first SIGTERM/SIGINT stops new generations (503 ``draining``, /ready 503) and lets
+    running ones finish for up to ``drain_timeout`` seconds before the server stops; a second signal stops it now."""
+
+    def __init__(self, config: uvicorn.Config, sessions: SessionTracker, drain_timeout: float) -> None:
+        super().__init__(config)
+        self.sessions = sessions
+        self.drain_timeout = drain_timeout
+        self._drain: asyncio.Task[None] | None = None
+
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         # uvicorn re-raises SIGINT/SIGTERM after its graceful shutdown, which would kill the process before the
-        # engine closes its DHT and node sessions; here a signal only asks the server to stop.
+        # engine closes its DHT and node sessions; here a signal only asks the server to drain, then stop.
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, self.handle_exit, sig, None)
+            loop.add_signal_handler(sig, self._on_signal, sig)
         try:
             yield
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
+
+    def _on_signal(self, sig: int) -> None:
+        if self._drain is not None:
+            logger.warning("second %s: stopping without waiting for running generations", signal.Signals(sig).name)
+            self.handle_exit(sig, None)
+            return
+        self._drain = asyncio.create_task(self._drain_then_exit(sig))
+
+    async def _drain_then_exit(self, sig: int) -> None:
+        running = len(self.sessions.live)
+        logger.info(
+            "%s: draining (%d generations running, up to %.0fs)", signal.Signals(sig).name, running, self.drain_timeout
+        )
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.drain_timeout):
+                await self.sessions.drain()
+        self.handle_exit(sig, None)

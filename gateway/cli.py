@@ -1,4 +1,5 @@
-"""`gateway serve` (the OpenAI-compatible HTTP API) and `gateway generate` (one completion from the command line)."""
+"""`gateway serve` (the OpenAI-compatible HTTP API), `gateway generate` (one completion from the command line) and
+`gateway keys create|list|revoke` (API keys)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,14 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
-from gateway.settings import GenerateSettings, ServeSettings
+from gateway.settings import (
+    GenerateSettings,
+    KeyCreateSettings,
+    KeyListSettings,
+    KeyRevokeSettings,
+    RedisSettings,
+    ServeSettings,
+)
 from shared.logging_setup import configure_logging
 from shared.settings import add_settings_arguments, build_settings
 
@@ -19,12 +27,30 @@ def main(argv: Sequence[str] | None = None) -> None:
         add_settings_arguments(
             commands.add_parser(name, help=settings_cls.__doc__, description=settings_cls.__doc__), settings_cls
         )
+    keys = commands.add_parser("keys", help="manage API keys", description="Manage the gateways' API keys.")
+    key_commands = keys.add_subparsers(dest="keys_command", required=True)
+    key_settings: dict[str, type[RedisSettings]] = {
+        "create": KeyCreateSettings,
+        "list": KeyListSettings,
+        "revoke": KeyRevokeSettings,
+    }
+    for name, key_cls in key_settings.items():
+        add_settings_arguments(
+            key_commands.add_parser(name, help=key_cls.__doc__, description=key_cls.__doc__), key_cls
+        )
     args = parser.parse_args(argv)
     configure_logging()
     if args.command == "serve":
         from gateway.app import serve
 
         asyncio.run(serve(build_settings(ServeSettings, args)))
+    elif args.command == "keys":
+        from gateway.keys_cli import KeysCommandError, run
+
+        try:
+            asyncio.run(run(build_settings(key_settings[args.keys_command], args)))
+        except KeysCommandError as exc:
+            parser.exit(1, f"gateway keys: {exc}\n")
     else:
         asyncio.run(_generate(build_settings(GenerateSettings, args)))
 

@@ -5,12 +5,17 @@
 The prefill step returns the last block's hidden states for every prompt position, so prompt logprobs (``echo``)
 cost one LM-head pass over them and no extra remote work. Torch work (embedding, LM head, sampling) runs in a
 worker thread; the event loop only awaits.
+
+A request with a ``reuse_scope`` (a chat) that ends well leaves its chain open for a while (``gateway.kept_chains``);
+a later prompt of the same scope that continues those tokens takes the chain, grows it, rewinds it to the shared
+prefix and prefills only the rest — a chat's next turn costs its new tokens, not the whole conversation.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
@@ -20,7 +25,17 @@ from hivemind import DHT
 from hivemind.p2p import P2P
 from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
-from gateway.generation import EngineEvent, GeneratedToken, GenerationRequest, PromptScores, TopLogprobs
+from gateway.conversations import Taken
+from gateway.generation import (
+    EngineEvent,
+    GeneratedToken,
+    GenerationRequest,
+    PromptCached,
+    PromptScores,
+    TopLogprobs,
+)
+from gateway.head_batcher import HeadBatcher
+from gateway.kept_chains import KeptChains, Parked
 from gateway.model_files import load_head, load_tokenizer, stop_token_ids
 from gateway.remote_session import ChainSession
 from gateway.router import Router
@@ -59,10 +74,12 @@ class GenerationEngine:
         self.stop_ids = stop_token_ids(config, tokenizer)
         self.context_length = int(config.max_position_embeddings)
         self.codec = HFTokenCodec(tokenizer, head.vocab_size)
+        self.heads = HeadBatcher(head.logits)  # every session's next-token scoring, batched
         self._dht: DHT | None = None
         self._p2p: P2P | None = None
         self._monitor: SwarmMonitor | None = None
         self._router: Router | None = None
+        self._kept: KeptChains | None = None
 
     @classmethod
     async def create(cls, settings: EngineSettings) -> GenerationEngine:
@@ -97,6 +114,10 @@ class GenerationEngine:
             allowed_peers=frozenset(self.settings.allowed_peers) or None,
         )
         self._router.start()
+        self._kept = KeptChains(
+            self._router.view, self.settings.conversation_keep_alive, self.settings.conversation_max_kept
+        )
+        self._kept.start()
 
     @property
     def router(self) -> Router:
@@ -105,6 +126,9 @@ class GenerationEngine:
         return self._router
 
     async def close(self) -> None:
+        if self._kept is not None:  # before the router: closing the chains frees the nodes' room
+            await self._kept.close()
+        await self.heads.close()
         if self._router is not None:
             await self._router.close()
         if self._dht is not None:
@@ -120,7 +144,7 @@ class GenerationEngine:
 
     async def swarm_report(self) -> dict[str, Any]:
         view = await self.swarm_view()
-        return swarm_report(self.model_name, view, dict(self.router.rtts), self.router.bans)
+        return swarm_report(self.model_name, view, dict(self.router.rtts), self.router.bans, self.router.stats)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[int]:
         """Yield new token ids one by one; stops at max_new_tokens or an end-of-sequence token (yielded)."""
@@ -130,35 +154,87 @@ class GenerationEngine:
                     yield event.token_id
 
     async def stream(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
-        """``PromptScores`` first when asked, then each new token; stops after max_new_tokens or an EOS token."""
-        if self._p2p is None:
-            raise RuntimeError("engine not started")
+        """``PromptCached`` when a kept conversation held part of the prompt, ``PromptScores`` when asked, then each
+        new token; stops after max_new_tokens or an EOS token."""
         if request.max_new_tokens == 0 and request.prompt_logprobs is None:
             return  # nothing to compute: no session needed
-        max_length = len(request.prompt_ids) + request.max_new_tokens
         sampler = Sampler(request.sampling, self.head.vocab_size, request.prompt_ids)
-        async with ChainSession(self._p2p, self.router, max_length, self.settings.step_timeout) as chain:
-            new_ids, position = request.prompt_ids, 0
-            while True:
-                hidden = await asyncio.to_thread(self._embed, new_ids)
-                output = await chain.step(hidden, position)  # [1, T, D] after the last block
-                if position == 0 and request.prompt_logprobs is not None:
-                    yield await asyncio.to_thread(self._prompt_scores, output, new_ids, request.prompt_logprobs)
-                position += len(new_ids)
-                if position - len(request.prompt_ids) >= request.max_new_tokens:
-                    return
-                token = await asyncio.to_thread(self._next_token, output, sampler, request.logprobs)
+        chain, output, cached = await self._prefill(request)  # output: [1, T, D] for the prompt's uncached tokens
+        held: list[int] | None = None  # once the generation ended well: the ids the nodes' caches hold
+        try:
+            if cached:
+                yield PromptCached(cached)
+            if request.prompt_logprobs is not None:
+                yield await asyncio.to_thread(self._prompt_scores, output, request.prompt_ids, request.prompt_logprobs)
+            fed = list(request.prompt_ids)
+            for count in range(1, request.max_new_tokens + 1):
+                pick = functools.partial(self._pick, sampler=sampler, num_logprobs=request.logprobs)
+                token = await self.heads.score(output[:, -1:], pick)
                 yield token
-                if token.eos and not request.ignore_eos:
-                    return
-                new_ids = [token.token_id]
+                if count == request.max_new_tokens or (token.eos and not request.ignore_eos):
+                    break  # the last token is never fed: nothing would read its output
+                hidden = await asyncio.to_thread(self._embed, [token.token_id])
+                output = await chain.step(hidden, len(fed))
+                fed.append(token.token_id)
+            held = fed
+        finally:
+            if held is not None and request.reuse_scope is not None:
+                await self.kept.keep(request.reuse_scope, held, chain)
+            else:
+                await chain.close()
+
+    @property
+    def kept(self) -> KeptChains:
+        if self._kept is None:
+            raise RuntimeError("engine not started")
+        return self._kept
+
+    async def _prefill(self, request: GenerationRequest) -> tuple[ChainSession, torch.Tensor, int]:
+        """A chain holding the whole prompt, the last block's output [1, T, D] for the T prompt tokens it was just
+        sent, and how many leading prompt tokens it held already (a kept conversation's)."""
+        if self._p2p is None:
+            raise RuntimeError("engine not started")
+        max_length = len(request.prompt_ids) + request.max_new_tokens
+        if request.reuse_scope is not None and request.prompt_logprobs is None:  # scores need every position's output
+            taken = self.kept.take(request.reuse_scope, request.prompt_ids)
+            if taken is not None:
+                output = await self._resume(taken, request.prompt_ids, max_length)
+                if output is not None:
+                    return taken.item.chain, output, taken.prefix
+        chain = ChainSession(self._p2p, self.router, max_length, self.settings.step_timeout)
+        await chain.open()
+        try:
+            return chain, await chain.step(await asyncio.to_thread(self._embed, request.prompt_ids), 0), 0
+        except BaseException:
+            await chain.close()
+            raise
+
+    async def _resume(self, taken: Taken[Parked], prompt_ids: list[int], max_length: int) -> torch.Tensor | None:
+        """Grow a kept chain to ``max_length`` and prefill the prompt after the shared prefix (the step rewinds the
+        nodes there); None, with the chain closed, if that failed — e.g. a node expired the session meanwhile."""
+        chain = taken.item.chain
+        try:
+            await taken.item.shrunk
+            if chain.max_length != max_length:
+                await chain.resize(max_length)
+            hidden = await asyncio.to_thread(self._embed, prompt_ids[taken.prefix :])
+            output = await chain.step(hidden, taken.prefix)
+        except Exception as error:
+            logger.warning("kept conversation unusable (%s); prefilling the whole prompt", error)
+            await chain.close()
+            return None
+        except BaseException:
+            await chain.close()
+            raise
+        logger.debug("resumed a kept conversation: %d prompt tokens cached", taken.prefix)
+        return output
 
     def _embed(self, token_ids: list[int]) -> torch.Tensor:
         """-> hidden [1, T, D] in float32 (the wire dtype)."""
         return self.head.embed(torch.tensor([token_ids])).float()
 
-    def _next_token(self, output: torch.Tensor, sampler: Sampler, num_logprobs: int | None) -> GeneratedToken:
-        logits = self.head.logits(output[:, -1:])[0, -1]  # [V]
+    def _pick(self, logits: torch.Tensor, sampler: Sampler, num_logprobs: int | None) -> GeneratedToken:
+        """The next token from the last position's logits [V] (run by the head batcher's worker thread)."""
         token = sampler.next_token(logits)
         eos = token in self.stop_ids
         if num_logprobs is None:

@@ -1,8 +1,9 @@
 """The contract between the HTTP serving layer and the generation engine — plain Python, no torch, no hivemind.
 
 The serving layer (``gateway.api``) sees only what is here: a request of token ids and sampling parameters in, a
-stream of ``PromptScores`` (once, when asked) and ``GeneratedToken``s out, and a ``TokenCodec`` for text. The
-engine (``gateway.engine``) implements ``Engine``; tests may hand the serving layer any other implementation.
+stream of ``PromptCached`` and ``PromptScores`` (once each, when they apply) and ``GeneratedToken``s out, and a
+``TokenCodec`` for text. The engine (``gateway.engine``) implements ``Engine``; tests may hand the serving layer any
+other implementation.
 """
 
 from __future__ import annotations
@@ -15,11 +16,15 @@ from typing import Any, Protocol
 TopLogprobs = tuple[tuple[int, float], ...]
 
 
+# Temperatures below this are greedy (vLLM's threshold): dividing float32 logits by a tinier one gives inf, NaN.
+GREEDY_BELOW = 1e-5
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How the next token is picked from the logits; the defaults leave the model's distribution untouched."""
 
-    temperature: float = 1.0  # 0: greedy
+    temperature: float = 1.0  # 0 (or under GREEDY_BELOW): greedy
     top_p: float = 1.0
     top_k: int = 0  # 0: no limit
     min_p: float = 0.0  # drop tokens below min_p × the most likely token's probability
@@ -31,7 +36,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        return self.temperature < GREEDY_BELOW or self.top_k == 1
 
     def with_seed(self, seed: int | None) -> SamplingParams:
         return SamplingParams(**{**self.__dict__, "seed": seed})
@@ -45,6 +50,9 @@ class GenerationRequest:
     ignore_eos: bool = False
     logprobs: int | None = None  # alternatives reported per generated token; None: no logprobs at all
     prompt_logprobs: int | None = None  # the same for every prompt token (echo); None: not computed
+    # Whose conversation this is (an API key's id): a generation that ends well keeps its node caches for a later
+    # request of the same scope that continues its tokens (a chat's next turn). None: nothing is kept or reused.
+    reuse_scope: str | None = None
 
 
 @dataclass(frozen=True)
@@ -63,7 +71,14 @@ class PromptScores:
     top: list[TopLogprobs | None]
 
 
-EngineEvent = PromptScores | GeneratedToken
+@dataclass(frozen=True)
+class PromptCached:
+    """The nodes already held the prompt's first ``tokens`` tokens (a kept conversation): only the rest was sent."""
+
+    tokens: int
+
+
+EngineEvent = PromptCached | PromptScores | GeneratedToken
 
 
 class InvalidPrompt(ValueError):
@@ -112,7 +127,8 @@ class Engine(Protocol):
     def codec(self) -> TokenCodec: ...
 
     def stream(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
-        """``PromptScores`` first when ``prompt_logprobs`` is set, then one ``GeneratedToken`` per new token.
+        """``PromptCached`` first when the prompt continued a kept conversation (``reuse_scope``), ``PromptScores``
+        when ``prompt_logprobs`` is set, then one ``GeneratedToken`` per new token.
 
         Closing the iterator (or cancelling its consumer) ends the generation and closes its node sessions.
         """

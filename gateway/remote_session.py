@@ -19,6 +19,7 @@ from hivemind.p2p import P2P, PeerID
 from hivemind.proto import runtime_pb2
 from pydantic import BaseModel
 
+from gateway.metrics import chain_opened
 from gateway.router import Router
 from gateway.routing import Hop
 from shared.errors import NodeUnreachable, RemoteError, StepTimeout
@@ -29,8 +30,10 @@ from shared.protocol import (
     CloseSession,
     ErrorReply,
     OpenSession,
+    ResizeSession,
     ServerMessage,
     SessionOpened,
+    SessionResized,
     Step,
     StepResult,
     decode_server_message,
@@ -84,9 +87,30 @@ class NodeSession:
     async def step(self, hidden: torch.Tensor, position: int) -> torch.Tensor:
         """hidden: [1, T, D] at positions position... -> the hop's output [1, T, D]."""
         reply, tensors = await self._exchange(Step(position=position), (hidden,))
-        if not isinstance(reply, StepResult) or len(tensors) != 1 or tensors[0].shape != hidden.shape:
+        return self._checked(reply, tensors, hidden)
+
+    def _checked(self, reply: ServerMessage, tensors: list[torch.Tensor], sent: torch.Tensor) -> torch.Tensor:
+        """The step's output if it is one: the shape and dtype of what was sent, every value finite. A node that
+        answers anything else is broken (or lying): failing here bans it and routes around it, and none of its
+        garbage reaches a sampled token."""
+        if not isinstance(reply, StepResult) or len(tensors) != 1:
             raise NodeUnreachable(f"node {self.hop.peer_id} sent a malformed step result")
-        return tensors[0]
+        output = tensors[0]
+        if output.shape != sent.shape or output.dtype != sent.dtype:
+            raise NodeUnreachable(
+                f"node {self.hop.peer_id} sent {tuple(output.shape)} {output.dtype}"
+                f" for {tuple(sent.shape)} {sent.dtype}"
+            )
+        if not bool(torch.isfinite(output).all()):
+            raise NodeUnreachable(f"node {self.hop.peer_id} sent non-finite hidden states")
+        return output
+
+    async def resize(self, max_length: int) -> None:
+        """Grow or shrink the node's room for this session; its stored tokens stay."""
+        reply, _ = await self._exchange(ResizeSession(max_length=max_length))
+        if not isinstance(reply, SessionResized) or reply.max_length != max_length:
+            raise NodeUnreachable(f"node {self.hop.peer_id} sent a malformed resize reply")
+        self.max_length = max_length
 
     async def replay(self, chunks: list[tuple[int, torch.Tensor]]) -> list[tuple[int, torch.Tensor]]:
         """Send past inputs in their original chunks, pipelined (all sent, then all read): the node computes exactly
@@ -98,9 +122,7 @@ class NodeSession:
         outputs = []
         for position, hidden in chunks:
             reply, tensors = await self._receive()
-            if not isinstance(reply, StepResult) or len(tensors) != 1 or tensors[0].shape != hidden.shape:
-                raise NodeUnreachable(f"node {self.hop.peer_id} sent a malformed replay result")
-            outputs.append((position, tensors[0]))
+            outputs.append((position, self._checked(reply, tensors, hidden)))
         return outputs
 
     async def close(self) -> None:
@@ -180,12 +202,36 @@ class ChainSession:
         self._failovers_left = max_failovers
         self._segments: list[Segment] = []
         self.failovers = 0
+        self.closed = False
 
     @property
     def hops(self) -> list[Hop]:
         return [segment.session.hop for segment in self._segments]
 
+    @property
+    def max_length(self) -> int:
+        return self._max_length
+
+    async def resize(self, max_length: int) -> None:
+        """Every node's room becomes ``max_length`` tokens, what they hold kept (a kept conversation's next turn).
+
+        Raises the first node's error, leaving the chain unusable: the caller closes it (a fresh chain is cheaper to
+        get right than a failover at a new length)."""
+        self._check_open()
+        self._max_length = max_length
+        results = await asyncio.gather(
+            *(segment.session.resize(max_length) for segment in self._segments), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
     async def __aenter__(self) -> ChainSession:
+        await self.open()
+        return self
+
+    async def open(self) -> None:
+        """Route every block and open a session on each hop (failing over as steps do); closed again on failure."""
         try:
             hops = await self._router.route(self._max_length)
             self._segments = [Segment(self._new_session(hop)) for hop in hops]
@@ -197,7 +243,6 @@ class ChainSession:
         except BaseException:
             await self.close()
             raise
-        return self
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -206,6 +251,8 @@ class ChainSession:
 
     async def step(self, hidden: torch.Tensor, position: int) -> torch.Tensor:
         """hidden: [1, T, D] embeddings of new tokens at position... -> [1, T, D] output of the last block."""
+        self._check_open()
+        chain_opened()  # the request's first step ends its queue time (later calls are no-ops)
         index = 0
         while index < len(self._segments):
             segment = self._segments[index]
@@ -222,10 +269,15 @@ class ChainSession:
 
     async def close(self) -> None:
         # Shielded: a cancelled request must still release every node's cache room.
+        self.closed = True
         sessions = [segment.session for segment in self._segments]
         self._router.release(s.hop for s in sessions)
         self._segments = []
         await asyncio.shield(asyncio.gather(*(s.close() for s in sessions), return_exceptions=True))
+
+    def _check_open(self) -> None:
+        if self.closed:  # with no segments left, a step would return its input unchanged
+            raise NodeUnreachable("the chain session is closed")
 
     def _new_session(self, hop: Hop) -> NodeSession:
         return NodeSession(self._p2p, hop, self._max_length, self._timeout, self._router.auth)
@@ -238,6 +290,7 @@ class ChainSession:
                 raise error
             self._failovers_left -= 1
             self.failovers += 1
+            self._router.stats.failovers += 1
             hop = culprit.session.hop
             logger.warning("node %s failed (%s); re-routing blocks %d:%d", hop.peer_id, error, hop.start, hop.end)
             self._router.record_failure(hop.peer_id)
@@ -260,6 +313,7 @@ class ChainSession:
             try:
                 await segment.session.open()
                 outputs = await segment.session.replay(inputs)
+                self._router.stats.record_replay(sum(chunk.shape[1] for _, chunk in inputs))
             except Exception as error:
                 return segments, segment, error
             segment.history = inputs

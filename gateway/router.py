@@ -12,6 +12,7 @@ import contextlib
 import logging
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from hivemind.p2p import P2P
 
@@ -26,6 +27,24 @@ logger = logging.getLogger(__name__)
 
 RTT_SMOOTHING = 0.5  # weight of a new sample in the moving average
 PROBE_TIMEOUT = 2.0
+
+
+@dataclass
+class RouterStats:
+    """Churn this gateway has handled since it started (exported as Prometheus counters)."""
+
+    failovers: int = 0  # node sessions replaced mid-generation
+    prefix_replays: int = 0  # replacement node sessions that were replayed the lost node's inputs
+    replayed_tokens: int = 0
+    bans: int = 0
+
+    def record_replay(self, tokens: int) -> None:
+        if tokens:  # a session lost before its first step has nothing to replay
+            self.prefix_replays += 1
+            self.replayed_tokens += tokens
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
 
 
 class Router:
@@ -45,6 +64,7 @@ class Router:
         self.rtts: dict[str, float] = {}
         self.load: Counter[str] = Counter()
         self.auth = auth or CallAuth(None, "")
+        self.stats = RouterStats()
         self.allowed_peers = allowed_peers  # None: any node that announces itself (with the swarm secret, if any)
         self._p2p = p2p
         self._probe_period = probe_period
@@ -83,6 +103,7 @@ class Router:
 
     def record_failure(self, peer_id: str) -> None:
         duration = self.bans.record_failure(peer_id)
+        self.stats.bans += 1
         logger.warning("banning node %s for %.0fs", peer_id, duration)
 
     def record_success(self, peer_id: str) -> None:

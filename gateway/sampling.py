@@ -63,6 +63,7 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
         sorted_probs, order = torch.sort(probs, descending=True)
         # keep the smallest prefix whose mass reaches top_p (the token that crosses it stays)
         outside = sorted_probs.cumsum(-1) - sorted_probs >= params.top_p
+        outside[0] = False  # the most likely token always stays (a top_p that is 0 in float32 would drop it too)
         sorted_probs = sorted_probs.masked_fill(outside, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
     if params.min_p > 0.0:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 
-from shared.settings import P2PSettings, positional
+from shared.settings import P2PSettings, ProcessSettings, positional
 
 
 class EngineSettings(P2PSettings):
@@ -23,6 +23,15 @@ class EngineSettings(P2PSettings):
     routing: Literal["min_latency", "max_throughput"] = Field(
         "min_latency", description="default route choice: lowest latency, or spread sessions for throughput"
     )
+    conversation_keep_alive: float = Field(
+        60.0,
+        ge=0,
+        description="seconds a finished chat keeps its node sessions (shrunk to the tokens they hold) so that its next"
+        " turn, from the same API key, prefills only its new tokens; 0: never kept",
+    )
+    conversation_max_kept: int = Field(
+        8, ge=0, description="most chats kept at once by this gateway; beyond it the least recently used is closed"
+    )
 
 
 class GenerateSettings(EngineSettings):
@@ -35,7 +44,37 @@ class GenerateSettings(EngineSettings):
     seed: int | None = Field(None, description="sampling seed")
 
 
-class ServeSettings(EngineSettings):
+class RedisSettings(ProcessSettings):
+    redis_url: str | None = Field(
+        "redis://127.0.0.1:6379/0",
+        description="Redis of the session store, API keys and quotas, shared by gateway replicas; while it is down"
+        " the gateway serves from memory and writes through when it is back; empty: memory only (one replica)",
+    )
+
+
+class KeyCreateSettings(RedisSettings):
+    """Create an API key; prints it once (only its hash is stored)."""
+
+    name: str = positional("a name for the key (who or what uses it)")
+    admin: bool = Field(False, description="the key sees and cancels every session, not only its own")
+    requests_per_minute: int | None = Field(None, gt=0, description="requests per minute (none: unlimited)")
+    tokens_per_minute: int | None = Field(
+        None, gt=0, description="prompt + completion tokens per minute (a request reserves its max_tokens)"
+    )
+    concurrent_streams: int | None = Field(None, gt=0, description="generations running at once (none: unlimited)")
+
+
+class KeyListSettings(RedisSettings):
+    """List API keys (ids, names, limits; never the keys themselves)."""
+
+
+class KeyRevokeSettings(RedisSettings):
+    """Revoke an API key: it is refused from now on."""
+
+    key_id: str = positional("the key's id (as `gateway keys list` shows it)")
+
+
+class ServeSettings(EngineSettings, RedisSettings):
     """Serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, ...) for a model."""
 
     host: str = Field("127.0.0.1", description="address the HTTP server listens on (0.0.0.0: every interface)")
@@ -43,7 +82,34 @@ class ServeSettings(EngineSettings):
     served_model_name: str | None = Field(
         None, description="the API's model id; default: the model folder's / repo's / GGUF file's base name"
     )
-    redis_url: str | None = Field(None, description="Redis URL of the session store shared by gateway replicas")
+    replica_id: str | None = Field(None, description="this replica's name in session records; default: host:pid")
+    replicas: int = Field(
+        1, ge=1, description="gateway replicas sharing Redis: while Redis is down each enforces 1/replicas of a quota"
+    )
+    api_keys: list[SecretStr] = Field(
+        default_factory=list,
+        description="admin API keys accepted besides those made by `gateway keys create` (env: a JSON list);"
+        " any key turns authentication on",
+    )
+    require_api_key: bool = Field(
+        False, description="require a valid API key even while none exists (off: open until a key is created)"
+    )
+    drain_timeout: float = Field(
+        30.0, ge=0, description="on SIGTERM: seconds running generations get to finish (new ones get 503 draining)"
+    )
+    max_concurrent_generations: int = Field(
+        0, ge=0, description="generations this replica runs at once; more get 429 with Retry-After (0: no cap)"
+    )
+    max_request_bytes: int = Field(
+        8 * 1024 * 1024, ge=0, description="largest request body; larger ones get 413 before parsing (0: no limit)"
+    )
+    session_ttl: float = Field(3600.0, gt=0, description="seconds a session's record and events are kept after it ends")
+    resume_grace: float = Field(
+        2.0,
+        ge=0,
+        description="seconds a stream keeps generating after its client disconnects, so the client can resume it"
+        " (GET /v1/sessions/{id}/events with Last-Event-ID); a resumed reader keeps it going; 0: stop at once",
+    )
     default_max_tokens: int = Field(
         1024,
         ge=0,

@@ -5,11 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.bans import BanList
+from gateway.router import RouterStats
 from gateway.swarm_view import SwarmView
 from shared.dht_records import NodeState
 
 
-def swarm_report(model: str, view: SwarmView, rtts: dict[str, float], bans: BanList) -> dict[str, Any]:
+def swarm_report(
+    model: str, view: SwarmView, rtts: dict[str, float], bans: BanList, stats: RouterStats | None = None
+) -> dict[str, Any]:
     banned = bans.banned()
     blocks = []
     for block in range(view.num_blocks):
@@ -49,4 +52,5 @@ def swarm_report(model: str, view: SwarmView, rtts: dict[str, float], bans: BanL
         "missing_blocks": missing,
         "blocks": blocks,
         "nodes": nodes,
+        "counters": (stats or RouterStats()).as_dict(),  # failovers, prefix replays, replayed tokens, bans
     }

@@ -15,11 +15,24 @@ from typing import Any
 from hivemind import DHT
 from hivemind.dht.node import DHTNode
 
+from shared.identity import PeerIdentity, register_identity
+
 PARENT_POLL_SECONDS = 1.0
 
 
-def start_dht(**kwargs: Any) -> DHT:
-    dht = DHT(start=True, **kwargs)
+def start_dht(*, identity: PeerIdentity | None = None, **kwargs: Any) -> DHT:
+    """``identity``: the key p2pd takes as the peer's identity, the same that signs its records (``dht_kwargs``)."""
+    if identity is None:
+        dht = DHT(start=True, **kwargs)
+    else:
+        # A key generated just now is nobody else's: skip hivemind's probe of the swarm for a peer using it.
+        probe = {} if identity.path else {"check_if_identity_free": False}
+        with identity.key_file() as path:  # p2pd has read it once the DHT is up; a temporary file goes then
+            dht = DHT(start=True, identity_path=path, **probe, **kwargs)
+        if dht.peer_id.to_base58() != identity.peer_id:
+            dht.shutdown()
+            raise RuntimeError(f"p2pd took the peer id {dht.peer_id}, not {identity.peer_id} of its identity key")
+        register_identity(identity)
     dht.run_coroutine(partial(_exit_with_parent, parent=os.getpid()), return_future=True)
     return dht
 

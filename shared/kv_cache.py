@@ -43,6 +43,17 @@ class SessionKV:
         self.values = torch.zeros(shape, dtype=dtype, device=device)
         self.length = 0  # tokens whose keys/values are stored
 
+    def resize(self, max_length: int) -> None:
+        """Room for ``max_length`` tokens, the stored ones kept: new tensors (both sizes live during the copy)."""
+        if max_length < self.length:
+            raise ValueError(f"cannot shrink below the {self.length} stored tokens")
+        shape = (self.num_layers, self.keys.shape[1], max_length, self.keys.shape[3])
+        keys = self.keys.new_zeros(shape)
+        values = self.values.new_zeros(shape)
+        keys[:, :, : self.length] = self.keys[:, :, : self.length]
+        values[:, :, : self.length] = self.values[:, :, : self.length]
+        self.keys, self.values, self.max_length = keys, values, max_length
+
     @property
     def blocks(self) -> range:
         return range(self.first_block, self.first_block + self.num_layers)

@@ -8,6 +8,10 @@ hivemind's daemon has no pre-shared key, so membership is enforced at two layers
   swarm each record additionally carries an HMAC of the whole signed record under the swarm secret
   (``MembershipValidator``): records from peers without the secret are refused on store and dropped on read, and a
   member's record copied under another subkey fails its MAC.
+* **Peer ids.** A member holds the secret, so the MAC cannot stop it from announcing a record for *another* peer id
+  under its own owner key. The owner key is therefore the peer's libp2p identity key (``shared.identity``): a
+  record's subkey must name exactly the peer id derived from the owner key it carries (``PeerBindingValidator``),
+  so only the holder of a peer's private key can announce for that peer id.
 * **RPCs.** Callers put a call token in every session/forward/info request: an HMAC under the swarm secret of the
   caller's and the callee's peer ids (the caller's id is authenticated by libp2p), a timestamp and a nonce. Nodes
   refuse requests without a valid token, and a token seen before is refused (``ReplayGuard``).
@@ -25,15 +29,20 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
+from cryptography.exceptions import UnsupportedAlgorithm
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
+from hivemind.utils import MSGPackSerializer
+from hivemind.utils.crypto import RSAPrivateKey
 from pydantic import BaseModel, ValidationError
 
 from shared.errors import Unauthorized
+from shared.identity import peer_id_of, registered_identity
 
 TOKEN_LIFETIME = 300.0  # seconds a call token is accepted after it was made (clocks may differ a little)
 _MAC_FORMAT = b"[member:_mac_]"
 _MAC_RE = re.compile(re.escape(_MAC_FORMAT).replace(b"_mac_", rb"([0-9a-f]{64})"))
+_BOUND_SUBKEY_RE = re.compile(rb"([1-9A-HJ-NP-Za-km-z]+)\[owner:(.+)\]", re.DOTALL)  # base58 peer id, owner key
 
 
 def load_secret(value: str | None, path: str | None) -> bytes | None:
@@ -110,16 +119,47 @@ class SchemaValidator(RecordValidatorBase):
         return isinstance(other, SchemaValidator)
 
 
-def record_validators(secret: bytes | None, models: tuple[type[BaseModel], ...]) -> list[RecordValidatorBase]:
-    validators: list[RecordValidatorBase] = [RSASignatureValidator(), SchemaValidator(models)]
+class PeerBindingValidator(RecordValidatorBase):
+    """A record's subkey must be ``<peer id>[owner:<key>]`` where the peer id is the one derived from the key."""
+
+    def validate(self, record: DHTRecord) -> bool:
+        try:
+            subkey = MSGPackSerializer.loads(record.subkey)
+        except Exception:  # msgpack raises a zoo of types on garbage
+            return False
+        match = _BOUND_SUBKEY_RE.fullmatch(subkey) if isinstance(subkey, bytes) else None
+        if match is None:
+            return False
+        try:
+            return peer_id_of(match[2]) == match[1].decode()
+        except (ValueError, UnsupportedAlgorithm):
+            return False
+
+    @property
+    def priority(self) -> int:
+        return 20  # validated first: a cheap check (its peer-id derivation is cached) before the RSA signature
+
+    def merge_with(self, other: RecordValidatorBase) -> bool:
+        return isinstance(other, PeerBindingValidator)
+
+
+def record_validators(
+    secret: bytes | None, models: tuple[type[BaseModel], ...], key: RSAPrivateKey | None = None
+) -> list[RecordValidatorBase]:
+    """``key``: the DHT's identity key, which signs its records (None: hivemind's process-wide key, for readers)."""
+    validators: list[RecordValidatorBase] = [
+        RSASignatureValidator(key),
+        PeerBindingValidator(),
+        SchemaValidator(models),
+    ]
     if secret is not None:
         validators.append(MembershipValidator(secret))
     return validators
 
 
 def owner_subkey(peer_id: str) -> bytes:
-    """The subkey this process stores its records under: its peer id, then its RSA owner marker."""
-    return peer_id.encode() + RSASignatureValidator().local_public_key
+    """The subkey a DHT started here stores its records under: its peer id, then its identity's owner marker."""
+    return peer_id.encode() + registered_identity(peer_id).owner_marker
 
 
 def peer_of_subkey(subkey: object) -> str:

@@ -4,7 +4,8 @@ Every RPC carries a ``runtime_pb2.ExpertRequest`` / ``ExpertResponse``: ``metada
 the pydantic models below, ``tensors`` are hidden states serialized by hivemind. Three handlers:
 
 * ``inference`` (stream ↔ stream): ``OpenSession`` → ``SessionOpened``; then ``Step`` + hidden [1, T, D] →
-  ``StepResult`` + hidden [1, T, D]; the session's KV cache lives until ``CloseSession`` or the stream ends.
+  ``StepResult`` + hidden [1, T, D]; ``ResizeSession`` → ``SessionResized`` grows or shrinks the session's room (its
+  stored positions kept); the session's KV cache lives until ``CloseSession`` or the stream ends.
 * ``forward`` (unary): ``ForwardRequest`` + hidden [B, T, D] → ``ForwardResult`` + hidden, no state kept.
 * ``info`` (unary): ``InfoRequest`` → ``NodeInfo``.
 
@@ -23,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from shared.errors import BadRequest, RemoteError, error_from_code
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: ResizeSession
 
 INFERENCE_HANDLER = "swarmgate.inference"
 FORWARD_HANDLER = "swarmgate.forward"
@@ -55,12 +56,21 @@ class Step(_Message):
     position: int = Field(ge=0)  # position of the first new token; below the session's length rewinds it
 
 
+class ResizeSession(_Message):
+    """New room for an open session: the node grants the difference from its pool (or takes it back), keeping the
+    stored tokens; never below them. A gateway grows a kept conversation's session for its next turn this way."""
+
+    type: Literal["resize"] = "resize"
+    max_length: int = Field(gt=0)
+    alloc_timeout: float = Field(0.0, ge=0, le=600)
+
+
 class CloseSession(_Message):
     type: Literal["close"] = "close"
 
 
-ClientMessage = Annotated[OpenSession | Step | CloseSession, Field(discriminator="type")]
-_CLIENT_MESSAGE: TypeAdapter[OpenSession | Step | CloseSession] = TypeAdapter(ClientMessage)
+ClientMessage = Annotated[OpenSession | Step | ResizeSession | CloseSession, Field(discriminator="type")]
+_CLIENT_MESSAGE: TypeAdapter[OpenSession | Step | ResizeSession | CloseSession] = TypeAdapter(ClientMessage)
 
 
 class ForwardRequest(_Message):
@@ -81,6 +91,11 @@ class SessionOpened(_Message):
     session_id: str
     start: int
     end: int
+    max_length: int
+
+
+class SessionResized(_Message):
+    type: Literal["resized"] = "resized"
     max_length: int
 
 
@@ -105,6 +120,7 @@ class NodeInfo(_Message):
     cache_tokens_total: int
     cache_tokens_left: int
     sessions: int
+    tokens_processed: int = 0  # tokens the span has computed (session steps and forwards) since the node started
 
 
 class ErrorReply(_Message):
@@ -120,12 +136,9 @@ class ErrorReply(_Message):
         return error_from_code(self.code, self.message)
 
 
-ServerMessage = Annotated[
-    SessionOpened | StepResult | ForwardResult | NodeInfo | ErrorReply, Field(discriminator="type")
-]
-_SERVER_MESSAGE: TypeAdapter[SessionOpened | StepResult | ForwardResult | NodeInfo | ErrorReply] = TypeAdapter(
-    ServerMessage
-)
+_ServerMessages = SessionOpened | SessionResized | StepResult | ForwardResult | NodeInfo | ErrorReply
+ServerMessage = Annotated[_ServerMessages, Field(discriminator="type")]
+_SERVER_MESSAGE: TypeAdapter[_ServerMessages] = TypeAdapter(ServerMessage)
 
 
 def encode_request(message: BaseModel, tensors: tuple[torch.Tensor, ...] = ()) -> runtime_pb2.ExpertRequest:
@@ -142,7 +155,7 @@ def encode_response(message: BaseModel, tensors: tuple[torch.Tensor, ...] = ()) 
 
 def decode_client_message(
     request: runtime_pb2.ExpertRequest,
-) -> tuple[OpenSession | Step | CloseSession, list[torch.Tensor]]:
+) -> tuple[OpenSession | Step | ResizeSession | CloseSession, list[torch.Tensor]]:
     return _parse(_CLIENT_MESSAGE, request.metadata), decode_tensors(request.tensors)
 
 
@@ -152,7 +165,7 @@ def decode_unary(request: runtime_pb2.ExpertRequest, model: type[_Message]) -> t
 
 def decode_server_message(
     response: runtime_pb2.ExpertResponse,
-) -> tuple[SessionOpened | StepResult | ForwardResult | NodeInfo | ErrorReply, list[torch.Tensor]]:
+) -> tuple[_ServerMessages, list[torch.Tensor]]:
     return _parse(_SERVER_MESSAGE, response.metadata), decode_tensors(response.tensors)
 
 

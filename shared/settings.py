@@ -18,6 +18,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.dht_records import ModelRecord, ServerRecord
+from shared.identity import load_identity, new_identity
 from shared.membership import load_secret, record_validators
 
 ENV_PREFIX = "SWARMGATE_"
@@ -39,7 +40,11 @@ class P2PSettings(ProcessSettings):
         description="multiaddrs to listen on; use /ip4/0.0.0.0/tcp/PORT to accept other machines",
     )
     announce_maddrs: list[str] = Field(default_factory=list, description="public multiaddrs to announce, if any")
-    identity_path: str | None = Field(None, description="file with the peer's private key (stable peer id)")
+    identity_path: str | None = Field(
+        None,
+        description="file with the peer's RSA private key (stable peer id; created when missing); default: a new key"
+        " per start. The key also signs the peer's DHT records, which binds them to its peer id",
+    )
     nat_port_map: bool = Field(
         False, description="ask the local router for a port mapping (UPnP/NAT-PMP); off so nothing leaves the host"
     )
@@ -62,9 +67,10 @@ class P2PSettings(ProcessSettings):
         }
         if self.announce_maddrs:
             kwargs["announce_maddrs"] = self.announce_maddrs
-        if self.identity_path:
-            kwargs["identity_path"] = self.identity_path
-        kwargs["record_validators"] = record_validators(self.secret(), (ServerRecord, ModelRecord))
+        # One RSA key is both the libp2p identity and the records' signing key (see shared.identity).
+        identity = load_identity(self.identity_path) if self.identity_path else new_identity()
+        kwargs["identity"] = identity
+        kwargs["record_validators"] = record_validators(self.secret(), (ServerRecord, ModelRecord), identity.key)
         return kwargs
 
 

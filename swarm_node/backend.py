@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
@@ -20,14 +21,16 @@ from shared.kv_cache import SessionKV
 from shared.span import BlockSpan
 from swarm_node.batcher import BatchPolicy, DecodeBatcher
 from swarm_node.capacity import return_freed_memory
+from swarm_node.metrics import NodeMetrics
 
 T = TypeVar("T")
 
 
 class SpanBackend:
-    def __init__(self, span: BlockSpan, policy: BatchPolicy | None = None) -> None:
+    def __init__(self, span: BlockSpan, policy: BatchPolicy | None = None, metrics: NodeMetrics | None = None) -> None:
         self.span = span
         self.policy = policy or BatchPolicy()
+        self.metrics = metrics
         self.dtype = span.cache_dtype
         self.device = span.device
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="span-compute")
@@ -49,6 +52,10 @@ class SpanBackend:
 
     async def new_session_kv(self, blocks: range, max_length: int) -> SessionKV:
         return await self._run(lambda: self.span.new_session_kv(blocks, max_length))
+
+    async def resize_session_kv(self, kv: SessionKV, max_length: int) -> None:
+        # On the compute thread: no forward may read the tensors while they are swapped.
+        await self._run(lambda: kv.resize(max_length))
 
     async def serve_step(self, kv: SessionKV, hidden: torch.Tensor, position: int) -> torch.Tensor:
         """A client's step, hidden [1, T, D] at ``position``: batched with others if T == 1, else prefilled alone."""
@@ -78,12 +85,17 @@ class SpanBackend:
         return torch.cat(outputs, dim=1)
 
     async def _decode_batch(self, kvs: list[SessionKV], hidden: torch.Tensor, positions: list[int]) -> torch.Tensor:
+        if self.metrics is not None:
+            self.metrics.decode_batch(len(kvs))
         return await self._run(functools.partial(self._forward, hidden, kvs, positions, kvs[0].blocks))
 
     def _forward(self, hidden: torch.Tensor, kvs: list[SessionKV], starts: list[int], blocks: range) -> torch.Tensor:
+        began = time.perf_counter()
         wire_dtype = hidden.dtype
-        output = self.span(hidden.to(self.device, self.dtype), kvs, starts, blocks)
-        return output.to("cpu", wire_dtype)
+        output = self.span(hidden.to(self.device, self.dtype), kvs, starts, blocks).to("cpu", wire_dtype)
+        if self.metrics is not None:  # hidden: [B, T, D]
+            self.metrics.forward(hidden.shape[0], hidden.shape[1], time.perf_counter() - began)
+        return output
 
     def shutdown(self) -> None:
         self.batcher.close()

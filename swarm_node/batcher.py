@@ -4,11 +4,12 @@ Decode is memory-bound — one step reads every weight of the span to produce on
 forward (B rows of T=1, each at its own position) cost much less than B forwards. The policy:
 
 * The first waiting step opens a batch; every step already queued joins it.
-* The batch then waits — at most ``window`` seconds after it opened — only for the sessions that are *due*: each
-  decoding session steps here with a rhythm (its previous interval between steps), and a session whose next step is
-  expected before the window ends is worth waiting for. Sessions that are elsewhere in the chain for longer than the
-  window (another group of streams on the next node) are not: the node runs what it has, and the two groups keep
-  both nodes busy in a pipeline instead of serializing on each other. A lone stream never waits.
+* The batch then waits only for the sessions that are *due*: each decoding session steps here with a rhythm (its
+  previous interval between steps), and a session whose next step is expected before the wait ends is worth waiting
+  for. The wait is at most about one forward's duration (a running average, capped by ``window``): a latecomer
+  would otherwise cost a forward of its own, so waiting longer than that for it gains nothing. Sessions elsewhere in
+  the chain for longer (another group of streams on the next node) are not waited for: the node runs what it has,
+  and the groups keep several nodes busy in a pipeline. A lone stream never waits.
 * ``max_batch`` caps the rows of a forward. While a batch runs on the compute thread, new steps queue for the next.
 * Rows for different block ranges (a client may use a sub-range of the span) run as separate forwards.
 """
@@ -31,6 +32,7 @@ logger = logging.getLogger(__name__)
 
 ACTIVE_HORIZON = 1.0  # a session counts as decoding until this long (or two of its intervals) after its last step
 RHYTHM_SMOOTHING = 0.5  # weight of the newest interval in a session's running estimate
+FORWARD_SMOOTHING = 0.2  # weight of the newest decode forward's duration in the running estimate
 
 # Runs one forward: (sessions, hidden [B, 1, D], positions) -> [B, 1, D].
 RunBatch = Callable[[list[SessionKV], torch.Tensor, list[int]], Awaitable[torch.Tensor]]
@@ -38,7 +40,7 @@ RunBatch = Callable[[list[SessionKV], torch.Tensor, list[int]], Awaitable[torch.
 
 @dataclass(frozen=True)
 class BatchPolicy:
-    window: float = 0.03  # seconds a batch waits, at most, for sessions due to step
+    window: float = 0.1  # seconds a batch waits, at most, for sessions due to step (less: about one forward)
     max_batch: int = 32  # rows in one decode forward
     prefill_chunk: int = 512  # prompt tokens per prefill forward: bounds activation memory for long prompts
 
@@ -94,6 +96,7 @@ class DecodeBatcher:
         self._queue: deque[_Request] = deque()
         self._arrival = asyncio.Event()
         self._forecast = ArrivalForecast()
+        self._forward_seconds: float | None = None  # running average of a decode forward's duration
         self._task: asyncio.Task[None] | None = None
         self.batch_sizes: deque[int] = deque(maxlen=1000)  # rows of recent forwards, newest last (tests, bench)
 
@@ -135,7 +138,7 @@ class DecodeBatcher:
         batch: list[_Request] = []
         self._drain_into(batch)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.policy.window
+        deadline = loop.time() + min(self.policy.window, self._forward_seconds or self.policy.window)
         due = self._forecast.due(loop.time(), deadline, {request.kv for request in batch})
         wanted = min(self.policy.max_batch, len(batch) + due)
         while len(batch) < wanted and (remaining := deadline - loop.time()) > 0:
@@ -150,6 +153,7 @@ class DecodeBatcher:
             batch.append(self._queue.popleft())
 
     async def _run(self, group: list[_Request]) -> None:
+        began = asyncio.get_running_loop().time()
         try:
             hidden = torch.cat([request.hidden for request in group])  # [B, 1, D]
             output = await self._run_batch([r.kv for r in group], hidden, [r.position for r in group])
@@ -159,6 +163,10 @@ class DecodeBatcher:
                     request.future.set_exception(error)
             return
         self.batch_sizes.append(len(group))
+        took = asyncio.get_running_loop().time() - began
+        if self._forward_seconds is not None:
+            took = (1 - FORWARD_SMOOTHING) * self._forward_seconds + FORWARD_SMOOTHING * took
+        self._forward_seconds = took
         logger.debug("decode batch of %d rows", len(group))
         for row, request in enumerate(group):
             if not request.future.done():

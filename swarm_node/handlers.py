@@ -39,7 +39,9 @@ from shared.protocol import (
     InfoRequest,
     NodeInfo,
     OpenSession,
+    ResizeSession,
     SessionOpened,
+    SessionResized,
     Step,
     StepResult,
     decode_client_message,
@@ -62,6 +64,7 @@ class NodeStatus:
     max_session_length: int
     state: NodeState = NodeState.JOINING
     added_latency: float = 0.0  # seconds slept before every reply: emulates a distant node (tests, demos)
+    faulty_outputs: str = "none"  # testing: "nan", "shape" or "dtype" corrupts every step's output
     session_idle_timeout: float = 300.0  # seconds a session may sit without a step before its room is taken back
     peer_id: str = ""  # this node's own peer id (call tokens name it)
     guard: ReplayGuard | None = None  # a private swarm's call-token check; None: a public swarm
@@ -75,6 +78,7 @@ class SpanHandlers:
         self.sessions = SessionRegistry(status.session_idle_timeout)
         self.start, self.end = backend.span.start, backend.span.end
         self.hidden_size = backend.span.hidden_size
+        self.tokens_processed = 0  # tokens through the span (steps and forwards): shows what a gateway saved
         self._expiry: asyncio.Task[None] | None = None
 
     def use_backend(self, backend: SpanBackend) -> None:
@@ -125,7 +129,11 @@ class SpanHandlers:
                         continue
                     if session is None:
                         raise UnknownSession("step before the session was opened")
-                    output = await self._step(session, message, tensors)
+                    if isinstance(message, ResizeSession):
+                        await self._resize(session, message)
+                        yield encode_response(SessionResized(max_length=session.max_length))
+                        continue
+                    output = self._corrupt(await self._step(session, message, tensors))
                     yield encode_response(StepResult(position=message.position), (output,))
                 except RemoteError as error:
                     yield encode_response(ErrorReply.of(error))
@@ -155,6 +163,27 @@ class SpanHandlers:
         logger.debug("session %s opened for blocks %d:%d", session.session_id, blocks.start, blocks.stop)
         return session
 
+    async def _resize(self, session: Session, message: ResizeSession) -> None:
+        """Grow or shrink the session's room, its stored tokens kept; the pool grants growth like an open."""
+        if message.max_length > session.max_length and self.status.state is not NodeState.ONLINE:
+            raise NodeDraining(f"node is {self.status.state.value}; sessions may not grow")
+        if message.max_length > self.status.max_session_length:
+            raise PositionOutOfRange(
+                f"max_length {message.max_length} exceeds this node's limit of {self.status.max_session_length}"
+            )
+        with self.sessions.active(session) as kv:  # busy: the idle reaper leaves it alone while it waits for room
+            if message.max_length < kv.length:
+                raise PositionOutOfRange(f"max_length {message.max_length} is below the {kv.length} stored tokens")
+            if message.max_length == kv.max_length:
+                return
+            growing = message.max_length > kv.max_length
+            if growing:  # room first: the tensors grow only once the pool has granted it
+                await self.pool.resize(session.allocation, message.max_length, message.alloc_timeout)
+            await self.backend.resize_session_kv(kv, message.max_length)
+            if not growing:  # the old, larger tensors are gone now
+                await self.pool.resize(session.allocation, message.max_length)
+            session.max_length = message.max_length
+
     async def _step(self, session: Session, message: Step, tensors: list[torch.Tensor]) -> torch.Tensor:
         if not isinstance(message, Step):
             raise BadRequest(f"unexpected message {message.type!r} in an open session")
@@ -169,7 +198,9 @@ class SpanHandlers:
                 raise PositionOutOfRange(
                     f"positions up to {message.position + new_tokens} exceed max_length {kv.max_length}"
                 )
-            return await self.backend.serve_step(kv, hidden, message.position)
+            output = await self.backend.serve_step(kv, hidden, message.position)
+        self.tokens_processed += new_tokens
+        return output
 
     async def forward(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
         await self._emulate_distance()
@@ -183,6 +214,7 @@ class SpanHandlers:
                 raise PositionOutOfRange(f"{hidden.shape[1]} tokens exceed {self.status.max_session_length}")
             async with self.pool.reserve(hidden.shape[0] * hidden.shape[1]):
                 output = await self.backend.forward(hidden, blocks)
+            self.tokens_processed += hidden.shape[0] * hidden.shape[1]
             return encode_response(ForwardResult(), (output,))
         except RemoteError as error:
             return encode_response(ErrorReply.of(error))
@@ -203,6 +235,17 @@ class SpanHandlers:
         if self.status.guard is not None:
             self.status.guard.check(token, context.remote_id.to_base58(), self.status.peer_id)
 
+    def _corrupt(self, output: torch.Tensor) -> torch.Tensor:
+        """A broken node, for tests of the gateway's checks (``--faulty-outputs``); a healthy node returns as is."""
+        fault = self.status.faulty_outputs
+        if fault == "nan":
+            return torch.full_like(output, float("nan"))
+        if fault == "shape":
+            return output[:, :, : output.shape[-1] // 2]
+        if fault == "dtype":
+            return output.to(torch.float16)
+        return output
+
     async def _emulate_distance(self) -> None:
         if self.status.added_latency > 0:
             await asyncio.sleep(self.status.added_latency)
@@ -219,6 +262,7 @@ class SpanHandlers:
             cache_tokens_total=self.pool.total_tokens,
             cache_tokens_left=self.pool.tokens_left,
             sessions=self.pool.sessions,
+            tokens_processed=self.tokens_processed,
         )
 
     def _check_blocks(self, start: int, end: int) -> range:

@@ -5,6 +5,7 @@ Processes, threads and loops of one node:
     main process
     ├── asyncio loop (main thread): P2P handlers, the announcer, the balancer; never runs torch
     ├── "span-compute" thread: every torch call on the span (SpanBackend)
+    ├── with --metrics-port: prometheus-client's HTTP exporter thread (reads gauges, never runs torch)
     └── hivemind DHT child process, with its p2pd daemon (the node's peer identity)
 
 States announced: JOINING (span chosen, loading) → ONLINE → DRAINING (no new sessions; before a move or a stop)
@@ -38,6 +39,7 @@ from swarm_node.backend import SpanBackend
 from swarm_node.cache_pool import CachePool
 from swarm_node.capacity import default_cache_tokens
 from swarm_node.handlers import NodeStatus, SpanHandlers
+from swarm_node.metrics import NodeGauges, NodeMetrics
 from swarm_node.quantize import block_transform, resolve_quant
 from swarm_node.settings import ServeSettings
 from swarm_node.span_choice import block_throughputs, choose_new_start, choose_start
@@ -82,6 +84,7 @@ class SpanServer:
             shared.__version__,
             self._max_session_length(),
             added_latency=settings.added_latency,
+            faulty_outputs=settings.faulty_outputs,
             session_idle_timeout=settings.session_idle_timeout,
         )
         first, last = settings.span() or (0, settings.num_blocks or 0)
@@ -94,6 +97,17 @@ class SpanServer:
         self.auth = CallAuth(None, "")
         self.dht: DHT | None = None
         self.handlers: SpanHandlers | None = None
+        self.metrics = NodeMetrics(self._gauges()) if settings.metrics_port is not None else None
+
+    def _gauges(self) -> NodeGauges:
+        return NodeGauges(
+            cache_tokens_total=lambda: self.pool.total_tokens,
+            cache_tokens_left=lambda: self.pool.tokens_left,
+            sessions_open=lambda: self.pool.sessions,
+            queue_depth=lambda: self.handlers.backend.queue_depth if self.handlers else 0,
+            state=lambda: self.status.state,
+            span=lambda: (self.start, self.end),
+        )
 
     def _max_session_length(self) -> int:
         return self.settings.max_session_length or int(self.config.max_position_embeddings)
@@ -113,6 +127,9 @@ class SpanServer:
         if self.settings.num_threads:
             torch.set_num_threads(self.settings.num_threads)
         backend: SpanBackend | None = None
+        exporter = None
+        if self.metrics is not None and self.settings.metrics_port is not None:
+            exporter = self.metrics.serve(self.settings.metrics_host, self.settings.metrics_port)
         try:
             p2p = await self.dht.replicate_p2p()
             self.status.peer_id = self.dht.peer_id.to_base58()
@@ -145,6 +162,8 @@ class SpanServer:
             if self.handlers is not None:
                 self.handlers.shutdown()
             self.dht.shutdown()
+            if exporter is not None:
+                exporter.shutdown()
             logger.info("node stopped")
 
     async def _load(self, start: int, end: int) -> SpanBackend:
@@ -152,7 +171,7 @@ class SpanServer:
         reader = await asyncio.to_thread(open_weights, self.source, self.config)
         transform = block_transform(self.quant, self.dtype, self.device)
         span = await asyncio.to_thread(build_span, self.config, reader, start, end, self.dtype, self.device, transform)
-        return SpanBackend(span, self.settings.batch_policy())
+        return SpanBackend(span, self.settings.batch_policy(), self.metrics)
 
     async def _choose_start(self, num_blocks: int) -> int:
         assert self.dht is not None  # started in run()

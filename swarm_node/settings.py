@@ -42,11 +42,11 @@ class ServeSettings(P2PSettings):
         300.0, gt=0, description="seconds a session may go without a step before it is closed and its room freed"
     )
     batch_window: float = Field(
-        0.03,
+        0.1,
         ge=0,
         le=1,
-        description="seconds a decode batch waits, at most, for steps of other sessions due to arrive (judged by"
-        " each session's rhythm); a lone session never waits",
+        description="most seconds a decode batch waits for steps of other sessions due to arrive (judged by each"
+        " session's rhythm); it waits at most about one forward's duration, and a lone session never waits",
     )
     max_batch_size: int = Field(32, gt=0, description="most sessions' decode steps in one batched forward")
     prefill_chunk_tokens: int = Field(
@@ -55,7 +55,13 @@ class ServeSettings(P2PSettings):
     max_session_length: int | None = Field(
         None, gt=0, description="longest session accepted; default: the model's context length"
     )
-    num_threads: int | None = Field(None, gt=0, description="torch CPU threads; default: torch's own choice")
+    num_threads: int | None = Field(
+        None,
+        gt=0,
+        description="torch CPU threads; default: torch's own choice (one per core). Processes sharing cores should"
+        " split them: OpenMP threads of oversubscribed processes spin against each other (3 processes x 2 threads"
+        " on 2 cores ran 10x slower than x 1)",
+    )
     announce_period: float = Field(10.0, gt=0, description="seconds between DHT announcements")
     balance_period: float = Field(
         60.0, gt=0, description="with --num-blocks: seconds between checks whether moving would help the swarm"
@@ -69,9 +75,20 @@ class ServeSettings(P2PSettings):
     added_latency: float = Field(
         0.0, ge=0, le=10, description="seconds added before every reply, to emulate a distant node (testing)"
     )
+    faulty_outputs: Literal["none", "nan", "shape", "dtype"] = Field(
+        "none",
+        description="testing only: answer inference steps with NaNs, a wrong shape or a wrong dtype (a broken node"
+        " that gateways must ban and route around)",
+    )
     throughput_cache: str = Field(
         "~/.cache/swarmgate/throughput.json",
         description="file caching measured speed per (model, device, dtype, quant); delete it to measure again",
+    )
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="serve Prometheus metrics (swarmgate_node_*) on this port; default: off"
+    )
+    metrics_host: str = Field(
+        "127.0.0.1", description="address the metrics port binds; 0.0.0.0 lets a Prometheus on another host scrape"
     )
 
     @field_validator("blocks")

@@ -18,7 +18,8 @@ from typing import TypeVar
 from gateway.api.assembler import Piece, TextAssembler
 from gateway.api.detokenizer import IncrementalDetokenizer
 from gateway.api.stop import StopMatcher
-from gateway.generation import Engine, GenerationRequest, PromptScores
+from gateway.generation import Engine, GenerationRequest, PromptCached, PromptScores
+from gateway.metrics import current_timer
 
 T = TypeVar("T")
 
@@ -36,23 +37,39 @@ class ChoiceEvent:
     payload: Piece | PromptScores
     generated: int = 0  # on a choice's last piece: tokens the engine produced (EOS included)
     logprob_sum: float = 0.0  # on the last piece: summed logprobs of its returned tokens
+    cached_tokens: int = 0  # on the last piece: prompt tokens the nodes held from an earlier turn (not prefilled)
 
 
 async def run_choice(engine: Engine, spec: ChoiceSpec) -> AsyncIterator[ChoiceEvent]:
     detokenizer = IncrementalDetokenizer(engine.codec, spec.request.prompt_ids)
     assembler = TextAssembler(detokenizer, StopMatcher(spec.stops))
+    timer = current_timer()
+    cached, after_eos = 0, False
     async with contextlib.aclosing(engine.stream(spec.request)) as events:
         async for event in events:
+            if isinstance(event, PromptCached):
+                cached = event.tokens
+                continue
             if isinstance(event, PromptScores):
                 yield ChoiceEvent(spec.index, event)
                 continue
+            if after_eos:
+                break  # the engine went on after an EOS after all: end it here
+            if timer is not None:
+                timer.token(spec.index)
             piece = assembler.add(event)
             if piece:
                 yield ChoiceEvent(spec.index, piece)
             if assembler.stopped:
-                break  # leaving the ``aclosing`` block ends the generation and its node sessions now
+                # After an EOS the engine ends by itself, and a natural end keeps a chat's node caches for its next
+                # turn; anything else (a stop string) ends it here.
+                if not event.eos or spec.request.ignore_eos:
+                    break  # leaving the ``aclosing`` block ends the generation and its node sessions now
+                after_eos = True
     last = assembler.finish()
-    yield ChoiceEvent(spec.index, last, assembler.generated, assembler.logprob_sum)
+    if timer is not None and last.finish_reason is not None:
+        timer.choice_finished(last.finish_reason)
+    yield ChoiceEvent(spec.index, last, assembler.generated, assembler.logprob_sum, cached)
 
 
 class _Done:

@@ -9,8 +9,10 @@ from fastapi import Depends, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
+from gateway.api.auth import CallerDep
+from gateway.api.live_sessions import SessionTracker
 from gateway.api.serving_chat import ChatServing
-from gateway.api.serving_common import Disconnected, Stream
+from gateway.api.serving_common import Disconnected, RequestContext, Stream
 from gateway.api.serving_completions import CompletionServing
 from gateway.api.serving_models import ModelServing
 from gateway.api.sse import event_stream
@@ -21,6 +23,7 @@ class Services:
     completions: CompletionServing
     chat: ChatServing
     models: ModelServing
+    sessions: SessionTracker
 
 
 def services(request: Request) -> Services:
@@ -45,6 +48,20 @@ def _models(request: Request) -> ModelServing:
 CompletionsDep = Annotated[CompletionServing, Depends(_completions)]
 ChatDep = Annotated[ChatServing, Depends(_chat)]
 ModelsDep = Annotated[ModelServing, Depends(_models)]
+
+
+def _sessions(request: Request) -> SessionTracker:
+    return services(request).sessions
+
+
+SessionsDep = Annotated[SessionTracker, Depends(_sessions)]
+
+
+def _context(request: Request, caller: CallerDep) -> RequestContext:
+    return RequestContext(caller, disconnect_waiter(request))
+
+
+ContextDep = Annotated[RequestContext, Depends(_context)]
 
 
 def disconnect_waiter(request: Request) -> Disconnected:

@@ -3,8 +3,11 @@
     APIError                    status  type                    code (string, stable)
     ├── InvalidRequest          400     invalid_request_error   invalid_value, invalid_type, missing_required_parameter,
     │                                                           invalid_json, context_length_exceeded, ...
-    ├── NotFound                404     invalid_request_error   model_not_found, not_found
+    ├── Unauthorized            401     invalid_request_error   invalid_api_key
+    ├── NotFound                404     invalid_request_error   model_not_found, not_found, session_not_found
     ├── MethodNotAllowed        405     invalid_request_error   method_not_allowed
+    ├── SessionCancelled        409     invalid_request_error   session_cancelled (DELETE /v1/sessions/{id})
+    ├── RateLimited             429     requests | tokens       rate_limit_exceeded (with Retry-After)
     ├── ServiceUnavailable      503     service_unavailable     missing_blocks, swarm_unavailable
     ├── InternalError           500     server_error            internal_error
     └── ClientDisconnected      499     client_closed_request   client_disconnected (logged, never received)
@@ -23,6 +26,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.api.protocol import ErrorInfo, ErrorResponse
@@ -39,18 +43,48 @@ class APIError(Exception):
     def __init__(self, message: str, code: str, param: str | None = None) -> None:
         super().__init__(message)
         self.message, self.code, self.param = message, code, param
+        self.headers: dict[str, str] = {}
 
     def body(self) -> dict[str, Any]:
         info = ErrorInfo(message=self.message, type=self.type, param=self.param, code=self.code)
         return ErrorResponse(error=info).model_dump()
 
     def response(self, headers: Mapping[str, str] | None = None) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+        return JSONResponse(self.body(), status_code=self.status, headers={**self.headers, **(headers or {})})
 
 
 class InvalidRequest(APIError):
     status = 400
     type = "invalid_request_error"
+
+
+class Unauthorized(APIError):
+    status = 401
+    type = "invalid_request_error"
+
+
+class SessionCancelled(APIError):
+    status = 409
+    type = "invalid_request_error"
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"Session {session_id} was cancelled (DELETE /v1/sessions/{session_id}).", "session_cancelled")
+
+
+class RateLimited(APIError):
+    """OpenAI's 429: ``type`` names what ran out (requests or tokens); ``Retry-After`` says when to come back."""
+
+    status = 429
+
+    def __init__(self, message: str, kind: str, retry_after: int) -> None:
+        super().__init__(message, "rate_limit_exceeded")
+        self.kind = kind
+        self.headers = {"Retry-After": str(retry_after)}
+
+    def body(self) -> dict[str, Any]:
+        body = super().body()
+        body["error"]["type"] = self.kind
+        return body
 
 
 class NotFound(APIError):
@@ -84,7 +118,8 @@ class InternalError(APIError):
 
 
 def model_not_found(model: str) -> NotFound:
-    return NotFound(f"The model `{model}` does not exist.", "model_not_found", "model")
+    shown = model if len(model) <= 200 else model[:200] + "…"  # a 10 MB name is not echoed back whole
+    return NotFound(f"The model `{shown}` does not exist.", "model_not_found", "model")
 
 
 def as_api_error(exc: BaseException) -> APIError:
@@ -107,14 +142,22 @@ _VALIDATION_CODES = {"missing": "missing_required_parameter", "json_invalid": "i
 
 
 def validation_error(exc: RequestValidationError) -> InvalidRequest:
-    first = exc.errors()[0] if exc.errors() else {"type": "invalid", "loc": (), "msg": "invalid request"}
+    errors = exc.errors() or [{"type": "invalid", "loc": (), "msg": "invalid request"}]
+    # A union reports every member's mismatch (``prompt: []`` is no string, ...): the error about the value wins.
+    first = next((e for e in errors if not _is_type_error(str(e.get("type", "")))), errors[0])
     kind = str(first.get("type", ""))
     if kind == "json_invalid":
         return InvalidRequest("We could not parse the JSON body of your request.", "invalid_json")
     param = _param_name(first.get("loc", ()))
-    code = _VALIDATION_CODES.get(kind, "invalid_type" if kind.endswith(("_type", "_parsing")) else "invalid_value")
-    message = f"Invalid value for '{param}': {first.get('msg', 'invalid')}" if param else str(first.get("msg"))
+    code = _VALIDATION_CODES.get(kind, "invalid_type" if _is_type_error(kind) else "invalid_value")
+    if param is None:  # the body itself: none at all, or JSON that is no object (a list, 42, null)
+        return InvalidRequest(f"The request body must be a JSON object ({first.get('msg', 'invalid')}).", code)
+    message = f"Invalid value for '{param}': {first.get('msg', 'invalid')}"
     return InvalidRequest(message, code, param)
+
+
+def _is_type_error(kind: str) -> bool:
+    return kind.endswith(("_type", "_parsing"))
 
 
 _UNION_TAGS = {"str", "int", "float", "bool", "dict", "list", "none"}
@@ -143,6 +186,15 @@ def http_error(exc: HTTPException) -> APIError:
     return InternalError()
 
 
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method a route takes at this path: Starlette's 405 names only the first route's (GET, not DELETE)."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        if isinstance(route, BaseRoute) and route.matches(request.scope)[0] != Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    return sorted(methods)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     async def on_api_error(_: Request, exc: Exception) -> JSONResponse:
         return as_api_error(exc).response()
@@ -151,10 +203,13 @@ def install_error_handlers(app: FastAPI) -> None:
         error = validation_error(exc) if isinstance(exc, RequestValidationError) else as_api_error(exc)
         return error.response()
 
-    async def on_http_error(_: Request, exc: Exception) -> JSONResponse:
+    async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
         if not isinstance(exc, HTTPException):
             return as_api_error(exc).response()
-        return http_error(exc).response(exc.headers)
+        headers = exc.headers
+        if exc.status_code == 405:
+            headers = {**(headers or {}), "Allow": ", ".join(_allowed_methods(request))}
+        return http_error(exc).response(headers)
 
     app.add_exception_handler(APIError, on_api_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)

@@ -1,19 +1,34 @@
 """OpenAI protocol models shared by the endpoints: errors, usage, models list, tokenize/detokenize.
 
-Request models ignore unknown fields (clients send vendor extensions); response models carry OpenAI's field names
-and nulls exactly, since clients index into them.
+Request models ignore unknown fields (clients send vendor extensions) but check the ones they know as OpenAI does:
+strict types (``"2"`` is not an integer, ``1`` not a boolean) and finite numbers (Python's json reads ``NaN``), so
+that every constraint a client can see in the OpenAPI spec is the one enforced. Response models carry OpenAI's field
+names and nulls exactly, since clients index into them.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 
 class RequestModel(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+
+def _integral(value: object) -> object:
+    """JSON Schema (and so the spec) counts ``2.0`` as an integer: take it as 2, but never 2.5, "2" or true."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# After an int's bounds in ``Annotated`` (before them, pydantic writes its own "ge"/"le" into the JSON schema).
+INTEGRAL = BeforeValidator(_integral)
+# The upper bound is the served model's vocabulary, checked when serving.
+TokenId = Annotated[int, Field(ge=0), INTEGRAL]
+# OpenAI's logit_bias range; keys are token ids as strings (checked against the vocabulary when serving).
+LogitBias = dict[str, Annotated[float, Field(ge=-100, le=100)]]
 
 
 class ResponseModel(BaseModel):
@@ -35,35 +50,50 @@ class StreamOptions(RequestModel):
     include_usage: bool | None = False
 
 
+class PromptTokensDetails(ResponseModel):
+    cached_tokens: int  # prompt tokens not computed again: the nodes held them from the conversation's last turn
+
+
 class Usage(ResponseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None  # chat only, as OpenAI's (left out, not null, otherwise)
 
     @classmethod
-    def of(cls, prompt_tokens: int, completion_tokens: int) -> Usage:
+    def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> Usage:
         return cls(
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             total_tokens=prompt_tokens + completion_tokens,
+            prompt_tokens_details=None if cached_tokens is None else PromptTokensDetails(cached_tokens=cached_tokens),
         )
+
+    @model_serializer(mode="wrap")
+    def _without_missing_details(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        data: dict[str, object] = handler(self)
+        if data.get("prompt_tokens_details") is None:
+            data.pop("prompt_tokens_details", None)
+        return data
 
 
 class SamplingFields(RequestModel):
     """Sampling parameters both generation endpoints take (OpenAI's, plus vLLM's top_k/min_p/… extensions)."""
 
     model: str
-    n: int | None = Field(1, ge=1, le=128)
+    n: Annotated[int, Field(ge=1, le=128), INTEGRAL] | None = 1
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, ge=0, le=1)
-    top_k: int | None = Field(None, ge=-1)  # 0 or -1: no limit
+    top_k: Annotated[int, Field(ge=-1), INTEGRAL] | None = None  # 0 or -1: no limit
     min_p: float | None = Field(None, ge=0, le=1)
     stop: str | list[str] | None = None
-    seed: int | None = Field(None, ge=-(2**63), lt=2**63)
+    # ±2**53: what JSON clients in JavaScript hold exactly, and what FastAPI's spec (bounds as floats) states exactly.
+    seed: Annotated[int, Field(ge=-(2**53), le=2**53), INTEGRAL] | None = None
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    repetition_penalty: float | None = Field(None, gt=0)
-    logit_bias: dict[str, float] | None = None
+    # vLLM's range; a tinier or huger one is 0 or inf in float32 logits, and the sampler's probabilities NaN.
+    repetition_penalty: float | None = Field(None, ge=0.01, le=2)
+    logit_bias: LogitBias | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -100,7 +130,7 @@ class TokenizeResponse(ResponseModel):
 
 class DetokenizeRequest(RequestModel):
     model: str | None = None
-    tokens: list[int]
+    tokens: list[TokenId]
 
 
 class DetokenizeResponse(ResponseModel):

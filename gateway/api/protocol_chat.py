@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
-from gateway.api.protocol import RequestModel, ResponseModel, SamplingFields, Usage
+from gateway.api.protocol import INTEGRAL, RequestModel, ResponseModel, SamplingFields, Usage
 
 
 class ContentPart(RequestModel):
@@ -27,10 +27,11 @@ class ResponseFormat(RequestModel):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)  # deprecated by OpenAI in favour of max_completion_tokens
-    max_completion_tokens: int | None = Field(None, ge=1)
+    # Deprecated by OpenAI in favour of max_completion_tokens.
+    max_tokens: Annotated[int, Field(ge=1), INTEGRAL] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1), INTEGRAL] | None = None
     logprobs: bool | None = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: Annotated[int, Field(ge=0, le=20), INTEGRAL] | None = None
     response_format: ResponseFormat | None = None
 
 
@@ -105,5 +106,5 @@ class TokenizeRequest(RequestModel):
 
     model: str | None = None
     prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
     add_special_tokens: bool = True

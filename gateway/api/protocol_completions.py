@@ -3,21 +3,27 @@
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
-from gateway.api.protocol import ResponseModel, SamplingFields, Usage
+from gateway.api.protocol import INTEGRAL, ResponseModel, SamplingFields, TokenId, Usage
 
-Prompt = str | list[str] | list[int] | list[list[int]]
+# OpenAI's four shapes: a text, texts, token ids, lists of token ids (an empty list is no prompt at all).
+Prompt = (
+    str
+    | Annotated[list[str], Field(min_length=1)]
+    | Annotated[list[TokenId], Field(min_length=1)]
+    | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)]
+)
 
 
 class CompletionRequest(SamplingFields):
     prompt: Prompt
-    max_tokens: int | None = Field(16, ge=0)  # null: the rest of the context window
+    max_tokens: Annotated[int, Field(ge=0), INTEGRAL] | None = 16  # null: the rest of the context window
     echo: bool | None = False
-    logprobs: int | None = Field(None, ge=0, le=20)
-    best_of: int | None = Field(None, ge=1, le=128)
+    logprobs: Annotated[int, Field(ge=0, le=20), INTEGRAL] | None = None
+    best_of: Annotated[int, Field(ge=1, le=128), INTEGRAL] | None = None
     suffix: str | None = None
 
 

@@ -10,8 +10,11 @@ import contextlib
 import contextvars
 import logging
 import time
+import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+
+from gateway.metrics import RequestTimer, start_request
 
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 
@@ -42,10 +45,17 @@ class RequestRecord:
     choices: int
     prompt_tokens: int
     completion_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose node caches were reused from an earlier turn
+    finish_reason: str | None = None  # of the last choice that finished
     started: float = field(default_factory=time.monotonic)
+    timer: RequestTimer | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
         request_id.set(self.id)
+        self.timer = start_request(self.endpoint, self.started)
+        if self.timer is not None:
+            # A stream whose generator never started never runs ``tracking``: the in-flight gauge must still drop.
+            weakref.finalize(self, self.timer.finish, "cancelled", 0)
 
     @contextlib.asynccontextmanager
     async def tracking(self) -> AsyncIterator[None]:
@@ -71,6 +81,8 @@ class RequestRecord:
             self.completion_tokens,
             time.monotonic() - self.started,
         )
+        if self.timer is not None:
+            self.timer.finish(outcome.split(" ", 1)[0], self.prompt_tokens)
 
 
 def failure(exc: BaseException) -> str:

@@ -29,23 +29,21 @@ from gateway.api.protocol_chat import (
     TopLogprob,
 )
 from gateway.api.request_log import RequestRecord
-from gateway.api.serving_common import Disconnected, ServingBase, Stream, new_id, token_string
-from gateway.api.sse import with_done
+from gateway.api.serving_common import RequestContext, ServingBase, Stream, new_id, token_string
 from gateway.generation import GenerationRequest, PromptScores
 
 
 class ChatServing(ServingBase):
-    async def create(self, body: ChatCompletionRequest, disconnected: Disconnected) -> ChatCompletionResponse | Stream:
+    async def create(self, body: ChatCompletionRequest, context: RequestContext) -> ChatCompletionResponse | Stream:
         self.check_model(body.model)
         self._check_options(body)
         prompt_ids = await self.prompt_ids(body.messages)
         budget = self.completion_budget(len(prompt_ids), body.max_completion_tokens or body.max_tokens, "messages")
-        specs = self._specs(body, prompt_ids, budget)
+        specs = self._specs(body, prompt_ids, budget, reuse_scope=context.caller.scope)
         record = RequestRecord(new_id("chatcmpl"), "chat", len(specs), len(prompt_ids))
         if body.stream:
-            events = await self.start(record, specs, disconnected)
-            return Stream(record.id, with_done(self._chunks(body, record, events)))
-        results = await self.collect(record, specs, disconnected)
+            return await self.run_streamed(record, specs, context, lambda events: self._chunks(body, record, events))
+        results = await self.run_collected(record, specs, context)
         choices = [
             ChatChoice(
                 index=result.index,
@@ -55,7 +53,7 @@ class ChatServing(ServingBase):
             )
             for result in results
         ]
-        usage = Usage.of(record.prompt_tokens, record.completion_tokens)
+        usage = Usage.of(record.prompt_tokens, record.completion_tokens, record.cached_tokens)
         return ChatCompletionResponse(id=record.id, model=self.config.model_name, choices=choices, usage=usage)
 
     async def prompt_ids(self, messages: Sequence[ChatMessage]) -> list[int]:
@@ -75,14 +73,23 @@ class ChatServing(ServingBase):
                 "response_format",
             )
 
-    def _specs(self, body: ChatCompletionRequest, prompt_ids: list[int], budget: int) -> list[ChoiceSpec]:
+    def _specs(
+        self, body: ChatCompletionRequest, prompt_ids: list[int], budget: int, reuse_scope: str | None
+    ) -> list[ChoiceSpec]:
+        """``reuse_scope``: whose conversation (an API key's id); one choice only may keep or reuse node caches."""
         sampling = self.sampling_params(body)
+        scope = reuse_scope if (body.n or 1) == 1 else None
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         specs = []
         for i in range(body.n or 1):
             seed = None if sampling.seed is None else sampling.seed + i
             request = GenerationRequest(
-                prompt_ids, budget, sampling.with_seed(seed), ignore_eos=bool(body.ignore_eos), logprobs=logprobs
+                prompt_ids,
+                budget,
+                sampling.with_seed(seed),
+                ignore_eos=bool(body.ignore_eos),
+                logprobs=logprobs,
+                reuse_scope=scope,
             )
             specs.append(ChoiceSpec(i, request, tuple(body.stop_list())))
         return specs
@@ -104,9 +111,11 @@ class ChatServing(ServingBase):
                     yield self._chunk(body, record, event.index, Delta(content=piece.text), logprobs)
                 if piece.finish_reason is not None:
                     record.completion_tokens += event.generated
+                    record.cached_tokens += event.cached_tokens
+                    record.finish_reason = piece.finish_reason
                     yield self._chunk(body, record, event.index, Delta(), finish_reason=piece.finish_reason)
             if body.include_usage():
-                usage = Usage.of(record.prompt_tokens, record.completion_tokens)
+                usage = Usage.of(record.prompt_tokens, record.completion_tokens, record.cached_tokens)
                 last = ChatCompletionChunk(id=record.id, model=self.config.model_name, choices=[], usage=usage)
                 yield last.model_dump_json()
 

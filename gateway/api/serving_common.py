@@ -12,9 +12,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from sse_starlette import ServerSentEvent
+
 from gateway.api.assembler import EmittedToken, FinishReason, Piece
+from gateway.api.auth import Caller
 from gateway.api.choices import ChoiceEvent, ChoiceSpec, merge, prime, run_choice
 from gateway.api.errors import ClientDisconnected, InvalidRequest, model_not_found
+from gateway.api.live_sessions import LiveSession, SessionTracker
 from gateway.api.protocol import SamplingFields
 from gateway.api.request_log import RequestRecord, failure
 from gateway.generation import Engine, PromptScores, SamplingParams
@@ -29,14 +33,23 @@ Disconnected = Callable[[], Awaitable[None]]
 class ServingConfig:
     model_name: str  # the id clients send and are answered with
     default_max_tokens: int = 0  # chat requests without max_tokens; 0: the rest of the context window
+    max_request_bytes: int = 8 * 1024 * 1024  # larger bodies: 413 before parsing (0: no limit)
+
+
+@dataclass(frozen=True)
+class RequestContext:
+    """Who sent the request, and how to tell that they left."""
+
+    caller: Caller
+    disconnected: Disconnected
 
 
 @dataclass(frozen=True)
 class Stream:
-    """A streamed response: its id (also the X-Session-Id header) and its SSE data strings."""
+    """A streamed response: its id (also the X-Session-Id header) and its SSE events (ids are event numbers)."""
 
     id: str
-    events: AsyncIterator[str]
+    events: AsyncIterator[ServerSentEvent]
 
 
 @dataclass
@@ -50,6 +63,7 @@ class ChoiceResult:
     finish_reason: FinishReason = "length"
     generated: int = 0
     logprob_sum: float = 0.0
+    cached_tokens: int = 0
 
     def add(self, event: ChoiceEvent) -> None:
         if isinstance(event.payload, PromptScores):
@@ -60,6 +74,7 @@ class ChoiceResult:
         if event.payload.finish_reason is not None:
             self.finish_reason = event.payload.finish_reason
             self.generated, self.logprob_sum = event.generated, event.logprob_sum
+            self.cached_tokens = event.cached_tokens
 
     @property
     def mean_logprob(self) -> float:
@@ -86,6 +101,7 @@ async def until_disconnected(work: Awaitable[T], disconnected: Disconnected) -> 
         done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
         if task in done:
             return task.result()
+        watcher.result()  # a waiter may end the work for another reason (a cancel): its exception says which
         raise ClientDisconnected("the client closed the connection", "client_disconnected")
     finally:
         task.cancel()
@@ -94,9 +110,10 @@ async def until_disconnected(work: Awaitable[T], disconnected: Disconnected) -> 
 
 
 class ServingBase:
-    def __init__(self, engine: Engine, config: ServingConfig) -> None:
+    def __init__(self, engine: Engine, config: ServingConfig, sessions: SessionTracker) -> None:
         self.engine = engine
         self.config = config
+        self.sessions = sessions
 
     @property
     def codec_vocab(self) -> int:
@@ -145,10 +162,12 @@ class ServingBase:
         """Tokens to generate: ``requested`` (None: the server's default) within the context window."""
         limit = self.engine.context_length
         room = limit - prompt_tokens
+        asked = requested
         if requested is None:
             default = self.config.default_max_tokens
             requested = min(default, room) if default > 0 else room
-        if prompt_tokens + requested > limit or room <= 0:
+        # A prompt that fills the window exactly is fine with max_tokens 0 (scoring it), not with nothing asked.
+        if prompt_tokens + requested > limit or (room <= 0 and asked is None):
             raise InvalidRequest(
                 f"This model's maximum context length is {limit} tokens. However, you requested "
                 f"{prompt_tokens + requested} tokens ({prompt_tokens} in the prompt, {requested} for the "
@@ -177,7 +196,36 @@ class ServingBase:
         async with record.tracking():
             results = await until_disconnected(gather(), disconnected)
             record.completion_tokens = sum(result.generated for result in results)
+            record.cached_tokens = sum(result.cached_tokens for result in results)
+            record.finish_reason = results[-1].finish_reason if results else None
         return results
+
+    async def run_streamed(
+        self,
+        record: RequestRecord,
+        specs: list[ChoiceSpec],
+        context: RequestContext,
+        chunks_of: Callable[[AsyncIterator[ChoiceEvent]], AsyncIterator[str]],
+    ) -> Stream:
+        """Start the choices as a session whose chunks (``chunks_of`` the choices' events) are its SSE events."""
+        live = await self._open_session(record, specs, context)
+        stop = live.stop_waiter(context.disconnected)
+        events = await live.finish_after(self.start(record, specs, stop), on_success=False)
+        return Stream(record.id, live.stream(chunks_of(events)))
+
+    async def run_collected(
+        self, record: RequestRecord, specs: list[ChoiceSpec], context: RequestContext
+    ) -> list[ChoiceResult]:
+        """Run the choices as a session to the end; the client leaving or a cancel stops them."""
+        live = await self._open_session(record, specs, context)
+        return await live.finish_after(self.collect(record, specs, live.stop_waiter(context.disconnected)))
+
+    async def _open_session(
+        self, record: RequestRecord, specs: list[ChoiceSpec], context: RequestContext
+    ) -> LiveSession:
+        # The quota is charged for every token the request may use; what it does not use is given back at the end.
+        reserve = record.prompt_tokens + sum(spec.request.max_new_tokens for spec in specs)
+        return await self.sessions.open(record, context.caller, reserve)
 
     async def start(
         self, record: RequestRecord, specs: list[ChoiceSpec], disconnected: Disconnected

@@ -29,13 +29,12 @@ from gateway.api.protocol_completions import (
 from gateway.api.request_log import RequestRecord
 from gateway.api.serving_common import (
     ChoiceResult,
-    Disconnected,
+    RequestContext,
     ServingBase,
     Stream,
     new_id,
     token_string,
 )
-from gateway.api.sse import with_done
 from gateway.generation import GenerationRequest, PromptScores
 
 
@@ -47,7 +46,7 @@ class Prompt:
 
 
 class CompletionServing(ServingBase):
-    async def create(self, body: CompletionRequest, disconnected: Disconnected) -> CompletionResponse | Stream:
+    async def create(self, body: CompletionRequest, context: RequestContext) -> CompletionResponse | Stream:
         self.check_model(body.model)
         n, best_of = self._choice_counts(body)
         prompts = await self._prompts(body)
@@ -55,9 +54,10 @@ class CompletionServing(ServingBase):
         specs = self._specs(body, prompts, budgets, best_of)
         record = RequestRecord(new_id("cmpl"), "completions", len(specs), sum(len(p.ids) for p in prompts))
         if body.stream:
-            events = await self.start(record, specs, disconnected)
-            return Stream(record.id, with_done(self._chunks(body, record, prompts, events)))
-        results = await self.collect(record, specs, disconnected)
+            return await self.run_streamed(
+                record, specs, context, lambda events: self._chunks(body, record, prompts, events)
+            )
+        results = await self.run_collected(record, specs, context)
         return self._response(body, record, prompts, results, n, best_of)
 
     def _choice_counts(self, body: CompletionRequest) -> tuple[int, int]:
@@ -212,6 +212,7 @@ class CompletionServing(ServingBase):
                     yield self._chunk(body, record, choice)
                 if piece.finish_reason is not None:
                     record.completion_tokens += event.generated
+                    record.finish_reason = piece.finish_reason
                     choice = CompletionChoice(index=event.index, text="", finish_reason=piece.finish_reason)
                     yield self._chunk(body, record, choice)
             if body.include_usage():

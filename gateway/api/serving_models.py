@@ -30,7 +30,7 @@ class ModelServing(ServingBase):
         if (body.prompt is None) == (body.messages is None):
             raise InvalidRequest("Give exactly one of 'prompt' and 'messages'.", "invalid_value", "prompt")
         if body.messages is not None:
-            ids = await ChatServing(self.engine, self.config).prompt_ids(body.messages)
+            ids = await ChatServing(self.engine, self.config, self.sessions).prompt_ids(body.messages)
         else:
             ids = await self.encode(body.prompt or "", body.add_special_tokens)
         return TokenizeResponse(count=len(ids), max_model_len=self.engine.context_length, tokens=ids)
@@ -48,10 +48,12 @@ class ModelServing(ServingBase):
 
     async def ready(self) -> dict[str, object]:
         """Ready when every block has a live node; otherwise ``ServiceUnavailable`` naming the gaps."""
+        if self.sessions.draining:
+            raise ServiceUnavailable("This gateway is shutting down.", "draining")
         missing = await self.engine.missing_blocks()
         if missing:
             raise ServiceUnavailable(
                 f"No live node serves blocks {format_block_ranges(missing)} of {self.config.model_name} yet.",
                 "missing_blocks",
             )
-        return {"status": "ready", "model": self.config.model_name}
+        return {"status": "ready", "model": self.config.model_name, "redis": self.sessions.store.link.state}

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 logger = logging.getLogger(__name__)
@@ -23,6 +24,7 @@ T = TypeVar("T")
 
 SOCKET_TIMEOUT = 0.5  # seconds: the most a request can lose to a frozen Redis
 RECHECK_PERIOD = 1.0
+MAX_CONNECTIONS = 256
 
 
 class RedisDown(Exception):
@@ -30,12 +32,26 @@ class RedisDown(Exception):
 
 
 class RedisLink:
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.client: aioredis.Redis = aioredis.Redis.from_url(
-            url, socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=SOCKET_TIMEOUT, decode_responses=True
+    def __init__(self, url: str | None) -> None:
+        """``url`` None: no Redis at all (one replica, everything in memory); every call raises ``RedisDown``."""
+        self.url = url or "memory"
+        self.enabled = url is not None
+        # The client connects lazily: for a disabled link it is never used (scripts register without I/O). A
+        # blocking pool: hundreds of concurrent sessions queue for a connection (up to the socket timeout) instead
+        # of failing with "too many connections", which would read as Redis being down.
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url or "redis://127.0.0.1:6379/0",
+            max_connections=MAX_CONNECTIONS,
+            timeout=SOCKET_TIMEOUT,
+            socket_timeout=SOCKET_TIMEOUT,
+            socket_connect_timeout=SOCKET_TIMEOUT,
+            # A pooled connection to a Redis that restarted is dead; one retry on a fresh connection tells that
+            # apart from Redis being down. Timeouts are not retried: a frozen Redis costs one socket timeout.
+            retry_on_error=[RedisConnectionError],
+            decode_responses=True,
         )
-        self.up = True
+        self.client: aioredis.Redis = aioredis.Redis(connection_pool=pool)
+        self.up = self.enabled
         self._recovery: list[Callable[[], Awaitable[None]]] = []
         self._watcher: asyncio.Task[None] | None = None
 
@@ -48,11 +64,29 @@ class RedisLink:
         try:
             return await operation(self.client)
         except (RedisError, OSError, TimeoutError) as exc:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                # redis-py may turn a cancellation that hit mid-command into a connection error; swallowing it
+                # would leave the cancelled task running (a loop around this call would never stop).
+                raise asyncio.CancelledError from exc
             self._mark_down(exc)
             raise RedisDown(self.url) from exc
 
+    @property
+    def state(self) -> str:
+        """ "up", "down" (serving from memory until it is back) or "disabled" (no Redis configured)."""
+        if not self.enabled:
+            return "disabled"
+        return "up" if self.up else "down"
+
+    async def probe(self) -> bool:
+        """Whether Redis answers now (logs a warning and starts the watcher if not)."""
+        with contextlib.suppress(RedisDown):
+            await self.run(lambda r: r.ping())
+        return self.up
+
     def _mark_down(self, exc: BaseException) -> None:
-        if self.up:
+        if self.up and self.enabled:
             self.up = False
             logger.warning("Redis at %s is down (%s); serving from memory until it is back", self.url, exc)
             self._watcher = asyncio.create_task(self._watch())
@@ -79,3 +113,4 @@ class RedisLink:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watcher
         await self.client.aclose()
+        await self.client.connection_pool.disconnect()

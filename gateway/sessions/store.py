@@ -30,7 +30,8 @@ logger = logging.getLogger(__name__)
 
 CANCEL_CHANNEL = "sg:cancel"
 EVENTS_KEPT = 100_000  # per session: far more than any generation's chunks
-TAIL_BLOCK_MS = 1000
+TAIL_BLOCK_MS = 300  # below the link's socket timeout (0.5 s), or a quiet tail would read as Redis down
+STALE_AFTER = 30.0  # seconds without an update after which a running record's replica is presumed dead
 
 
 class SessionStatus(StrEnum):
@@ -51,6 +52,7 @@ class SessionRecord(BaseModel):
     route: list[str] = []
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0
     finish_reason: str | None = None
     created_at: float
     updated_at: float
@@ -58,6 +60,10 @@ class SessionRecord(BaseModel):
     @property
     def ended(self) -> bool:
         return self.status is not SessionStatus.RUNNING
+
+    def stale(self, now: float) -> bool:
+        """Running, but its replica stopped refreshing it (it crashed): nothing more will come."""
+        return not self.ended and now - self.updated_at > STALE_AFTER
 
 
 def _record_key(session_id: str) -> str:
@@ -80,6 +86,8 @@ class SessionStore:
         self._records: dict[str, SessionRecord] = {}  # this replica's sessions (running, or ended recently)
         self._events: dict[str, list[tuple[int, str]]] = {}
         self._unsynced_records: set[str] = set()
+        self._write_locks: dict[str, asyncio.Lock] = {}
+        self._stored_events: dict[str, int] = {}  # session id -> events Redis holds (as far as we know)
         self._unsynced_events: dict[str, int] = {}  # session id -> first event number not yet in Redis
         self._changed = asyncio.Condition()
         self._cancel_callbacks: list[Callable[[str], None]] = []
@@ -101,9 +109,10 @@ class SessionStore:
         )
 
     async def save(self, record: SessionRecord) -> None:
+        self._prune(record.updated_at)
         self._records[record.id] = record
         try:
-            await self.link.run(lambda r: self._write_record(r, record))
+            await self._write_latest(record.id)
         except RedisDown:
             self._unsynced_records.add(record.id)
         async with self._changed:
@@ -116,6 +125,20 @@ class SessionStore:
         updated = record.model_copy(update={**changes, "updated_at": time.time()})
         await self.save(updated)
         return updated
+
+    async def _write_latest(self, session_id: str) -> None:
+        """Write the session's newest record. One write per session at a time, each taking the newest version when
+        it starts: a write-through racing the session's own updates can't leave an older status in Redis last."""
+        async with self._write_lock(session_id):
+            await self._write_latest_locked(session_id)
+
+    async def _write_latest_locked(self, session_id: str) -> None:
+        record = self._records.get(session_id)
+        if record is not None:
+            await self.link.run(lambda r: self._write_record(r, record))
+
+    def _write_lock(self, session_id: str) -> asyncio.Lock:
+        return self._write_locks.setdefault(session_id, asyncio.Lock())
 
     async def _write_record(self, client: aioredis.Redis, record: SessionRecord) -> None:
         async with client.pipeline(transaction=True) as pipe:
@@ -162,9 +185,12 @@ class SessionStore:
         events.append((number, data))
         if session_id not in self._unsynced_events:
             try:
-                await self.link.run(lambda r: r.xadd(_events_key(session_id), {"data": data}, id=f"0-{number}"))
+                async with self._write_lock(session_id):  # ids must reach Redis in order, write-through or not
+                    if self._stored_events.get(session_id, 0) < number:  # a write-through may have sent it
+                        await self.link.run(lambda r: r.xadd(_events_key(session_id), {"data": data}, id=f"0-{number}"))
+                        self._stored_events[session_id] = number
             except RedisDown:
-                self._unsynced_events[session_id] = number
+                self._unsynced_events.setdefault(session_id, number)
         async with self._changed:
             self._changed.notify_all()
         return number
@@ -179,7 +205,7 @@ class SessionStore:
             if batch:
                 continue
             record = await self.get(session_id)
-            if record is None or record.ended:
+            if record is None or record.ended or record.stale(time.time()):
                 for number, data in await self._read_events(session_id, last_event):
                     yield number, data  # anything written between the last read and the end
                 return
@@ -206,11 +232,24 @@ class SessionStore:
                 lambda r: r.xread({_events_key(session_id): f"0-{last_event}"}, block=TAIL_BLOCK_MS, count=1)
             )
 
+    def _prune(self, now: float) -> None:
+        """Drop ended sessions past their TTL from memory (those Redis never got, while it was down)."""
+        for session_id, record in list(self._records.items()):
+            if record.ended and now - record.updated_at > self.ttl:
+                self._records.pop(session_id, None)
+                self._events.pop(session_id, None)
+                self._unsynced_records.discard(session_id)
+                self._unsynced_events.pop(session_id, None)
+                self._write_locks.pop(session_id, None)
+            self._stored_events.pop(session_id, None)
+
     def forget(self, session_id: str) -> None:
         """Drop this replica's copy of an ended session once Redis holds it."""
         if session_id not in self._unsynced_records and session_id not in self._unsynced_events:
             self._records.pop(session_id, None)
             self._events.pop(session_id, None)
+            self._write_locks.pop(session_id, None)
+            self._stored_events.pop(session_id, None)
 
     # -- cancellation ----------------------------------------------------------------------------------------------
 
@@ -225,7 +264,8 @@ class SessionStore:
             await self.link.run(lambda r: r.publish(CANCEL_CHANNEL, session_id))
 
     def start(self) -> None:
-        self._listener = asyncio.create_task(self._listen_for_cancels())
+        if self.link.enabled:
+            self._listener = asyncio.create_task(self._listen_for_cancels())
 
     async def _listen_for_cancels(self) -> None:
         while True:
@@ -248,15 +288,20 @@ class SessionStore:
     # -- recovery ----------------------------------------------------------------------------------------------------
 
     async def _write_through(self) -> None:
-        for session_id in list(self._unsynced_records):
-            record = self._records[session_id]
-            await self.link.run(lambda r, rec=record: self._write_record(r, rec))  # type: ignore[misc]
-            self._unsynced_records.discard(session_id)
-        for session_id, first in list(self._unsynced_events.items()):
+        """Write back everything held in memory: a Redis that restarted empty lost even what it had been sent."""
+        for session_id in list(self._records):
             key = _events_key(session_id)
-            for number, data in self._events[session_id][first - 1 :]:
-                await self.link.run(lambda r, n=number, d=data, k=key: r.xadd(k, {"data": d}, id=f"0-{n}"))  # type: ignore[misc]
-            del self._unsynced_events[session_id]
+            async with self._write_lock(session_id):
+                last = await self.link.run(lambda r, k=key: r.xrevrange(k, count=1))  # type: ignore[misc]
+                stored = int(str(last[0][0]).split("-")[1]) if last else 0
+                for number, data in self._events.get(session_id, [])[stored:]:
+                    await self.link.run(lambda r, n=number, d=data, k=key: r.xadd(k, {"data": d}, id=f"0-{n}"))  # type: ignore[misc]
+                    stored = number
+                self._stored_events[session_id] = stored
+                self._unsynced_events.pop(session_id, None)
+                # The record after its events: an ended record's write also sets the events' expiry.
+                await self._write_latest_locked(session_id)
+                self._unsynced_records.discard(session_id)
 
 
 def _parse(raw: str) -> SessionRecord | None:

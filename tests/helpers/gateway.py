@@ -47,13 +47,13 @@ class Gateway:
     def async_http(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(base_url=self.url, trust_env=False, timeout=120)
 
-    def openai(self) -> openai.OpenAI:
+    def openai(self, api_key: str = "unused") -> openai.OpenAI:
         http_client = httpx.Client(trust_env=False, timeout=120)
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, http_client=http_client)
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, http_client=http_client)
 
-    def async_openai(self) -> openai.AsyncOpenAI:
+    def async_openai(self, api_key: str = "unused") -> openai.AsyncOpenAI:
         http_client = httpx.AsyncClient(trust_env=False, timeout=120)
-        return openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, http_client=http_client)
+        return openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, http_client=http_client)
 
 
 def start_gateway(
@@ -61,7 +61,10 @@ def start_gateway(
 ) -> Gateway:
     """Start `gateway serve MODEL` against the swarm's DHT; wait until it listens (and, by default, is ready)."""
     log = swarm.workdir / f"gateway-{len(swarm.processes)}.log"
-    args = ["gateway.cli", "serve", str(model), "--port", "0", "--num-threads", "1"]
+    # No Redis unless a test gives one (--redis-url): the machine's own Redis may hold other sessions' keys.
+    args = ["gateway.cli", "serve", str(model), "--port", "0", "--num-threads", "1", "--redis-url", ""]
+    # No chat kept open between turns unless a test asks (a later flag wins): tests count node sessions going to 0.
+    args += ["--conversation-keep-alive", "0"]
     args += ["--initial-peers", *swarm.initial_peers, *extra]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     with log.open("wb") as out:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import hivemind
 import pytest
 from hivemind.p2p import P2P
+from transformers import AutoTokenizer
 
 from shared.dht_records import ModelRecord, ServerRecord
 from shared.membership import record_validators
@@ -66,3 +69,25 @@ async def client_p2p(module_swarm: LocalSwarm) -> AsyncIterator[P2P]:
         yield await dht.replicate_p2p()
     finally:
         dht.shutdown()
+
+
+CONTEXT = 1024  # longer than the tiny model's own, so long generations can be cancelled mid-way
+CHAT_TEMPLATE = (
+    "{% for m in messages %}t1 {{ m['content'] }} t2 {% endfor %}{% if add_generation_prompt %}t3{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def chat_model(tiny_model: GetTinyModel, tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
+    """The tiny Llama with a longer context window and a tokenizer that has a chat template."""
+    tiny = tiny_model("llama")
+    folder = tmp_path_factory.mktemp("tiny-llama-chat")
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(tiny.folder / name, folder / name)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": CONTEXT}))
+    save_tiny_tokenizer(folder, VOCAB)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(folder)
+    return TinyModel(folder, tiny.model)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 from collections.abc import Iterator
 
 import httpx
@@ -18,35 +17,15 @@ import torch
 from hivemind.p2p import P2P
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from shared.protocol import NodeInfo
-from shared.rpc_client import fetch_info
 from tests.helpers.gateway import Gateway, kill_tree, start_gateway, stop_gracefully
-from tests.helpers.processes import LocalSwarm, save_tiny_tokenizer
-from tests.tiny_models import VOCAB, GetTinyModel, TinyModel
+from tests.helpers.node_info import node_infos, wait_all_free
+from tests.helpers.processes import LocalSwarm
+from tests.integration.conftest import CONTEXT
+from tests.tiny_models import TinyModel
 
 pytestmark = pytest.mark.timeout(300)
 
-CONTEXT = 1024  # longer than the tiny model's own, so long generations can be cancelled mid-way
-CHAT_TEMPLATE = (
-    "{% for m in messages %}t1 {{ m['content'] }} t2 {% endfor %}{% if add_generation_prompt %}t3{% endif %}"
-)
 PROMPT = [5, 17, 99, 3, 42, 8, 1]
-
-
-@pytest.fixture(scope="module")
-def chat_model(tiny_model: GetTinyModel, tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
-    """The tiny Llama with a longer context window and a tokenizer that has a chat template."""
-    tiny = tiny_model("llama")
-    folder = tmp_path_factory.mktemp("tiny-llama-chat")
-    for name in ("config.json", "model.safetensors"):
-        shutil.copy(tiny.folder / name, folder / name)
-    config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": CONTEXT}))
-    save_tiny_tokenizer(folder, VOCAB)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    tokenizer.chat_template = CHAT_TEMPLATE
-    tokenizer.save_pretrained(folder)
-    return TinyModel(folder, tiny.model)
 
 
 @pytest.fixture(scope="module")
@@ -255,9 +234,12 @@ def test_stop_string_spanning_tokens_is_found_and_not_returned(
 
 def _sse_data(response: httpx.Response) -> list[str]:
     lines = list(response.iter_lines())
-    # Anything besides data lines is a blank separator or a ``: ping`` comment.
-    assert all(line == "" or line.startswith((":", "data: ")) for line in lines), lines
-    return [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
+    # Besides data lines: event ids (numbered from 1, for Last-Event-ID), a retry hint, blank separators, pings.
+    assert all(line == "" or line.startswith((":", "data: ", "id: ", "retry: ")) for line in lines), lines
+    ids = [int(line.removeprefix("id: ")) for line in lines if line.startswith("id: ")]
+    data = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
+    assert ids == list(range(1, len(data) + 1))
+    return data
 
 
 def test_raw_sse_chunks_have_one_id_the_session_header_and_done(gateway: Gateway) -> None:
@@ -290,7 +272,7 @@ ERROR_CASES = [
     ({"prompt": []}, 400, "invalid_value", "prompt"),
     ({"prompt": [1, 999]}, 400, "invalid_value", "prompt"),
     ({"prompt": "t1", "logit_bias": {"x": 1}}, 400, "invalid_value", "logit_bias"),
-    ({"prompt": "t1", "logit_bias": {"3": 101}}, 400, "invalid_value", "logit_bias"),
+    ({"prompt": "t1", "logit_bias": {"3": 101}}, 400, "invalid_value", "logit_bias.3"),
     ({"prompt": "t1", "n": 2, "best_of": 1}, 400, "invalid_value", "best_of"),
     ({"prompt": "t1", "best_of": 2, "stream": True}, 400, "invalid_value", "best_of"),
     ({"prompt": "t1", "suffix": "t2"}, 400, "unsupported_value", "suffix"),
@@ -348,24 +330,10 @@ async def test_eight_concurrent_streams_are_each_correct(
     await client.close()
 
 
-async def _infos(p2p: P2P, swarm: LocalSwarm) -> list[NodeInfo]:
-    peers = [p.peer_id for p in swarm.processes if p.peer_id]
-    return [(await fetch_info(p2p, peer, 10.0))[0] for peer in peers]
-
-
-async def _wait_all_free(p2p: P2P, swarm: LocalSwarm) -> list[NodeInfo]:
-    for _ in range(150):
-        infos = await _infos(p2p, swarm)
-        if all(i.sessions == 0 and i.cache_tokens_left == i.cache_tokens_total for i in infos):
-            return infos
-        await asyncio.sleep(0.1)
-    return infos
-
-
 async def test_client_disconnect_cancels_generation_and_frees_node_caches(
     gateway: Gateway, module_swarm: LocalSwarm, client_p2p: P2P
 ) -> None:
-    infos = await _wait_all_free(client_p2p, module_swarm)
+    infos = await wait_all_free(client_p2p, module_swarm)
     assert len(infos) == 2 and all(i.cache_tokens_left == i.cache_tokens_total == 8192 for i in infos)
     body = {"model": gateway.model, "prompt": [1, 2, 3], "max_tokens": CONTEXT - 3, "temperature": 0}
     async with gateway.async_http() as client:
@@ -374,22 +342,22 @@ async def test_client_disconnect_cancels_generation_and_frees_node_caches(
             async for line in lines:
                 if line.startswith("data: "):
                     break
-            infos = await _infos(client_p2p, module_swarm)  # while the stream is open
+            infos = await node_infos(client_p2p, module_swarm)  # while the stream is open
             assert all(i.sessions == 1 for i in infos), (infos, gateway.log_text()[-2000:])
         # The stream is closed mid-generation: every node must get its room back.
         assert all(
-            i.cache_tokens_left == 8192 and i.sessions == 0 for i in await _wait_all_free(client_p2p, module_swarm)
+            i.cache_tokens_left == 8192 and i.sessions == 0 for i in await wait_all_free(client_p2p, module_swarm)
         )
 
         # The same for a request that is not streamed.
         pending = asyncio.create_task(client.post("/v1/completions", json=body))
         for _ in range(100):
-            if all(i.sessions == 1 for i in await _infos(client_p2p, module_swarm)):
+            if all(i.sessions == 1 for i in await node_infos(client_p2p, module_swarm)):
                 break
             await asyncio.sleep(0.05)
         pending.cancel()
         assert all(
-            i.cache_tokens_left == 8192 and i.sessions == 0 for i in await _wait_all_free(client_p2p, module_swarm)
+            i.cache_tokens_left == 8192 and i.sessions == 0 for i in await wait_all_free(client_p2p, module_swarm)
         )
     for _ in range(50):
         if gateway.log_text().count("completions cancelled") >= 2:

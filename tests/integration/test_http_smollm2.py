@@ -6,16 +6,19 @@ reference is transformers' own ``generate`` on the whole model.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+from hivemind.p2p import P2P
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from gateway.api.detokenizer import IncrementalDetokenizer
 from gateway.tokens import HFTokenCodec
 from tests.helpers.gateway import Gateway, start_gateway, stop_gracefully
+from tests.helpers.node_info import node_infos, wait_all_free
 from tests.helpers.processes import LocalSwarm
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -35,7 +38,8 @@ def swarm_and_reference(module_swarm: LocalSwarm, smollm2_gguf: Path) -> Iterato
         tokenizer = AutoTokenizer.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name)
         for node in nodes:
             module_swarm.wait_serving(node)
-        yield start_gateway(module_swarm, smollm2_gguf), (model, tokenizer)
+        gateway = start_gateway(module_swarm, smollm2_gguf, "--conversation-keep-alive", "5")
+        yield gateway, (model, tokenizer)
     finally:
         stop_gracefully(module_swarm)
 
@@ -73,6 +77,37 @@ def test_greedy_completion_and_chat_equal_transformers(swarm_and_reference: tupl
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == result.choices[0].message.content
 
 
+async def test_eight_concurrent_greedy_streams_equal_transformers_token_for_token(
+    swarm_and_reference: tuple[Gateway, Reference],
+) -> None:
+    """Batched on the nodes and in the gateway's LM head, each stream still gets exactly its own tokens."""
+    gateway, reference = swarm_and_reference
+    tokenizer = reference[1]
+    prompts = [
+        "The capital of France is",
+        "Water boils at",
+        "My favourite colour is",
+        "def fibonacci(n):",
+        "Once upon a time",
+        "The three primary colours are",
+        "In 1969, humans",
+        "A haiku about the sea:",
+    ]
+    expected = [
+        tokenizer.decode(reference_ids(reference, tokenizer.encode(p), 20), skip_special_tokens=True) for p in prompts
+    ]
+    client = gateway.async_openai()
+
+    async def streamed(prompt: str) -> str:
+        stream = await client.completions.create(
+            model=gateway.model, prompt=prompt, max_tokens=20, temperature=0, stream=True
+        )
+        return "".join([chunk.choices[0].text async for chunk in stream if chunk.choices])
+
+    assert await asyncio.gather(*(streamed(p) for p in prompts)) == expected
+    await client.close()
+
+
 def test_smollm2_byte_tokens_never_split_a_character(swarm_and_reference: tuple[Gateway, Reference]) -> None:
     tokenizer = swarm_and_reference[1][1]
     codec = HFTokenCodec(tokenizer, len(tokenizer))
@@ -82,3 +117,59 @@ def test_smollm2_byte_tokens_never_split_a_character(swarm_and_reference: tuple[
     deltas = [detokenizer.push(token) for token in ids]
     assert all("\ufffd" not in delta for delta in deltas) and "".join(deltas) == text
     assert b"".join(codec.token_bytes(token) for token in ids) == text.encode()
+
+
+async def test_a_second_chat_turn_reuses_the_first_turns_node_caches(
+    swarm_and_reference: tuple[Gateway, Reference], module_swarm: LocalSwarm, client_p2p: P2P
+) -> None:
+    gateway, reference = swarm_and_reference
+    client = gateway.async_openai()
+    chat = {"model": gateway.model, "max_tokens": 32, "temperature": 0}
+
+    async def processed() -> list[int]:
+        return [info.tokens_processed for info in await node_infos(client_p2p, module_swarm)]
+
+    assert all(i.sessions == 0 for i in await wait_all_free(client_p2p, module_swarm, within=30))  # others expired
+    turn1 = [{"role": "user", "content": "What is the capital of France?"}]
+    first = await client.chat.completions.create(messages=turn1, **chat)  # type: ignore[call-overload]
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    turn2 = [
+        *turn1,
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "And the capital of Italy?"},
+    ]
+    before = await processed()
+    second = await client.chat.completions.create(messages=turn2, **chat)  # type: ignore[call-overload]
+    reused = [b - a for a, b in zip(before, await processed(), strict=True)]
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    # The re-rendered reply tokenizes as it was generated: the whole first turn is reused, not just its prompt.
+    assert cached >= first.usage.prompt_tokens + first.usage.completion_tokens - 2, (cached, first.usage)
+    ids = reference[1].apply_chat_template(turn2, add_generation_prompt=True)["input_ids"]
+    expected = reference_ids(reference, [int(t) for t in ids], 32)
+    assert second.choices[0].message.content == reference[1].decode(expected, skip_special_tokens=True)
+
+    # Turn 3, streamed: the usage chunk says the same.
+    turn3 = [
+        *turn2,
+        {"role": "assistant", "content": second.choices[0].message.content},
+        {"role": "user", "content": "Thanks!"},
+    ]
+    stream = await client.chat.completions.create(  # type: ignore[call-overload]
+        messages=turn3, stream=True, stream_options={"include_usage": True}, **chat
+    )
+    chunks = [chunk async for chunk in stream]
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens >= second.usage.prompt_tokens
+
+    # Kept conversations expire (keep-alive 5 s): every node gets its room back.
+    infos = await wait_all_free(client_p2p, module_swarm, within=60)
+    assert all(i.sessions == 0 and i.cache_tokens_left == i.cache_tokens_total for i in infos), infos
+
+    # The same turn 2 from scratch: the same text, the whole conversation sent to the nodes again.
+    before = await processed()
+    fresh = await client.chat.completions.create(messages=turn2, **chat)  # type: ignore[call-overload]
+    full = [b - a for a, b in zip(before, await processed(), strict=True)]
+    assert fresh.usage.prompt_tokens_details.cached_tokens == 0
+    assert fresh.choices[0].message.content == second.choices[0].message.content
+    assert fresh.usage.completion_tokens == second.usage.completion_tokens
+    assert [f - r for f, r in zip(full, reused, strict=True)] == [cached] * 2, (full, reused)
+    await client.close()

@@ -14,7 +14,7 @@ import torch
 from hivemind.p2p import P2P, PeerID
 from hivemind.proto import runtime_pb2
 
-from shared.errors import CacheFull, UnknownSession
+from shared.errors import CacheFull, PositionOutOfRange, UnknownSession
 from shared.head import build_head
 from shared.model_source import load_config, resolve_model
 from shared.protocol import (
@@ -23,7 +23,9 @@ from shared.protocol import (
     ErrorReply,
     NodeInfo,
     OpenSession,
+    ResizeSession,
     SessionOpened,
+    SessionResized,
     Step,
     StepResult,
     decode_server_message,
@@ -71,6 +73,10 @@ class Stream:
         reply, tensors = await self._send(encode_request(Step(position=position), (hidden,)))
         assert isinstance(reply, StepResult)
         return tensors[0]
+
+    async def resize(self, max_length: int) -> None:
+        reply, _ = await self._send(encode_request(ResizeSession(max_length=max_length)))
+        assert isinstance(reply, SessionResized) and reply.max_length == max_length
 
     def close(self) -> None:
         self.outbox.put_nowait(None)  # ends the request stream: the node frees the session
@@ -171,3 +177,51 @@ async def test_an_idle_session_is_expired_and_its_room_freed(client_p2p: P2P, ca
     with pytest.raises(UnknownSession, match="expired"):
         await stream.step(torch.randn(1, 1, 64), 4)
     stream.close()
+
+
+async def test_a_resized_session_keeps_its_tokens_and_the_pool_counts_its_room(
+    client_p2p: P2P, capacity_nodes: list[str], tiny_model: GetTinyModel
+) -> None:
+    tiny = tiny_model("llama")
+    source = resolve_model(str(tiny.folder))
+    head = build_head(load_config(source), open_weights(source, load_config(source)))
+    prompt = [7, 3, 99, 12, 5, 64, 2, 31]
+    expected = tiny.model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False)[0, 8:].tolist()
+    before = [(await fetch_info(client_p2p, peer, 30))[0].tokens_processed for peer in capacity_nodes]
+    streams = [Stream(client_p2p, peer, span) for peer, span in zip(capacity_nodes, SPANS, strict=True)]
+    for stream in streams:
+        await stream.open(len(prompt))  # room for the prompt only, as a kept conversation shrunk to what it holds
+    hidden = head.embed(torch.tensor([prompt]))
+    for stream in streams:
+        hidden = await stream.step(hidden, 0)
+    for stream in streams:
+        await stream.resize(len(prompt) + 6)
+    infos = [(await fetch_info(client_p2p, peer, 30))[0] for peer in capacity_nodes]
+    assert [(info.cache_tokens_left, info.sessions) for info in infos] == [(POOL_TOKENS - 14, 1)] * 2
+    tokens = [int(head.logits(hidden)[0, -1].argmax())]
+    for position in range(len(prompt), len(prompt) + 5):  # decoding on after the growth: the stored keys survived
+        hidden = head.embed(torch.tensor([tokens[-1:]]))
+        for stream in streams:
+            hidden = await stream.step(hidden, position)
+        tokens.append(int(head.logits(hidden)[0, -1].argmax()))
+    assert tokens == expected
+    after = [(await fetch_info(client_p2p, peer, 30))[0].tokens_processed for peer in capacity_nodes]
+    assert [b - a for a, b in zip(before, after, strict=True)] == [len(prompt) + 5] * 2
+
+    first = streams[0]
+    await first.resize(13)  # shrunk to the 13 tokens it holds: the rest goes back to the pool at once
+    assert (await fetch_info(client_p2p, capacity_nodes[0], 30))[0].cache_tokens_left == POOL_TOKENS - 13
+    with pytest.raises(PositionOutOfRange, match="below the 13 stored"):
+        await first.resize(12)
+    with pytest.raises(PositionOutOfRange, match="exceeds this node's limit"):
+        await first.resize(100_000)
+    others = [Stream(client_p2p, capacity_nodes[0], SPANS[0]) for _ in range(4)]
+    for other, length in zip(others, (250, 250, 250, 230), strict=True):
+        await other.open(length)
+    with pytest.raises(CacheFull, match="8 tokens asked, 7 free"):  # growth is granted like an open
+        await first.resize(21)
+    for other in others:
+        other.close()
+    for stream in streams:
+        stream.close()
+    assert await room(client_p2p, capacity_nodes) == [(POOL_TOKENS, 0)] * 2

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import json
+import random
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import torch
 from hivemind.p2p import P2P, PeerID
+from hivemind.p2p.p2p_daemon_bindings.utils import P2PHandlerError
 from hivemind.proto import runtime_pb2
 
 from gateway.remote_session import NodeSession
@@ -208,3 +211,137 @@ async def test_cache_room_comes_back_after_close_and_after_a_dropped_stream(clie
         assert isinstance(reply, SessionOpened)
         assert (await node_info(client_p2p, node_peer)).cache_tokens_left == 180
     assert (await wait_for_room(client_p2p, node_peer, 300)).cache_tokens_left == 300
+
+
+# -- fuzzing: seeded random, truncated and ill-typed messages over the real node ---------------------------------
+
+FUZZ_SEED = 20261129
+ILL_TYPED: list[object] = [
+    {"type": "step", "position": -1},
+    {"type": "step", "position": "0"},
+    {"type": "step", "position": 1e30},
+    {"type": "step", "position": 10**30},
+    {"type": "step"},
+    {"type": "step", "position": 0, "extra": 1},
+    {"type": "nope"},
+    {"type": "open", "protocol": PROTOCOL_VERSION, "start": 0, "end": NUM_LAYERS, "max_length": 8},  # a second one
+    {"type": "open", "protocol": PROTOCOL_VERSION, "start": 0, "end": NUM_LAYERS, "max_length": -5},
+    {"type": "resize", "max_length": 0},
+    {"type": "resize", "max_length": 10**12},
+    [],
+    42,
+    None,
+    "step",
+]
+
+
+def mutate_tensor(rng: random.Random, proto: runtime_pb2.Tensor) -> None:
+    """Tensor metadata that does not match its buffer, or that no node takes."""
+    elements = len(proto.buffer) // 4
+    choice = rng.randrange(7)
+    if choice == 0:
+        proto.dtype = rng.choice(["int64", "float64", "bool", "complex64", "uint8", "", "float32 "])
+    elif choice == 1:
+        proto.size[:] = [rng.randrange(2**32) for _ in range(rng.randrange(6))]
+    elif choice == 2:
+        proto.size[:] = rng.choice(
+            [[1, 3, HIDDEN + 1], [3, HIDDEN], [1, 3 * HIDDEN], [1, 1, 3, HIDDEN], [3, 1, HIDDEN]]
+        )
+    elif choice == 3:
+        proto.buffer = bytes(proto.buffer)[: rng.randrange(len(proto.buffer))]
+    elif choice == 4:
+        proto.compression = rng.choice([c for c in runtime_pb2.CompressionType.values() if c])
+    elif choice == 5:
+        proto.size[:] = rng.choice([[2**32 - 1] * 3, [1, 1 << 20, 1 << 20], [1 << 16, 1 << 16]])  # huge, no bytes
+    else:  # a wire dtype whose bytes are another's: half the buffer as float16
+        proto.dtype, proto.buffer = "float16", bytes(proto.buffer)[: elements * 2]
+
+
+def fuzzed_requests(
+    rng: random.Random, valid: runtime_pb2.ExpertRequest, count: int
+) -> Iterator[runtime_pb2.ExpertRequest]:
+    for _ in range(count):
+        request = runtime_pb2.ExpertRequest()
+        request.CopyFrom(valid)
+        kind = rng.randrange(5)
+        if kind == 0:
+            request.metadata = rng.randbytes(rng.randrange(1, 300))
+        elif kind == 1:
+            request.metadata = valid.metadata[: rng.randrange(len(valid.metadata))]
+        elif kind == 2:
+            request.metadata = json.dumps(rng.choice(ILL_TYPED)).encode()
+        elif kind == 3:
+            mutate_tensor(rng, request.tensors[0])
+        elif rng.random() < 0.5:
+            del request.tensors[:]  # no tensor
+        else:
+            request.tensors.extend(valid.tensors[:] * rng.randrange(1, 3))  # several
+        yield request
+
+
+def assert_typed_refusal(reply: object) -> None:
+    """A refusal with a code that says what was wrong: never the node's internal_error."""
+    assert isinstance(reply, ErrorReply), reply
+    assert reply.code != "internal_error", reply
+    reply.to_exception()  # a known code
+
+
+async def reference_step(p2p: P2P, peer: str, hidden: torch.Tensor) -> torch.Tensor:
+    session = NodeSession(p2p, Hop(peer, 0, NUM_LAYERS), max_length=16, step_timeout=60)
+    await session.open()
+    try:
+        return await session.step(hidden, 0)
+    finally:
+        await session.close()
+
+
+async def test_fuzzed_rpcs_get_typed_refusals_and_the_node_keeps_serving_right_answers(
+    client_p2p: P2P, node_peer: str, module_swarm: LocalSwarm
+) -> None:
+    rng = random.Random(FUZZ_SEED)
+    hidden = torch.randn(1, 3, HIDDEN, generator=torch.Generator().manual_seed(FUZZ_SEED))
+    before = await reference_step(client_p2p, node_peer, hidden)
+    peer = PeerID.from_base58(node_peer)
+
+    async with RawStream(client_p2p, node_peer) as stream:  # one session's stream, 150 bad messages through it
+        reply, _ = await stream.send(open_message())
+        assert isinstance(reply, SessionOpened)
+        for request in fuzzed_requests(rng, encode_request(Step(position=0), (hidden,)), 150):
+            reply, _ = await stream.send(request)
+            assert_typed_refusal(reply)
+        reply, (output,) = await stream.send(encode_request(Step(position=0), (hidden,)))
+        assert isinstance(reply, StepResult) and torch.equal(output, before)
+
+    forward = encode_request(ForwardRequest(protocol=PROTOCOL_VERSION, start=0, end=NUM_LAYERS), (hidden,))
+    info = encode_request(InfoRequest(), (hidden,))  # info takes no tensor, but its decoding checks any it gets
+    for handler, valid, count in ((FORWARD_HANDLER, forward, 40), (INFO_HANDLER, info, 20)):
+        for request in fuzzed_requests(rng, valid, count):
+            response = await client_p2p.call_protobuf_handler(peer, handler, request, runtime_pb2.ExpertResponse)
+            reply, _ = decode_server_message(response)
+            if isinstance(reply, NodeInfo):  # well-formed tensors it has no use for: answered all the same
+                assert request.metadata == valid.metadata
+                continue
+            assert_typed_refusal(reply)
+
+    # Below our messages: protobuf bytes cut short, and frames that lie about their length or type.
+    serialized = forward.SerializeToString()
+    for _ in range(10):
+        with pytest.raises(P2PHandlerError):  # the node's protobuf parser refuses it; the call fails, not the node
+            await client_p2p._client.call_unary_handler(peer, FORWARD_HANDLER, serialized[: rng.randrange(1, 60)])
+    frames = [
+        P2P.MESSAGE_MARKER + len(serialized).to_bytes(P2P.HEADER_LEN, P2P.BYTEORDER) + serialized[:40],  # then EOF
+        P2P.MESSAGE_MARKER + (2**63).to_bytes(P2P.HEADER_LEN, P2P.BYTEORDER) + b"\0" * 64,  # a huge length
+        b"\x07" + rng.randbytes(64),  # no such frame type
+        P2P.MESSAGE_MARKER + (20).to_bytes(P2P.HEADER_LEN, P2P.BYTEORDER) + b"\xff" * 20,  # not protobuf
+    ]
+    for frame in frames:
+        _, reader, writer = await client_p2p.call_binary_stream_handler(peer, INFERENCE_HANDLER)
+        writer.write(frame)
+        await writer.drain()
+        writer.write_eof()
+        await asyncio.wait_for(reader.read(), 30)  # the node ends the stream (an RPCError at most)
+        writer.close()
+
+    assert all(process.popen.poll() is None for process in module_swarm.processes)
+    assert (await wait_for_room(client_p2p, node_peer, 300)).sessions == 0
+    assert torch.equal(await reference_step(client_p2p, node_peer, hidden), before)

@@ -17,11 +17,14 @@ from gateway.remote_session import NodeSession
 from gateway.router import Router
 from gateway.routing import Hop
 from gateway.swarm_view import SwarmMonitor
-from shared.dht_records import NodeState, ServerRecord, block_key, fetch_servers
+from shared.dht_process import start_dht
+from shared.dht_records import ModelRecord, NodeState, ServerRecord, block_key, fetch_servers
 from shared.errors import Unauthorized
-from shared.membership import CallAuth, make_call_token
+from shared.identity import new_identity
+from shared.membership import CallAuth, make_call_token, owner_subkey, record_validators
 from shared.model_source import resolve_model
 from shared.rpc_client import fetch_info
+from tests.helpers.gateway import start_gateway, stop_gracefully
 from tests.helpers.processes import LocalSwarm
 from tests.integration.conftest import client_dht
 from tests.tiny_models import NUM_LAYERS, GetTinyModel
@@ -32,8 +35,10 @@ SECRET = "private swarm secret for tests"
 SPAN = f"0:{NUM_LAYERS}"
 
 
-async def _store_raw(dht: DHT, node: DHTNode, *, key: str, subkey: bytes, value: dict[str, object]) -> bool:
-    return bool(await node.store(key, value, get_dht_time() + 30, subkey=subkey))
+async def _store_raw(
+    dht: DHT, node: DHTNode, *, key: str, subkey: bytes, value: dict[str, object], ttl: float = 30
+) -> bool:
+    return bool(await node.store(key, value, get_dht_time() + ttl, subkey=subkey))
 
 
 async def _raw_subkeys(dht: DHT, node: DHTNode, *, key: str) -> list[bytes]:
@@ -121,3 +126,65 @@ class _FixedToken(CallAuth):
 
     def token_for(self, callee: str) -> str | None:
         return self._token
+
+
+async def test_a_member_cannot_announce_for_another_peer_id(
+    local_swarm: LocalSwarm, tiny_with_tokenizer: GetTinyModel
+) -> None:
+    """A member holds the secret, so its records pass the MAC; a record it signs with its own key but that names
+    another peer id is still dropped by every reader: the gateway and the other peers (a node choosing its span)."""
+    folder: Path = tiny_with_tokenizer("llama").folder
+    model = resolve_model(str(folder)).name
+    local_swarm.start_dht("--swarm-secret", SECRET)
+    victim = local_swarm.start_node(folder, SPAN, "--swarm-secret", SECRET)
+    local_swarm.wait_serving(victim)
+
+    # The forger runs as a member node does: a full DHT peer with the secret and its own bound identity.
+    identity = new_identity()
+    forger = start_dht(
+        identity=identity,
+        initial_peers=local_swarm.initial_peers,
+        host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+        nat_port_map=False,
+        auto_nat=False,
+        record_validators=record_validators(SECRET.encode(), (ServerRecord, ModelRecord), identity.key),
+    )
+    reader = client_dht(local_swarm.initial_peers, SECRET.encode())
+    try:
+        gateway = start_gateway(local_swarm, folder, "--swarm-secret", SECRET)
+        real = (await fetch_servers(reader, model, NUM_LAYERS))[victim.peer_id]
+
+        async def store(subkey: bytes, record: ServerRecord, ttl: float) -> bool:
+            """Under every block of the span, as a node announces (readers keep a peer's last block's record)."""
+            value = record.model_dump(mode="json")
+            stored = []
+            for block in record.blocks:
+                job = partial(_store_raw, key=block_key(model, block), subkey=subkey, value=value, ttl=ttl)
+                stored.append(bool(await forger.run_coroutine(job, return_future=True)))
+            return all(stored)
+
+        # Control: the member's own record, under its own peer id, is stored and read like any node's.
+        own = real.model_copy(update={"peer_id": identity.peer_id, "state": NodeState.DRAINING})
+        assert await store(owner_subkey(identity.peer_id), own, ttl=60)
+        # The forgeries claim the victim's peer id, expire later than its real record (the newest would win) and
+        # are signed by the forger's key and MAC'd with the secret; one also carries no owner at all.
+        forged = real.model_copy(update={"state": NodeState.OFFLINE, "throughput": 1e9})
+        await store(victim.peer_id.encode() + identity.owner_marker, forged, ttl=120)
+        await store(victim.peer_id.encode(), forged, ttl=120)
+
+        servers = await fetch_servers(reader, model, NUM_LAYERS)
+        assert servers[identity.peer_id].state is NodeState.DRAINING
+        assert servers[victim.peer_id].state is NodeState.ONLINE
+        assert servers[victim.peer_id].throughput == real.throughput
+        with gateway.http() as client:
+            for _ in range(100):  # until the gateway's view holds the forger's own record (refreshed every 2 s)
+                nodes = {node["peer_id"]: node for node in client.get("/v1/swarm").json()["nodes"]}
+                if identity.peer_id in nodes:
+                    break
+                await asyncio.sleep(0.2)
+        assert nodes[identity.peer_id]["state"] == "draining"
+        assert nodes[victim.peer_id]["state"] == "online" and nodes[victim.peer_id]["throughput"] == real.throughput
+    finally:
+        reader.shutdown()
+        forger.shutdown()
+        stop_gracefully(local_swarm)  # the gateway is no process group leader: LocalSwarm.close cannot kill it

@@ -95,6 +95,59 @@ async def test_fifty_concurrent_sessions_asking_for_more_than_the_pool_holds_lea
     assert (pool.tokens_left, pool.sessions) == (1000, 0)
 
 
+async def test_a_resized_allocation_is_counted_exactly_and_released_whole() -> None:
+    pool = CachePool(100)
+    held, other = await pool.allocate(30), await pool.allocate(20)
+    await pool.resize(held, 70)  # grows by 40: granted like a new allocation of the difference
+    assert (pool.tokens_left, pool.sessions, held.tokens) == (10, 2, 70)
+    with pytest.raises(CacheFull, match="11 tokens asked, 10 free"):
+        await pool.resize(held, 81)
+    with pytest.raises(CacheFull, match="exceed this node's whole cache"):
+        await pool.resize(held, 101, wait=10)
+    assert (pool.tokens_left, held.tokens) == (10, 70)  # a refusal changes nothing
+    await pool.resize(held, 5)  # shrinking gives the difference back at once
+    assert (pool.tokens_left, pool.sessions) == (75, 2)
+    held.release()
+    held.release()
+    other.release()
+    assert (pool.tokens_left, pool.sessions) == (100, 0)
+    with pytest.raises(ValueError, match="live allocation"):
+        await pool.resize(held, 10)
+
+
+async def test_a_growing_allocation_waits_for_room_a_shrink_frees() -> None:
+    pool = CachePool(100)
+    first, second = await pool.allocate(50), await pool.allocate(50)
+    growing = asyncio.create_task(pool.resize(first, 80, wait=30))
+    await asyncio.sleep(0.01)
+    assert not growing.done()
+    await pool.resize(second, 20)  # a shrink wakes the waiter like a release does
+    await asyncio.wait_for(growing, 5)
+    assert (pool.tokens_left, first.tokens) == (0, 80)
+    waiting = asyncio.create_task(pool.resize(second, 30, wait=30))
+    await asyncio.sleep(0.01)
+    second.release()  # its session ended while it waited: nothing is granted
+    with pytest.raises(ValueError, match="released while it waited"):
+        await asyncio.wait_for(waiting, 5)
+    first.release()
+    assert (pool.tokens_left, pool.sessions) == (100, 0)
+
+
+def test_a_resized_session_kv_keeps_its_stored_tokens() -> None:
+    kv = tiny_kv(max_length=4)
+    kv.keys.normal_()
+    kv.values.normal_()
+    kv.length = 3
+    stored = kv.keys[:, :, :3].clone(), kv.values[:, :, :3].clone()
+    kv.resize(10)
+    assert kv.keys.shape[2] == kv.values.shape[2] == kv.max_length == 10
+    assert torch.equal(kv.keys[:, :, :3], stored[0]) and torch.equal(kv.values[:, :, :3], stored[1])
+    kv.resize(3)
+    assert torch.equal(kv.keys, stored[0]) and kv.length == 3
+    with pytest.raises(ValueError, match="below the 3 stored"):
+        kv.resize(2)
+
+
 async def test_wait_until_empty_returns_after_the_last_release() -> None:
     pool = CachePool(10)
     held = [await pool.allocate(2) for _ in range(3)]

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import msgpack
 import pytest
 from hivemind.dht.validation import CompositeValidator, DHTRecord
+from hivemind.p2p.p2p_daemon_bindings.datastructures import PeerID
+from hivemind.utils import MSGPackSerializer
 
 from shared.dht_records import ModelRecord, NodeState, ServerRecord
 from shared.errors import Unauthorized
+from shared.identity import load_identity, new_identity, peer_id_of, register_identity
 from shared.membership import (
     MembershipValidator,
+    PeerBindingValidator,
     ReplayGuard,
     SchemaValidator,
     load_secret,
@@ -88,10 +93,12 @@ def test_membership_mac_binds_the_whole_record_to_the_secret() -> None:
 
 
 def test_the_full_validator_chain_protects_owners_and_members() -> None:
-    chain = CompositeValidator(record_validators(SECRET, (ServerRecord, ModelRecord)))
-    subkey = owner_subkey("peer")
-    assert peer_of_subkey(subkey) == "peer"
-    record = _record(SERVER, subkey=subkey)
+    identity = new_identity()
+    register_identity(identity)  # as start_dht does for the DHTs it starts
+    chain = CompositeValidator(record_validators(SECRET, (ServerRecord, ModelRecord), identity.key))
+    subkey = owner_subkey(identity.peer_id)
+    assert peer_of_subkey(subkey) == identity.peer_id
+    record = _record({**SERVER, "peer_id": identity.peer_id}, subkey=MSGPackSerializer.dumps(subkey))
     signed = dataclasses.replace(record, value=chain.sign_value(record))
     assert chain.validate(signed)
     assert chain.strip_value(signed) == record.value
@@ -99,5 +106,44 @@ def test_the_full_validator_chain_protects_owners_and_members() -> None:
     unsigned = dataclasses.replace(record, value=MembershipValidator(SECRET).sign_value(record))
     assert not chain.validate(unsigned)
     # A peer without the secret is refused even under its own subkey.
-    outsider = CompositeValidator(record_validators(None, (ServerRecord, ModelRecord)))
+    outsider = CompositeValidator(record_validators(None, (ServerRecord, ModelRecord), identity.key))
     assert not chain.validate(dataclasses.replace(record, value=outsider.sign_value(record)))
+
+
+def test_identity_files_and_peer_ids_follow_libp2p(tmp_path: pytest.TempPathFactory) -> None:
+    """The peer id we derive from an owner key is the one libp2p derives from the identity file (p2pd's own rule
+    is checked for real by start_dht in the integration tests)."""
+    path = str(tmp_path / "identity.key")  # type: ignore[operator]
+    created = load_identity(path)  # missing: created as hivemind does
+    with open(path, "rb") as file:
+        assert created.peer_id == PeerID.from_identity(file.read()).to_base58()
+    assert load_identity(path).peer_id == created.peer_id  # kept
+    assert peer_id_of(created.key.get_public_key().to_bytes()) == created.peer_id
+    fresh = new_identity()
+    with fresh.key_file() as temporary, open(temporary, "rb") as file:
+        assert PeerID.from_identity(file.read()).to_base58() == fresh.peer_id
+    assert not os.path.exists(temporary)  # the temporary key file is gone
+
+
+def test_a_member_cannot_announce_for_another_peer_id() -> None:
+    """The swarm secret is not enough: the subkey's peer id must be the owner key's own."""
+    member, victim = new_identity(), new_identity()
+    binding = PeerBindingValidator()
+
+    def subkey(peer_id: str, marker: bytes) -> bytes:
+        return bytes(MSGPackSerializer.dumps(peer_id.encode() + marker))
+
+    forged_value = {**SERVER, "peer_id": victim.peer_id}
+    assert binding.validate(_record(SERVER, subkey(member.peer_id, member.owner_marker)))
+    assert not binding.validate(_record(forged_value, subkey(victim.peer_id, member.owner_marker)))
+    assert not binding.validate(_record(forged_value, subkey(victim.peer_id, b"")))  # no owner at all
+    assert not binding.validate(_record(SERVER, subkey(member.peer_id, b"[owner:ssh-rsa garbage]")))
+    assert not binding.validate(_record(SERVER, bytes(MSGPackSerializer.dumps("a string subkey"))))
+    assert not binding.validate(_record(SERVER, b"\xc1 not msgpack"))
+    # With every validator and the secret, the member's forgery still fails (its own record passes).
+    register_identity(member)
+    chain = CompositeValidator(record_validators(SECRET, (ServerRecord, ModelRecord), member.key))
+    for peer_id, value in ((member.peer_id, SERVER), (victim.peer_id, forged_value)):
+        record = _record(value, subkey(peer_id, member.owner_marker))
+        signed = dataclasses.replace(record, value=chain.sign_value(record))
+        assert chain.validate(signed) is (peer_id == member.peer_id)

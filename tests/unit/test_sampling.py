@@ -93,3 +93,23 @@ def test_top_logprobs_are_the_most_likely_best_first(logits: torch.Tensor) -> No
     assert [token for token, _ in top] == logprobs.topk(3).indices.tolist()
     assert [lp for _, lp in top] == sorted((lp for _, lp in top), reverse=True)
     assert top_logprobs(logprobs, 0) == ()
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=5e-324),  # the API accepts any temperature in [0, 2]: the tiniest is greedy
+        SamplingParams(temperature=9e-6),
+        SamplingParams(temperature=2.0, top_p=5e-324),
+        SamplingParams(min_p=1.0),
+        SamplingParams(top_k=10**9),
+        SamplingParams(repetition_penalty=0.01, presence_penalty=-2.0, frequency_penalty=2.0),
+        SamplingParams(repetition_penalty=2.0, logit_bias=((0, 100.0), (1, -100.0))),
+    ],
+)
+def test_extreme_parameters_the_api_accepts_sample_a_real_token(logits: torch.Tensor, params: SamplingParams) -> None:
+    sampler = Sampler(params, V, [1, 2, 3])
+    tokens = [sampler.next_token(logits) for _ in range(4)]
+    assert all(0 <= token < V for token in tokens)
+    if not params.greedy:
+        assert torch.isfinite(logits_to_probs(logits, params)).all()

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.responses import Response
 
-from gateway.api.dependencies import ChatDep, disconnect_waiter, respond
-from gateway.api.protocol_chat import ChatCompletionRequest
+from gateway.api.dependencies import ChatDep, ContextDep, respond
+from gateway.api.openapi_docs import errors, streamed
+from gateway.api.protocol_chat import ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse
 
-router = APIRouter()
+router = APIRouter(responses=errors(400, 401, 404, 409, 413, 429, 503))
 
 
-@router.post("/v1/chat/completions", response_model=None)
-async def create_chat_completion(body: ChatCompletionRequest, request: Request, serving: ChatDep) -> Response:
-    return respond(await serving.create(body, disconnect_waiter(request)))
+@router.post(
+    "/v1/chat/completions",
+    response_model=None,
+    responses=streamed(ChatCompletionChunk, json_model=ChatCompletionResponse),
+)
+async def create_chat_completion(body: ChatCompletionRequest, serving: ChatDep, context: ContextDep) -> Response:
+    return respond(await serving.create(body, context))

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.responses import Response
 
-from gateway.api.dependencies import CompletionsDep, disconnect_waiter, respond
-from gateway.api.protocol_completions import CompletionRequest
+from gateway.api.dependencies import CompletionsDep, ContextDep, respond
+from gateway.api.openapi_docs import errors, streamed
+from gateway.api.protocol_completions import CompletionRequest, CompletionResponse
 
-router = APIRouter()
+router = APIRouter(responses=errors(400, 401, 404, 409, 413, 429, 503))
 
 
-@router.post("/v1/completions", response_model=None)
-async def create_completion(body: CompletionRequest, request: Request, serving: CompletionsDep) -> Response:
-    return respond(await serving.create(body, disconnect_waiter(request)))
+@router.post(
+    "/v1/completions", response_model=None, responses=streamed(CompletionResponse, json_model=CompletionResponse)
+)
+async def create_completion(body: CompletionRequest, serving: CompletionsDep, context: ContextDep) -> Response:
+    return respond(await serving.create(body, context))

@@ -5,8 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from gateway.api.dependencies import ModelsDep
+from gateway.api.openapi_docs import errors
 
-router = APIRouter()
+router = APIRouter(responses=errors())
 
 
 @router.get("/health")
@@ -20,6 +21,6 @@ async def swarm(serving: ModelsDep) -> dict[str, object]:
     return await serving.swarm()
 
 
-@router.get("/ready")
+@router.get("/ready", responses=errors(503))
 async def ready(serving: ModelsDep) -> dict[str, object]:
     return await serving.ready()

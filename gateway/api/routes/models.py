@@ -5,9 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from gateway.api.dependencies import ModelsDep
+from gateway.api.openapi_docs import errors
 from gateway.api.protocol import ModelCard, ModelList
 
-router = APIRouter()
+router = APIRouter(responses=errors(401))
 
 
 @router.get("/v1/models")
@@ -15,6 +16,6 @@ async def list_models(serving: ModelsDep) -> ModelList:
     return serving.models()
 
 
-@router.get("/v1/models/{model:path}")
+@router.get("/v1/models/{model:path}", responses=errors(404))
 async def retrieve_model(model: str, serving: ModelsDep) -> ModelCard:
     return serving.model(model)

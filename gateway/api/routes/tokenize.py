@@ -5,10 +5,11 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from gateway.api.dependencies import ModelsDep
+from gateway.api.openapi_docs import errors
 from gateway.api.protocol import DetokenizeRequest, DetokenizeResponse, TokenizeResponse
 from gateway.api.protocol_chat import TokenizeRequest
 
-router = APIRouter()
+router = APIRouter(responses=errors(400, 401, 404, 413))
 
 
 @router.post("/tokenize")

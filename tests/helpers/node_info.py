@@ -1,0 +1,28 @@
+"""What the nodes of a local swarm report about themselves (their info RPC): open sessions and free cache room."""
+
+from __future__ import annotations
+
+import asyncio
+
+from hivemind.p2p import P2P
+
+from shared.protocol import NodeInfo
+from shared.rpc_client import fetch_info
+from tests.helpers.processes import LocalSwarm
+
+
+async def node_infos(p2p: P2P, swarm: LocalSwarm) -> list[NodeInfo]:
+    peers = [p.peer_id for p in swarm.processes if p.peer_id]
+    return [(await fetch_info(p2p, peer, 10.0))[0] for peer in peers]
+
+
+async def wait_all_free(p2p: P2P, swarm: LocalSwarm, within: float = 15.0) -> list[NodeInfo]:
+    """Until no node holds a session or cache room (or ``within`` seconds); returns the last infos either way."""
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        infos = await node_infos(p2p, swarm)
+        if all(i.sessions == 0 and i.cache_tokens_left == i.cache_tokens_total for i in infos):
+            return infos
+        if asyncio.get_running_loop().time() > deadline:
+            return infos
+        await asyncio.sleep(0.1)
