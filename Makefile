@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint demo bench
+.PHONY: test lint demo bench bench-load
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,12 @@ $(BENCH_STAMP): $(STAMP)
 # streams, quant none/int8/nf4; prints one table and writes bench/results/capacity-t1.{md,png} (about 15 minutes).
 bench: $(BENCH_STAMP)
 	$(BIN)/python -m bench.capacity
+
+# Sustained load (bench/load.py): 100 locust users for 60 s against SmolLM2, then again with nodes joining and
+# leaving all along; prints TTFT / inter-token / end-to-end p50 and p99 and writes bench/results/load*.md.
+bench-load: $(BENCH_STAMP)
+	$(BIN)/python -m bench.load --users 100 --duration 60
+	$(BIN)/python -m bench.load --users 100 --duration 60 --churn
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -166,6 +166,8 @@ def main() -> None:
             swarm.close()
             redis.kill()
             redis.wait()
+            for log in workdir.glob("*.log"):  # kept for a look after the run
+                shutil.copy(log, Path(tempfile.gettempdir()) / f"swarmgate-load-{log.name}")
     print(result)
     args.out.mkdir(parents=True, exist_ok=True)
     name = "load-churn.md" if args.churn else "load.md"

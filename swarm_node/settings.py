@@ -30,7 +30,7 @@ class ServeSettings(P2PSettings):
     quant: Literal["auto", "none", "int8", "nf4"] = Field(
         "auto",
         description="weight quantization of the span's projections (bitsandbytes LLM.int8 or 4-bit NF4); auto: nf4 on"
-        " cuda (a quarter of bfloat16's memory), none on cpu (bitsandbytes' cpu int8/nf4 matmuls are ~5x slower)",
+        " cuda (a quarter of bfloat16's memory), none on cpu (exact outputs; RAM rarely limits a cpu node)",
     )
     cache_tokens: int | None = Field(
         None,

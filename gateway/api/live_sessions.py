@@ -211,7 +211,7 @@ class SessionTracker:
         self.max_running = max_running  # generations at once on this replica (0: no cap)
         self.live: dict[str, LiveSession] = {}
         self.draining = False  # set on shutdown: no new generations, running ones finish
-        self._ended = asyncio.Condition()
+        self._ended = asyncio.Event()  # set whenever a session ends (drain re-checks what is left)
         self.tasks: set[asyncio.Task[None]] = set()
         store.on_cancel(self._cancelled)
 
@@ -316,12 +316,12 @@ class SessionTracker:
     async def drain(self) -> None:
         """Refuse new generations and wait until the running ones have ended (the caller bounds the wait)."""
         self.draining = True
-        async with self._ended:
-            await self._ended.wait_for(lambda: not self.live)
+        while self.live:
+            self._ended.clear()
+            await self._ended.wait()
 
     async def session_ended(self) -> None:
-        async with self._ended:
-            self._ended.notify_all()
+        self._ended.set()
 
     async def close(self) -> None:
         for live in list(self.live.values()):

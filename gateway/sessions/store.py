@@ -89,7 +89,10 @@ class SessionStore:
         self._write_locks: dict[str, asyncio.Lock] = {}
         self._stored_events: dict[str, int] = {}  # session id -> events Redis holds (as far as we know)
         self._unsynced_events: dict[str, int] = {}  # session id -> first event number not yet in Redis
-        self._changed = asyncio.Condition()
+        # Set (and replaced) on every change: waiters hold the event of their time. Not an asyncio.Condition:
+        # Python 3.11's wait_for() on Condition.wait() can time out mid-reacquire and leave the lock broken,
+        # which stalls every later writer.
+        self._changed = asyncio.Event()
         self._cancel_callbacks: list[Callable[[str], None]] = []
         self._listener: asyncio.Task[None] | None = None
         link.on_recovery(self._write_through)
@@ -115,8 +118,7 @@ class SessionStore:
             await self._write_latest(record.id)
         except RedisDown:
             self._unsynced_records.add(record.id)
-        async with self._changed:
-            self._changed.notify_all()
+        self._notify()
 
     async def update(self, session_id: str, **changes: object) -> SessionRecord | None:
         record = self._records.get(session_id) or await self.get(session_id)
@@ -191,8 +193,7 @@ class SessionStore:
                         self._stored_events[session_id] = number
             except RedisDown:
                 self._unsynced_events.setdefault(session_id, number)
-        async with self._changed:
-            self._changed.notify_all()
+        self._notify()
         return number
 
     async def events_after(self, session_id: str, last_event: int) -> AsyncIterator[tuple[int, str]]:
@@ -223,14 +224,17 @@ class SessionStore:
 
     async def _wait_for_change(self, session_id: str, last_event: int) -> None:
         if session_id in self._events or not self.link.up:
-            async with self._changed:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), TAIL_BLOCK_MS / 1000)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), TAIL_BLOCK_MS / 1000)
             return
         with contextlib.suppress(RedisDown):  # another replica writes it: block on the stream itself
             await self.link.run(
                 lambda r: r.xread({_events_key(session_id): f"0-{last_event}"}, block=TAIL_BLOCK_MS, count=1)
             )
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
 
     def _prune(self, now: float) -> None:
         """Drop ended sessions past their TTL from memory (those Redis never got, while it was down)."""

@@ -224,6 +224,28 @@ def test_nodes_choose_spans_with_num_blocks(renderings: dict[tuple[str, str, str
     assert grace > int(args[args.index("--drain-timeout") + 1])
 
 
+def test_nodes_and_gateways_are_scrapable_by_prometheus(
+    renderings: dict[tuple[str, str, str], Rendering], tools: Tools
+) -> None:
+    rendering = shape(renderings, "embedded-redis")
+    nodes = rendering.one("StatefulSet", "node")["spec"]["template"]
+    (node,) = nodes["spec"]["containers"]
+    args = node["args"]
+    assert args[args.index("--metrics-port") + 1] == "9100" and args[args.index("--metrics-host") + 1] == "0.0.0.0"
+    assert {"name": "metrics", "containerPort": 9100, "protocol": "TCP"} in node["ports"]
+    assert nodes["metadata"]["annotations"] == {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": "9100",
+        "prometheus.io/path": "/metrics",
+    }
+    gateway = rendering.one("Deployment", "gateway")["spec"]["template"]["metadata"]["annotations"]
+    assert gateway["prometheus.io/port"] == "8000" and gateway["prometheus.io/path"] == "/metrics"
+    swarm = rendering.one("NetworkPolicy", "swarm")["spec"]["ingress"]
+    assert swarm[1] == {"ports": [{"port": 9100, "protocol": "TCP"}]}  # from anywhere: a scraper's namespace
+    off = load_rendering(tools, "--set", "nodes.metricsPort=0").one("StatefulSet", "node")
+    assert "--metrics-port" not in off["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
 def test_gpu_nodes_get_gpu_resources(renderings: dict[tuple[str, str, str], Rendering]) -> None:
     spec = shape(renderings, "external-redis").one("StatefulSet", "node")["spec"]["template"]["spec"]
     (node,) = spec["containers"]
