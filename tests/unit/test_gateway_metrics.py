@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,29 +21,16 @@ from gateway.app import create_app
 from gateway.generation import EngineEvent, GeneratedToken, GenerationRequest
 from gateway.metrics import GatewayMetrics, current_metrics
 from shared.errors import MissingBlocks, NodeUnreachable
-
-ALPHABET = "<abcdefghijklmnopqrstuvwxyz "  # token i is character i; token 0 ("<") is EOS
+from tests.unit.test_api_app import ALPHABET, CharCodec
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
-class CharCodec:
-    vocab_size = len(ALPHABET)
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return [ALPHABET.index(c) for c in text if c in ALPHABET]
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return "".join(ALPHABET[t] for t in token_ids if t != 0)
-
-    def token_bytes(self, token_id: int) -> bytes:
-        return ALPHABET[token_id].encode()
+class ChatCharCodec(CharCodec):
+    """The scripted codec with a trivial chat template (chat requests reach the engine)."""
 
     def render_chat(self, messages: list[dict[str, Any]]) -> str:
         return " ".join(str(m["content"]) for m in messages)
-
-    def fim_ids(self) -> tuple[int, int, int] | None:
-        return None
 
 
 REPORT: dict[str, Any] = {
@@ -68,7 +55,7 @@ class ScriptedEngine:
     fail_at: int = 0
     model_name: str = "scripted"
     context_length: int = 64
-    codec: CharCodec = field(default_factory=CharCodec)
+    codec: CharCodec = field(default_factory=ChatCharCodec)
 
     async def stream(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
         for produced, char in enumerate(self.script[: request.max_new_tokens]):
