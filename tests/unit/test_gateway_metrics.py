@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,10 +17,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.api.request_log import RequestRecord
 from gateway.api.serving_common import ServingConfig
 from gateway.app import create_app
-from gateway.generation import EngineEvent, GeneratedToken, GenerationRequest
 from gateway.metrics import GatewayMetrics, current_metrics
 from shared.errors import MissingBlocks, NodeUnreachable
-from tests.unit.test_api_app import ALPHABET, CharCodec
+from tests.unit.test_api_app import CharCodec, ScriptedEngine
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -49,29 +47,16 @@ REPORT: dict[str, Any] = {
 
 
 @dataclass
-class ScriptedEngine:
-    script: str = "hello world"
-    failure: Exception | None = None
-    fail_at: int = 0
-    model_name: str = "scripted"
-    context_length: int = 64
+class ReportingEngine(ScriptedEngine):
+    """The scripted engine, able to chat, with a fixed swarm report."""
+
     codec: CharCodec = field(default_factory=ChatCharCodec)
-
-    async def stream(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
-        for produced, char in enumerate(self.script[: request.max_new_tokens]):
-            if self.failure is not None and produced == self.fail_at:
-                raise self.failure
-            await asyncio.sleep(0.001)
-            yield GeneratedToken(ALPHABET.index(char), False, -0.1)
-
-    async def missing_blocks(self) -> list[int]:
-        return []
 
     async def swarm_report(self) -> dict[str, Any]:
         return REPORT
 
 
-def client_for(engine: ScriptedEngine) -> httpx.AsyncClient:
+def client_for(engine: ReportingEngine) -> httpx.AsyncClient:
     app = create_app(engine, ServingConfig(engine.model_name))
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway")
 
@@ -96,7 +81,7 @@ def completion(**fields: object) -> dict[str, object]:
 
 
 async def test_requests_are_counted_timed_and_leave_the_in_flight_gauge_at_zero() -> None:
-    engine = ScriptedEngine()
+    engine = ReportingEngine()
     async with client_for(engine) as client:
         assert (await client.post("/v1/completions", json=completion())).status_code == 200
         assert (await client.post("/v1/completions", json=completion(stream=True, n=2))).status_code == 200
@@ -127,7 +112,7 @@ async def test_requests_are_counted_timed_and_leave_the_in_flight_gauge_at_zero(
 
 
 async def test_swarm_gauges_come_from_the_engine_report_at_scrape_time() -> None:
-    async with client_for(ScriptedEngine()) as client:
+    async with client_for(ReportingEngine()) as client:
         samples = await scrape(client)
     assert value(samples, "swarmgate_swarm_blocks") == 4
     assert value(samples, "swarmgate_swarm_blocks_covered") == 3
@@ -143,7 +128,7 @@ async def test_swarm_gauges_come_from_the_engine_report_at_scrape_time() -> None
 
 
 async def test_each_app_has_its_own_registry() -> None:
-    async with client_for(ScriptedEngine()) as first, client_for(ScriptedEngine()) as second:
+    async with client_for(ReportingEngine()) as first, client_for(ReportingEngine()) as second:
         assert (await first.post("/v1/completions", json=completion())).status_code == 200
         assert value(await scrape(first), "swarmgate_prompt_tokens_total") == 2
         assert value(await scrape(second), "swarmgate_prompt_tokens_total") == 0
@@ -182,7 +167,7 @@ async def test_a_cancelled_or_abandoned_request_leaves_the_in_flight_gauge() -> 
 
 
 async def test_the_swarm_page_is_served_without_an_api_key() -> None:
-    async with client_for(ScriptedEngine()) as client:
+    async with client_for(ReportingEngine()) as client:
         response = await client.get("/")
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/html")
