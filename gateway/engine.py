@@ -169,15 +169,15 @@ class GenerationEngine:
             fed = list(request.prompt_ids)
             for count in range(1, request.max_new_tokens + 1):
                 pick = functools.partial(self._pick, sampler=sampler, num_logprobs=request.logprobs)
-                token = await self.heads.score(output[:, -1:], pick)
+                token, hidden = await self.heads.score(output[:, -1:], pick, sampler)
                 yield token
                 if count == request.max_new_tokens or (token.eos and not request.ignore_eos):
                     break  # the last token is never fed: nothing would read its output
-                hidden = await asyncio.to_thread(self._embed, [token.token_id])
                 output = await chain.step(hidden, len(fed))
                 fed.append(token.token_id)
             held = fed
         finally:
+            self.heads.forget(sampler)
             if held is not None and request.reuse_scope is not None:
                 await self.kept.keep(request.reuse_scope, held, chain)
             else:
@@ -233,14 +233,19 @@ class GenerationEngine:
         """-> hidden [1, T, D] in float32 (the wire dtype)."""
         return self.head.embed(torch.tensor([token_ids])).float()
 
-    def _pick(self, logits: torch.Tensor, sampler: Sampler, num_logprobs: int | None) -> GeneratedToken:
-        """The next token from the last position's logits [V] (run by the head batcher's worker thread)."""
+    def _pick(
+        self, logits: torch.Tensor, sampler: Sampler, num_logprobs: int | None
+    ) -> tuple[GeneratedToken, torch.Tensor]:
+        """The next token from the last position's logits [V], and its embedding [1, 1, D] to feed the chain.
+
+        Run by the head batcher's worker thread: embedding there saves each session a hop to a thread per step."""
         token = sampler.next_token(logits)
         eos = token in self.stop_ids
+        hidden = self._embed([token])
         if num_logprobs is None:
-            return GeneratedToken(token, eos)
+            return GeneratedToken(token, eos), hidden
         logprobs = torch.log_softmax(logits, dim=-1)  # [V]
-        return GeneratedToken(token, eos, float(logprobs[token]), top_logprobs(logprobs, num_logprobs))
+        return GeneratedToken(token, eos, float(logprobs[token]), top_logprobs(logprobs, num_logprobs)), hidden
 
     def _prompt_scores(self, output: torch.Tensor, prompt_ids: list[int], k: int) -> PromptScores:
         """output: [1, T, D] of the prefill -> logprob of each prompt token given the ones before it.

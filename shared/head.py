@@ -7,6 +7,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from shared.families import family_of
+from shared.packed_linear import PackedLinear
 from shared.weights import WeightReader
 
 EMBED = "model.embed_tokens.weight"
@@ -24,6 +25,9 @@ class ModelHead(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, device="meta")
         # Tied embeddings share one tensor; nothing is copied.
         self.lm_head.weight = nn.Parameter(lm_head, requires_grad=False)
+        # What the logits are computed with: the same weight, prepacked for batched decode (one more V x D copy in
+        # float32 on the CPU; see shared/packed_linear.py).
+        self.scorer = PackedLinear(lm_head)
 
     @property
     def vocab_size(self) -> int:
@@ -37,7 +41,7 @@ class ModelHead(nn.Module):
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [B, T, D] (the last block's output) -> logits [B, T, V] in float32."""
-        return self.lm_head(self.norm(hidden)).float()
+        return self.scorer(self.norm(hidden)).float()
 
 
 def build_head(config: PretrainedConfig, reader: WeightReader, dtype: torch.dtype = torch.float32) -> ModelHead:

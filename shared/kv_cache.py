@@ -7,7 +7,9 @@ exactly that room). One forward may carry several sessions at different lengths,
   attention runs row by row over that session's stored keys (``attend``) — no padded copy of anyone's cache, no mask.
   This is the hot path of batched decode: its cost is what the attention itself must read, whatever the lengths.
 * **padded** (prefill: T > 1). One row reads its session's keys as a view; several rows get a right-padded copy and
-  the attention mask hides the padding. Prefill is compute-bound, so the copy is noise there.
+  the attention mask hides the padding. Prefill is compute-bound, so the copy is noise there. Rows may bring fewer
+  real tokens than T (``lengths``: prompts of different lengths in one forward, right-padded): only the real ones
+  are stored, and what the padding computes is discarded by the caller.
 """
 
 from __future__ import annotations
@@ -62,9 +64,10 @@ class SessionKV:
 class BatchCache:
     """What a decoder layer sees as its ``cache`` for one forward over rows of several sessions.
 
-    Row ``b`` holds ``new_tokens`` tokens at positions ``starts[b] ...``; a start below the session's length rewinds
-    it (the tokens after it are overwritten), which is how a client replays or edits a suffix. ``windows`` maps a
-    block to its sliding-window size (None: full attention), for the ragged layout's own attention.
+    Row ``b`` holds ``new_tokens`` tokens at positions ``starts[b] ...``, of which the first ``lengths[b]`` are real
+    (default: all); a start below the session's length rewinds it (the tokens after it are overwritten), which is
+    how a client replays or edits a suffix. ``windows`` maps a block to its sliding-window size (None: full
+    attention), for the ragged layout's own attention.
     """
 
     def __init__(
@@ -73,10 +76,14 @@ class BatchCache:
         starts: Sequence[int],
         new_tokens: int,
         windows: Mapping[int, int | None] | None = None,
+        lengths: Sequence[int] | None = None,
     ) -> None:
         self.sessions = list(sessions)
         self.starts = list(starts)
         self.new_tokens = new_tokens
+        self.lengths = list(lengths) if lengths is not None else [new_tokens] * len(self.sessions)
+        if any(not 0 < length <= new_tokens for length in self.lengths):
+            raise ValueError(f"row lengths {self.lengths} must be within 1..{new_tokens}")
         self.total = max(starts) + new_tokens  # keys the widest row attends to
         self.windows = dict(windows or {})
         self.ragged = new_tokens == 1
@@ -85,10 +92,10 @@ class BatchCache:
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # key_states, value_states: [B, kv_heads, T, head_dim]
-        for row, (session, start) in enumerate(zip(self.sessions, self.starts, strict=True)):
+        for row, (session, start, length) in enumerate(zip(self.sessions, self.starts, self.lengths, strict=True)):
             layer = layer_idx - session.first_block
-            session.keys[layer, :, start : start + self.new_tokens] = key_states[row]
-            session.values[layer, :, start : start + self.new_tokens] = value_states[row]
+            session.keys[layer, :, start : start + length] = key_states[row, :, :length]
+            session.values[layer, :, start : start + length] = value_states[row, :, :length]
         if self.ragged:
             return key_states, value_states  # unused: ``attend`` reads each session's own storage
         if len(self.sessions) == 1:
@@ -104,8 +111,8 @@ class BatchCache:
         batch, heads, _, head_dim = like.shape
         keys = like.new_zeros(batch, heads, self.total, head_dim)
         values = like.new_zeros(batch, heads, self.total, head_dim)
-        for row, (session, start) in enumerate(zip(self.sessions, self.starts, strict=True)):
-            layer, end = layer_idx - session.first_block, start + self.new_tokens
+        for row, (session, start, length) in enumerate(zip(self.sessions, self.starts, self.lengths, strict=True)):
+            layer, end = layer_idx - session.first_block, start + length
             keys[row, :, :end] = session.keys[layer, :, :end]
             values[row, :, :end] = session.values[layer, :, :end]
         return keys, values
@@ -133,8 +140,8 @@ class BatchCache:
 
     def commit(self) -> None:
         """After the forward: every session now holds exactly the tokens up to its last written position."""
-        for session, start in zip(self.sessions, self.starts, strict=True):
-            session.length = start + self.new_tokens
+        for session, start, length in zip(self.sessions, self.starts, self.lengths, strict=True):
+            session.length = start + length
 
     def attention_mask(self, window: int | None, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """Additive mask [B, 1, T, total] for the padded layout: causal, per-row length, optional sliding window."""

@@ -101,10 +101,17 @@ class BlockSpan(nn.Module):
 
     @torch.inference_mode()
     def forward(
-        self, hidden: torch.Tensor, sessions: Sequence[SessionKV], starts: Sequence[int], blocks: range
+        self,
+        hidden: torch.Tensor,
+        sessions: Sequence[SessionKV],
+        starts: Sequence[int],
+        blocks: range,
+        lengths: Sequence[int] | None = None,
     ) -> torch.Tensor:
-        """hidden: [B, T, D] new tokens of B sessions, row b at positions starts[b]...; returns [B, T, D]."""
-        cache = BatchCache(sessions, starts, hidden.shape[1], self._windows)
+        """hidden: [B, T, D] new tokens of B sessions, row b at positions starts[b]...; returns [B, T, D].
+
+        ``lengths``: row b's real tokens are its first lengths[b] (right padding after them; default: all T)."""
+        cache = BatchCache(sessions, starts, hidden.shape[1], self._windows, lengths)
         position_ids = cache.position_ids(hidden.device)
         position_embeddings = self.rotary(hidden, position_ids)
         masks: dict[int | None, torch.Tensor | None] = {}

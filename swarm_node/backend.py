@@ -1,9 +1,10 @@
 """The span's compute: one worker thread owns the model and runs every torch call, so the event loop never waits.
 
-Steps reach the compute thread in two ways: decode steps (one new token) through the ``DecodeBatcher``, which
-merges concurrent sessions' steps into one forward; prompts (several tokens) alone, in chunks of at most
-``prefill_chunk`` tokens — each chunk its own job, so decode batches of other sessions run between the chunks of a
-long prompt instead of waiting for all of it.
+Steps reach the compute thread in three ways: decode steps (one new token) through the ``DecodeBatcher``, which
+merges concurrent sessions' steps into one forward; prompts of up to ``prefill_chunk`` tokens through the
+``PrefillBatcher``, which merges those queued meanwhile into one right-padded forward; longer prompts alone, in
+chunks of at most ``prefill_chunk`` tokens — each chunk its own job, so decode batches of other sessions run between
+the chunks of a long prompt instead of waiting for all of it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from shared.span import BlockSpan
 from swarm_node.batcher import BatchPolicy, DecodeBatcher
 from swarm_node.capacity import return_freed_memory
 from swarm_node.metrics import NodeMetrics
+from swarm_node.prefill_batcher import PrefillBatcher
 
 T = TypeVar("T")
 
@@ -36,6 +38,7 @@ class SpanBackend:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="span-compute")
         self._pending = 0
         self.batcher = DecodeBatcher(self.policy, self._decode_batch)
+        self.prefills = PrefillBatcher(self.policy.prefill_chunk, self._prefill_batch)
         return_freed_memory()  # the span was just loaded: its loading buffers are garbage now
 
     @property
@@ -58,9 +61,12 @@ class SpanBackend:
         await self._run(lambda: kv.resize(max_length))
 
     async def serve_step(self, kv: SessionKV, hidden: torch.Tensor, position: int) -> torch.Tensor:
-        """A client's step, hidden [1, T, D] at ``position``: batched with others if T == 1, else prefilled alone."""
+        """A client's step, hidden [1, T, D] at ``position``: batched with others' steps or prompts unless longer than
+        a prefill chunk (then alone, in chunks)."""
         if hidden.shape[1] == 1:
             return await self.batcher.submit(kv, hidden, position)
+        if hidden.shape[1] <= self.policy.prefill_chunk:
+            return await self.prefills.submit(kv, hidden, position)
         return await self.step(kv, hidden, position)
 
     async def step(self, kv: SessionKV, hidden: torch.Tensor, position: int) -> torch.Tensor:
@@ -89,14 +95,27 @@ class SpanBackend:
             self.metrics.decode_batch(len(kvs))
         return await self._run(functools.partial(self._forward, hidden, kvs, positions, kvs[0].blocks))
 
-    def _forward(self, hidden: torch.Tensor, kvs: list[SessionKV], starts: list[int], blocks: range) -> torch.Tensor:
+    async def _prefill_batch(
+        self, kvs: list[SessionKV], hidden: torch.Tensor, starts: list[int], lengths: list[int]
+    ) -> torch.Tensor:
+        return await self._run(functools.partial(self._forward, hidden, kvs, starts, kvs[0].blocks, lengths))
+
+    def _forward(
+        self,
+        hidden: torch.Tensor,
+        kvs: list[SessionKV],
+        starts: list[int],
+        blocks: range,
+        lengths: list[int] | None = None,
+    ) -> torch.Tensor:
         began = time.perf_counter()
         wire_dtype = hidden.dtype
-        output = self.span(hidden.to(self.device, self.dtype), kvs, starts, blocks).to("cpu", wire_dtype)
+        output = self.span(hidden.to(self.device, self.dtype), kvs, starts, blocks, lengths).to("cpu", wire_dtype)
         if self.metrics is not None:  # hidden: [B, T, D]
             self.metrics.forward(hidden.shape[0], hidden.shape[1], time.perf_counter() - began)
         return output
 
     def shutdown(self) -> None:
         self.batcher.close()
+        self.prefills.close()
         self._executor.shutdown(wait=False, cancel_futures=True)

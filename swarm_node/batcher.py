@@ -19,19 +19,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import weakref
 from collections import deque
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import torch
 
+from shared.arrival_forecast import ArrivalForecast
 from shared.kv_cache import SessionKV
 
 logger = logging.getLogger(__name__)
 
-ACTIVE_HORIZON = 1.0  # a session counts as decoding until this long (or two of its intervals) after its last step
-RHYTHM_SMOOTHING = 0.5  # weight of the newest interval in a session's running estimate
 FORWARD_SMOOTHING = 0.2  # weight of the newest decode forward's duration in the running estimate
 
 # Runs one forward: (sessions, hidden [B, 1, D], positions) -> [B, 1, D].
@@ -42,41 +40,7 @@ RunBatch = Callable[[list[SessionKV], torch.Tensor, list[int]], Awaitable[torch.
 class BatchPolicy:
     window: float = 0.1  # seconds a batch waits, at most, for sessions due to step (less: about one forward)
     max_batch: int = 32  # rows in one decode forward
-    prefill_chunk: int = 512  # prompt tokens per prefill forward: bounds activation memory for long prompts
-
-
-@dataclass
-class _Rhythm:
-    last: float  # when the session's latest step arrived
-    interval: float | None = None  # running estimate of the time between its steps
-
-
-class ArrivalForecast:
-    """When each decoding session's next step is due here, from the rhythm of its previous steps."""
-
-    def __init__(self) -> None:
-        self._rhythms: weakref.WeakKeyDictionary[SessionKV, _Rhythm] = weakref.WeakKeyDictionary()
-
-    def arrived(self, kv: SessionKV, now: float) -> None:
-        rhythm = self._rhythms.get(kv)
-        if rhythm is None:
-            self._rhythms[kv] = _Rhythm(now)
-            return
-        interval = now - rhythm.last
-        if rhythm.interval is not None:
-            interval = RHYTHM_SMOOTHING * interval + (1 - RHYTHM_SMOOTHING) * rhythm.interval
-        rhythm.last, rhythm.interval = now, interval
-
-    def due(self, now: float, until: float, present: Collection[SessionKV]) -> int:
-        """Sessions not ``present`` that still decode and whose next step is expected by ``until``."""
-        count = 0
-        for kv, rhythm in list(self._rhythms.items()):
-            if kv in present or rhythm.interval is None:
-                continue
-            decoding = now - rhythm.last <= max(ACTIVE_HORIZON, 2 * rhythm.interval)
-            if decoding and rhythm.last + rhythm.interval <= until:
-                count += 1
-        return count
+    prefill_chunk: int = 512  # padded prompt tokens per prefill forward: bounds activation memory
 
 
 @dataclass
@@ -95,7 +59,7 @@ class DecodeBatcher:
         # an item when the timeout and the arrival coincide, and a dropped step would hang its session.
         self._queue: deque[_Request] = deque()
         self._arrival = asyncio.Event()
-        self._forecast = ArrivalForecast()
+        self._forecast: ArrivalForecast[SessionKV] = ArrivalForecast()
         self._forward_seconds: float | None = None  # running average of a decode forward's duration
         self._task: asyncio.Task[None] | None = None
         self.batch_sizes: deque[int] = deque(maxlen=1000)  # rows of recent forwards, newest last (tests, bench)

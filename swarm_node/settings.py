@@ -50,7 +50,10 @@ class ServeSettings(P2PSettings):
     )
     max_batch_size: int = Field(32, gt=0, description="most sessions' decode steps in one batched forward")
     prefill_chunk_tokens: int = Field(
-        512, gt=0, description="prompt tokens per prefill forward: bounds activation memory on long prompts"
+        512,
+        gt=0,
+        description="padded prompt tokens per prefill forward (prompts queued together share one; longer prompts are"
+        " split): bounds activation memory",
     )
     max_session_length: int | None = Field(
         None, gt=0, description="longest session accepted; default: the model's context length"

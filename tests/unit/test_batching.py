@@ -14,13 +14,14 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from shared.arrival_forecast import ArrivalForecast
 from shared.head import ModelHead, build_head
 from shared.kv_cache import SessionKV
 from shared.model_source import load_config, resolve_model
 from shared.span import build_span
 from shared.weights import open_weights
 from swarm_node.backend import SpanBackend
-from swarm_node.batcher import ArrivalForecast, BatchPolicy
+from swarm_node.batcher import BatchPolicy
 from swarm_node.quantize import block_transform
 from tests.tiny_models import VOCAB, GetTinyModel
 
@@ -117,6 +118,51 @@ async def test_steps_arriving_together_run_as_one_forward_equal_to_each_alone(ch
     assert [kv.length for kv in kvs] == [length + 1 for length in PROMPT_LENGTHS]
 
 
+async def test_prompts_arriving_together_prefill_as_one_padded_forward_equal_to_each_alone(
+    chain_factory: ChainFactory,
+) -> None:
+    chain = chain_factory(BatchPolicy())
+    backend = chain.backends[0]
+    hidden_size = chain.head.embed_tokens.embedding_dim
+    generator = torch.Generator().manual_seed(5)
+    contexts = [torch.randn(1, length, hidden_size, generator=generator) for length in PROMPT_LENGTHS]
+    starts = [0, 0, 2, 0, 1]  # some rows continue a session (a later turn's new tokens)
+    follow = torch.randn(1, 1, hidden_size, generator=generator)
+
+    async def run(together: bool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        kvs = [await backend.new_session_kv(range(0, 3), 32) for _ in contexts]
+        for kv, start in zip(kvs, starts, strict=True):
+            if start:
+                await backend.serve_step(kv, torch.randn(1, start, hidden_size, generator=torch.Generator()), 0)
+        steps = [backend.serve_step(kv, c, s) for kv, c, s in zip(kvs, contexts, starts, strict=True)]
+        outputs = list(await asyncio.gather(*steps)) if together else [await step for step in steps]
+        assert [kv.length for kv in kvs] == [s + c.shape[1] for s, c in zip(starts, contexts, strict=True)]
+        after = [await backend.serve_step(kv, follow, kv.length) for kv in kvs]  # the caches hold what they should
+        return outputs, after
+
+    backend.prefills.batch_sizes.clear()
+    alone = await run(together=False)
+    assert set(backend.prefills.batch_sizes) == {1}
+    backend.prefills.batch_sizes.clear()
+    together = await run(together=True)
+    assert backend.prefills.batch_sizes[-1] == len(PROMPT_LENGTHS)  # queued together: one forward
+    for got, expected in zip(together[0] + together[1], alone[0] + alone[1], strict=True):
+        assert got.shape == expected.shape
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+async def test_a_padded_prefill_stays_within_its_token_bound(chain_factory: ChainFactory) -> None:
+    chain = chain_factory(BatchPolicy(prefill_chunk=20))
+    backend = chain.backends[0]
+    hidden_size = chain.head.embed_tokens.embedding_dim
+    kvs = [await backend.new_session_kv(range(0, 3), 32) for _ in range(6)]
+    prompts_ = [torch.randn(1, 9, hidden_size) for _ in kvs]  # at most two rows of 9 fit in 20 padded tokens
+    backend.prefills.batch_sizes.clear()
+    await asyncio.gather(*(backend.serve_step(kv, p, 0) for kv, p in zip(kvs, prompts_, strict=True)))
+    assert backend.prefills.batch_sizes == [2, 2, 2]
+    assert all(kv.length == 9 for kv in kvs)
+
+
 async def test_a_lone_session_never_waits_for_the_window(chain_factory: ChainFactory) -> None:
     chain = chain_factory(BatchPolicy(window=60.0))
     began = time.monotonic()
@@ -155,7 +201,7 @@ async def test_a_failing_batch_fails_its_steps_and_the_batcher_keeps_serving(cha
 
 
 def test_the_forecast_expects_sessions_by_their_rhythm() -> None:
-    forecast = ArrivalForecast()
+    forecast: ArrivalForecast[SessionKV] = ArrivalForecast()
     steady, slow, new, gone = (SessionKV(0, 1, 1, 2, 4, torch.float32, torch.device("cpu")) for _ in range(4))
     for t in (0.0, 0.1, 0.2):  # steps every 100 ms
         forecast.arrived(steady, t)
@@ -168,5 +214,9 @@ def test_the_forecast_expects_sessions_by_their_rhythm() -> None:
     assert forecast.due(now=0.28, until=0.31, present=()) == 1  # steady is due at 0.3
     assert forecast.due(now=0.28, until=0.31, present={steady}) == 0  # ... unless already in the batch
     assert forecast.due(now=0.28, until=0.81, present=()) == 2  # slow is due at 0.8
+    assert forecast.due(now=0.45, until=0.5, present=()) == 0  # steady is overdue by more than its interval: stalled
+    assert forecast.running(now=0.45) == 3  # ... yet still counted as running (new, steady, slow) for a while
     del gone  # a closed session's KV is dropped, and with it its rhythm
     assert forecast.due(now=0.28, until=100.0, present=()) == 2
+    forecast.forget(slow)
+    assert forecast.due(now=0.28, until=100.0, present=()) == 1

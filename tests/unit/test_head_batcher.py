@@ -69,3 +69,53 @@ async def test_a_failing_row_and_a_cancelled_caller_leave_the_others_untouched(h
         await gone
     assert batcher.batch_sizes == [1, 2]  # the cancelled caller's row was dropped before computing
     await batcher.close()
+
+
+class _Session:
+    """One generation's key for the batcher's forecast (any object that can be weakly referenced)."""
+
+
+async def _round(batcher: HeadBatcher, sessions: list[_Session], head: torch.nn.Linear) -> list[int]:
+    rows = [batcher.score(torch.randn(1, 1, D), lambda lg: int(lg.argmax()), s) for s in sessions]
+    return list(await asyncio.gather(*rows))
+
+
+async def test_a_straggler_waits_for_the_due_group_and_then_steps_with_it(head: torch.nn.Linear) -> None:
+    batcher = HeadBatcher(lambda hidden: head(hidden), merge_window=0.5)
+    group = [_Session() for _ in range(4)]
+    for _ in range(3):  # every session's rhythm: a row every 100 ms, all together
+        await _round(batcher, group, head)
+        await asyncio.sleep(0.1)
+    straggler = asyncio.create_task(_round(batcher, group[:1], head))  # out of phase: 100 ms early
+    await asyncio.sleep(0.1)
+    await _round(batcher, group[1:], head)
+    await straggler
+    assert batcher.batch_sizes[-1] == 4  # ... and it did not cost a batch of its own
+    await batcher.close()
+
+
+async def test_without_a_merge_window_the_straggler_runs_alone(head: torch.nn.Linear) -> None:
+    batcher = HeadBatcher(lambda hidden: head(hidden), merge_window=0.0)
+    group = [_Session() for _ in range(4)]
+    for _ in range(3):
+        await _round(batcher, group, head)
+        await asyncio.sleep(0.1)
+    await _round(batcher, group[:1], head)
+    await asyncio.sleep(0.1)
+    await _round(batcher, group[1:], head)
+    assert batcher.batch_sizes[-2:] == [1, 3]
+    await batcher.close()
+
+
+async def test_a_finished_session_is_not_waited_for(head: torch.nn.Linear) -> None:
+    batcher = HeadBatcher(lambda hidden: head(hidden), window=5.0, merge_window=5.0)
+    sessions = [_Session() for _ in range(4)]
+    for _ in range(3):
+        await _round(batcher, sessions, head)
+        await asyncio.sleep(0.05)
+    for ended in sessions[1:]:
+        batcher.forget(ended)
+    began = asyncio.get_running_loop().time()
+    await _round(batcher, sessions[:1], head)
+    assert asyncio.get_running_loop().time() - began < 1.0  # the three that ended would be due: no wait for them
+    await batcher.close()
