@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from shared.arrival_forecast import ArrivalForecast
+from shared.arrival_forecast import ArrivalForecast, wait_for_arrivals
 
 COMPUTE_SMOOTHING = 0.2  # weight of the newest batch's duration in the running estimate
 
@@ -84,10 +84,7 @@ class HeadBatcher:
         else:
             deadline = now + min(self.window, self._compute_seconds or self.window)
         wanted = len(self._waiting) + self._forecast.due(now, deadline, present)
-        while len(self._waiting) < wanted and (remaining := deadline - loop.time()) > 0:
-            self._arrival.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._arrival.wait(), remaining)
+        await wait_for_arrivals(self._arrival, lambda: len(self._waiting), wanted, deadline)
 
     async def _drain(self) -> None:
         loop = asyncio.get_running_loop()

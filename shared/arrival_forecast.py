@@ -7,8 +7,10 @@ deadline, never for ones that are elsewhere in the chain for longer, and a lone 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import weakref
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -61,3 +63,12 @@ class ArrivalForecast(Generic[Key]):
     @staticmethod
     def _running(rhythm: _Rhythm, now: float) -> bool:
         return now - rhythm.last <= max(ACTIVE_HORIZON, 2 * (rhythm.interval or 0.0))
+
+
+async def wait_for_arrivals(arrival: asyncio.Event, count: Callable[[], int], wanted: int, deadline: float) -> None:
+    """Until ``count()`` reaches ``wanted`` or the loop's clock passes ``deadline``; ``arrival`` is set on each one."""
+    loop = asyncio.get_running_loop()
+    while count() < wanted and (remaining := deadline - loop.time()) > 0:
+        arrival.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(arrival.wait(), remaining)

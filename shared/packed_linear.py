@@ -24,6 +24,9 @@ def packable(dtype: torch.dtype, device: torch.device) -> bool:
 class PackedLinear(nn.Module):
     """``x @ weight.T (+ bias)`` for x [..., in] -> [..., out]; the weight is kept only in oneDNN's layout."""
 
+    weight_packed: torch.Tensor
+    bias: torch.Tensor | None
+
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape

@@ -17,7 +17,6 @@ forward (B rows of T=1, each at its own position) cost much less than B forwards
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -25,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from shared.arrival_forecast import ArrivalForecast
+from shared.arrival_forecast import ArrivalForecast, wait_for_arrivals
 from shared.kv_cache import SessionKV
 
 logger = logging.getLogger(__name__)
@@ -105,11 +104,8 @@ class DecodeBatcher:
         deadline = loop.time() + min(self.policy.window, self._forward_seconds or self.policy.window)
         due = self._forecast.due(loop.time(), deadline, {request.kv for request in batch})
         wanted = min(self.policy.max_batch, len(batch) + due)
-        while len(batch) < wanted and (remaining := deadline - loop.time()) > 0:
-            self._arrival.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._arrival.wait(), remaining)
-            self._drain_into(batch)
+        await wait_for_arrivals(self._arrival, lambda: len(batch) + len(self._queue), wanted, deadline)
+        self._drain_into(batch)
         return batch
 
     def _drain_into(self, batch: list[_Request]) -> None:

@@ -14,6 +14,7 @@ tokens (rows x the longest prompt: what bounds its activation memory) and of the
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -43,7 +44,7 @@ class PrefillBatcher:
         self._run = run
         self._waiting: list[_Prompt] = []
         self._worker: asyncio.Task[None] | None = None
-        self.batch_sizes: list[int] = []  # rows of recent forwards (tests, benchmarks); bounded below
+        self.batch_sizes: deque[int] = deque(maxlen=1000)  # rows of recent forwards, newest last (tests, bench)
 
     async def submit(self, kv: SessionKV, hidden: torch.Tensor, position: int) -> torch.Tensor:
         """hidden [1, T, D] (T <= max_tokens) at ``position`` -> [1, T, D], computed with whatever else queued."""
@@ -71,7 +72,9 @@ class PrefillBatcher:
         self._waiting = [prompt for prompt in self._waiting if not prompt.future.done()]  # callers that left
         if not self._waiting:
             return []
-        blocks, batch, rest, longest = self._waiting[0].kv.blocks, [], [], 0
+        blocks, longest = self._waiting[0].kv.blocks, 0
+        batch: list[_Prompt] = []
+        rest: list[_Prompt] = []
         for prompt in self._waiting:
             widest = max(longest, prompt.length)
             if prompt.kv.blocks == blocks and widest * (len(batch) + 1) <= self.max_tokens:
@@ -96,8 +99,6 @@ class PrefillBatcher:
                     prompt.future.set_exception(error)
             return
         self.batch_sizes.append(len(batch))
-        if len(self.batch_sizes) > 1000:
-            del self.batch_sizes[:500]
         for row, prompt in enumerate(batch):
             if not prompt.future.done():
                 prompt.future.set_result(output[row : row + 1, : prompt.length])

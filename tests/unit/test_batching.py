@@ -159,7 +159,7 @@ async def test_a_padded_prefill_stays_within_its_token_bound(chain_factory: Chai
     prompts_ = [torch.randn(1, 9, hidden_size) for _ in kvs]  # at most two rows of 9 fit in 20 padded tokens
     backend.prefills.batch_sizes.clear()
     await asyncio.gather(*(backend.serve_step(kv, p, 0) for kv, p in zip(kvs, prompts_, strict=True)))
-    assert backend.prefills.batch_sizes == [2, 2, 2]
+    assert list(backend.prefills.batch_sizes) == [2, 2, 2]
     assert all(kv.length == 9 for kv in kvs)
 
 
