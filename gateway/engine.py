@@ -42,6 +42,7 @@ from gateway.router import Router
 from gateway.routing import RoutingMode
 from gateway.sampling import Sampler, top_logprobs
 from gateway.settings import EngineSettings
+from gateway.step_links import StepLinks
 from gateway.swarm_report import swarm_report
 from gateway.swarm_view import SwarmMonitor, SwarmView
 from gateway.tokens import HFTokenCodec
@@ -80,6 +81,7 @@ class GenerationEngine:
         self._monitor: SwarmMonitor | None = None
         self._router: Router | None = None
         self._kept: KeptChains | None = None
+        self._links: StepLinks | None = None  # every session's decode steps, batched per node
 
     @classmethod
     async def create(cls, settings: EngineSettings) -> GenerationEngine:
@@ -103,6 +105,7 @@ class GenerationEngine:
     async def start(self, dht: DHT) -> None:
         self._dht = dht
         self._p2p = await self._dht.replicate_p2p()
+        self._links = StepLinks(self._p2p, self.settings.step_timeout)
         self._monitor = SwarmMonitor(
             self._dht, self.model_name, self.config.num_hidden_layers, self.settings.swarm_refresh
         )
@@ -129,6 +132,8 @@ class GenerationEngine:
         if self._kept is not None:  # before the router: closing the chains frees the nodes' room
             await self._kept.close()
         await self.heads.close()
+        if self._links is not None:
+            await self._links.close()
         if self._router is not None:
             await self._router.close()
         if self._dht is not None:
@@ -201,7 +206,7 @@ class GenerationEngine:
                 output = await self._resume(taken, request.prompt_ids, max_length)
                 if output is not None:
                     return taken.item.chain, output, taken.prefix
-        chain = ChainSession(self._p2p, self.router, max_length, self.settings.step_timeout)
+        chain = ChainSession(self._p2p, self.router, max_length, self.settings.step_timeout, links=self._links)
         await chain.open()
         try:
             return chain, await chain.step(await asyncio.to_thread(self._embed, request.prompt_ids), 0), 0

@@ -2,7 +2,9 @@
 
 Each ``NodeSession`` owns one hivemind stream: requests go through a queue the stream reads, every reply is awaited
 under the step timeout, and transport failures surface as ``NodeUnreachable`` / ``StepTimeout`` (typed node
-errors are rebuilt from their codes). Closing is idempotent and always releases the node's cache room.
+errors are rebuilt from their codes). Decode steps (one token) go through the gateway's ``StepLinks`` instead when it
+has them, batched with other sessions' steps to the same node. Closing is idempotent and always releases the node's
+cache room.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pydantic import BaseModel
 from gateway.metrics import chain_opened
 from gateway.router import Router
 from gateway.routing import Hop
+from gateway.step_links import StepLinks
 from shared.errors import NodeUnreachable, RemoteError, StepTimeout
 from shared.membership import CallAuth
 from shared.protocol import (
@@ -48,8 +51,18 @@ _CLOSED = None  # sentinel that ends the request stream
 class NodeSession:
     """An inference session on one node for blocks [hop.start, hop.end)."""
 
-    def __init__(self, p2p: P2P, hop: Hop, max_length: int, step_timeout: float, auth: CallAuth | None = None) -> None:
+    def __init__(
+        self,
+        p2p: P2P,
+        hop: Hop,
+        max_length: int,
+        step_timeout: float,
+        auth: CallAuth | None = None,
+        links: StepLinks | None = None,
+    ) -> None:
         self.hop = hop
+        self._links = links
+        self._session_id: str | None = None  # the node's name for it, once opened
         self._auth = auth
         self.max_length = max_length
         self._p2p = p2p
@@ -83,19 +96,27 @@ class NodeSession:
         reply, _ = await self._exchange(opened)
         if not isinstance(reply, SessionOpened):
             raise NodeUnreachable(f"node {self.hop.peer_id} answered {reply.type!r} to open")
+        self._session_id = reply.session_id
 
     async def step(self, hidden: torch.Tensor, position: int) -> torch.Tensor:
         """hidden: [1, T, D] at positions position... -> the hop's output [1, T, D]."""
+        if hidden.shape[1] == 1 and self._links is not None and self._session_id is not None:
+            if self.closed:
+                raise NodeUnreachable(f"session on {self.hop.peer_id} is closed")
+            output = await self._links.step(self.hop.peer_id, self._session_id, hidden, position)
+            return self._checked_output(output, hidden)
         reply, tensors = await self._exchange(Step(position=position), (hidden,))
         return self._checked(reply, tensors, hidden)
 
     def _checked(self, reply: ServerMessage, tensors: list[torch.Tensor], sent: torch.Tensor) -> torch.Tensor:
+        if not isinstance(reply, StepResult) or len(tensors) != 1:
+            raise NodeUnreachable(f"node {self.hop.peer_id} sent a malformed step result")
+        return self._checked_output(tensors[0], sent)
+
+    def _checked_output(self, output: torch.Tensor, sent: torch.Tensor) -> torch.Tensor:
         """The step's output if it is one: the shape and dtype of what was sent, every value finite. A node that
         answers anything else is broken (or lying): failing here bans it and routes around it, and none of its
         garbage reaches a sampled token."""
-        if not isinstance(reply, StepResult) or len(tensors) != 1:
-            raise NodeUnreachable(f"node {self.hop.peer_id} sent a malformed step result")
-        output = tensors[0]
         if output.shape != sent.shape or output.dtype != sent.dtype:
             raise NodeUnreachable(
                 f"node {self.hop.peer_id} sent {tuple(output.shape)} {output.dtype}"
@@ -194,8 +215,17 @@ class ChainSession:
     beyond the delay. After ``max_failovers`` replacements in one session the last error is raised.
     """
 
-    def __init__(self, p2p: P2P, router: Router, max_length: int, step_timeout: float, max_failovers: int = 5) -> None:
+    def __init__(
+        self,
+        p2p: P2P,
+        router: Router,
+        max_length: int,
+        step_timeout: float,
+        max_failovers: int = 5,
+        links: StepLinks | None = None,
+    ) -> None:
         self._p2p = p2p
+        self._links = links
         self._router = router
         self._max_length = max_length
         self._timeout = step_timeout
@@ -280,7 +310,7 @@ class ChainSession:
             raise NodeUnreachable("the chain session is closed")
 
     def _new_session(self, hop: Hop) -> NodeSession:
-        return NodeSession(self._p2p, hop, self._max_length, self._timeout, self._router.auth)
+        return NodeSession(self._p2p, hop, self._max_length, self._timeout, self._router.auth, self._links)
 
     async def _fail_over(self, failed: Segment, error: BaseException) -> None:
         """Replace ``failed`` by new segments over the same blocks, replayed up to where it was."""

@@ -6,6 +6,11 @@ the pydantic models below, ``tensors`` are hidden states serialized by hivemind.
 * ``inference`` (stream ↔ stream): ``OpenSession`` → ``SessionOpened``; then ``Step`` + hidden [1, T, D] →
   ``StepResult`` + hidden [1, T, D]; ``ResizeSession`` → ``SessionResized`` grows or shrinks the session's room (its
   stored positions kept); the session's KV cache lives until ``CloseSession`` or the stream ends.
+* ``batch`` (stream ↔ stream): ``BatchStep`` + hidden [B, 1, D] → ``BatchStepResult`` + hidden [B, 1, D]: one decode
+  step for each of B sessions the caller opened on its inference streams, in one message each way. A gateway whose
+  streams step together (they do: its LM head scores them as one batch) sends one message per node instead of B,
+  and the node's batcher gets all B rows at once instead of waiting for them to trickle in. A row that fails (its
+  session closed, a bad position) carries its own ``ErrorReply``; the other rows are answered.
 * ``forward`` (unary): ``ForwardRequest`` + hidden [B, T, D] → ``ForwardResult`` + hidden, no state kept.
 * ``info`` (unary): ``InfoRequest`` → ``NodeInfo``.
 
@@ -24,9 +29,10 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from shared.errors import BadRequest, RemoteError, error_from_code
 
-PROTOCOL_VERSION = 2  # 2: ResizeSession
+PROTOCOL_VERSION = 3  # 2: ResizeSession; 3: the batch handler
 
 INFERENCE_HANDLER = "swarmgate.inference"
+BATCH_HANDLER = "swarmgate.batch"
 FORWARD_HANDLER = "swarmgate.forward"
 INFO_HANDLER = "swarmgate.info"
 
@@ -35,6 +41,7 @@ WIRE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": t
 # Bytes per element in hivemind's uncompressed buffer (it widens bfloat16 to float32 on the wire).
 _WIRE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 4}
 MAX_WIRE_ELEMENTS = 1 << 28  # 1 GiB of fp32: refuses absurd declared sizes before allocating
+MAX_BATCH_ROWS = 256  # sessions in one BatchStep
 
 
 class _Message(BaseModel):
@@ -67,6 +74,18 @@ class ResizeSession(_Message):
 
 class CloseSession(_Message):
     type: Literal["close"] = "close"
+
+
+class BatchRow(_Message):
+    session_id: str = Field(min_length=1, max_length=64)  # as SessionOpened named it
+    position: int = Field(ge=0)
+
+
+class BatchStep(_Message):
+    """One new token for each of several sessions (row b of the hidden states is ``rows[b]``'s)."""
+
+    type: Literal["batch_step"] = "batch_step"
+    rows: list[BatchRow] = Field(min_length=1, max_length=MAX_BATCH_ROWS)
 
 
 ClientMessage = Annotated[OpenSession | Step | ResizeSession | CloseSession, Field(discriminator="type")]
@@ -136,7 +155,14 @@ class ErrorReply(_Message):
         return error_from_code(self.code, self.message)
 
 
-_ServerMessages = SessionOpened | SessionResized | StepResult | ForwardResult | NodeInfo | ErrorReply
+class BatchStepResult(_Message):
+    """Row b's output is row b of the hidden states, unless ``errors[b]`` says why it failed (its row is zeros)."""
+
+    type: Literal["batch_result"] = "batch_result"
+    errors: list[ErrorReply | None]
+
+
+_ServerMessages = SessionOpened | SessionResized | StepResult | BatchStepResult | ForwardResult | NodeInfo | ErrorReply
 ServerMessage = Annotated[_ServerMessages, Field(discriminator="type")]
 _SERVER_MESSAGE: TypeAdapter[_ServerMessages] = TypeAdapter(ServerMessage)
 
@@ -161,6 +187,13 @@ def decode_client_message(
 
 def decode_unary(request: runtime_pb2.ExpertRequest, model: type[_Message]) -> tuple[Any, list[torch.Tensor]]:
     return _parse(TypeAdapter(model), request.metadata), decode_tensors(request.tensors)
+
+
+_BATCH_STEP: TypeAdapter[BatchStep] = TypeAdapter(BatchStep)
+
+
+def decode_batch_step(request: runtime_pb2.ExpertRequest) -> tuple[BatchStep, list[torch.Tensor]]:
+    return _parse(_BATCH_STEP, request.metadata), decode_tensors(request.tensors)
 
 
 def decode_server_message(

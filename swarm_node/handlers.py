@@ -1,4 +1,5 @@
-"""The node's RPC handlers: inference sessions (stream), stateless forward (unary) and info (unary).
+"""The node's RPC handlers: inference sessions (stream), batched decode steps of those sessions (stream), stateless
+forward (unary) and info (unary).
 
 Every request is validated explicitly; a bad one gets a typed ``ErrorReply`` and the node (and, for a session, the
 stream) keeps serving.
@@ -28,10 +29,13 @@ from shared.errors import (
 )
 from shared.membership import ReplayGuard
 from shared.protocol import (
+    BATCH_HANDLER,
     FORWARD_HANDLER,
     INFERENCE_HANDLER,
     INFO_HANDLER,
     PROTOCOL_VERSION,
+    BatchStep,
+    BatchStepResult,
     CloseSession,
     ErrorReply,
     ForwardRequest,
@@ -44,6 +48,7 @@ from shared.protocol import (
     SessionResized,
     Step,
     StepResult,
+    decode_batch_step,
     decode_client_message,
     decode_unary,
     encode_response,
@@ -91,6 +96,9 @@ class SpanHandlers:
         await p2p.add_protobuf_handler(
             INFERENCE_HANDLER, self.inference, runtime_pb2.ExpertRequest, stream_input=True, stream_output=True
         )
+        await p2p.add_protobuf_handler(
+            BATCH_HANDLER, self.batch, runtime_pb2.ExpertRequest, stream_input=True, stream_output=True
+        )
         await p2p.add_protobuf_handler(FORWARD_HANDLER, self.forward, runtime_pb2.ExpertRequest)
         await p2p.add_protobuf_handler(INFO_HANDLER, self.info, runtime_pb2.ExpertRequest)
         if self._expiry is None:
@@ -117,7 +125,7 @@ class SpanHandlers:
                         if session is not None:
                             raise BadRequest("this stream already has an open session")
                         self._authorize(message.auth, context)
-                        session = await self._open(message)
+                        session = await self._open(message, context.remote_id.to_base58())
                         yield encode_response(
                             SessionOpened(
                                 session_id=session.session_id,
@@ -144,7 +152,85 @@ class SpanHandlers:
             if session is not None:
                 self.sessions.close(session)
 
-    async def _open(self, message: OpenSession) -> Session:
+    async def batch(
+        self, requests: AsyncIterator[runtime_pb2.ExpertRequest], context: P2PContext
+    ) -> AsyncIterator[runtime_pb2.ExpertResponse]:
+        """Batched decode steps of the caller's own sessions; replies in request order.
+
+        Each request is served as soon as it arrives (a later one need not wait for an earlier one's forward: its rows
+        may join the batch that is forming), and the replies are sent in order, which is how the client pairs them."""
+        owner = context.remote_id.to_base58()
+        answers: asyncio.Queue[asyncio.Task[runtime_pb2.ExpertResponse] | None] = asyncio.Queue()
+
+        async def read() -> None:
+            try:
+                async for request in requests:
+                    answers.put_nowait(asyncio.create_task(self._batch_reply(request, owner)))
+            finally:
+                answers.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (answer := await answers.get()) is not None:
+                yield await answer
+        finally:
+            reader.cancel()
+            while not answers.empty():
+                if (pending := answers.get_nowait()) is not None:
+                    pending.cancel()
+
+    async def _batch_reply(self, request: runtime_pb2.ExpertRequest, owner: str) -> runtime_pb2.ExpertResponse:
+        await self._emulate_distance()
+        try:
+            message, tensors = decode_batch_step(request)
+            hidden = self._check_batch(message, tensors)
+            results = await asyncio.gather(
+                *(
+                    self._batch_row(row.session_id, row.position, hidden[b : b + 1], owner)
+                    for b, row in enumerate(message.rows)
+                ),
+                return_exceptions=True,
+            )
+            errors: list[ErrorReply | None] = []
+            outputs = []
+            for b, result in enumerate(results):
+                if isinstance(result, torch.Tensor):
+                    errors.append(None)
+                    outputs.append(result)
+                    continue
+                if not isinstance(result, RemoteError):
+                    if not isinstance(result, Exception):
+                        raise result
+                    logger.error("batched step failed", exc_info=result)
+                    result = NodeInternalError("internal error on the node")
+                errors.append(ErrorReply.of(result))
+                outputs.append(torch.zeros_like(hidden[b : b + 1]))
+            output = self._corrupt(torch.cat(outputs))
+            return encode_response(BatchStepResult(errors=errors), (output,))
+        except RemoteError as error:
+            return encode_response(ErrorReply.of(error))
+        except Exception:
+            logger.exception("batched step failed")
+            return encode_response(ErrorReply.of(NodeInternalError("internal error on the node")))
+
+    async def _batch_row(self, session_id: str, position: int, hidden: torch.Tensor, owner: str) -> torch.Tensor:
+        return await self._step(self.sessions.owned(session_id, owner), Step(position=position), [hidden])
+
+    def _check_batch(self, message: BatchStep, tensors: list[torch.Tensor]) -> torch.Tensor:
+        """The [B, 1, D] hidden states of a batch step (each row is checked again with its own session)."""
+        if len(tensors) != 1:
+            raise BadRequest(f"expected one hidden-states tensor, got {len(tensors)}")
+        shape = list(tensors[0].shape)
+        if shape != [len(message.rows), 1, self.hidden_size]:
+            raise BadRequest(
+                f"a batch step of {len(message.rows)} rows takes hidden states [{len(message.rows)}, 1,"
+                f" {self.hidden_size}], got {shape}"
+            )
+        if len({row.session_id for row in message.rows}) != len(message.rows):
+            raise BadRequest("a batch step names a session twice")
+        return tensors[0]
+
+    async def _open(self, message: OpenSession, owner: str) -> Session:
         check_protocol(message.protocol)
         blocks = self._check_blocks(message.start, message.end)
         if self.status.state is not NodeState.ONLINE:
@@ -159,7 +245,7 @@ class SpanHandlers:
         except BaseException:  # cancelled or failed before the session exists: nobody else would release the room
             allocation.release()
             raise
-        session = self.sessions.add(kv, allocation)
+        session = self.sessions.add(kv, allocation, owner)
         logger.debug("session %s opened for blocks %d:%d", session.session_id, blocks.start, blocks.stop)
         return session
 

@@ -3,9 +3,10 @@
 What is quantized: the attention projections (q/k/v/o) and the MLP projections (gate/up/down) of every block — the
 bulk of a block's weights. Norms, biases and the KV cache stay in the compute dtype.
 
-Defaults (``--quant auto``): ``none`` on the CPU — bitsandbytes 0.50 runs both kinds there (end to end on this
-project's 2-core CI box, SmolLM2 decode with either was about half float32's speed with 0.50.2: README's
-capacity table), and quantization changes outputs and RAM is rarely what limits a CPU node; ``nf4`` on CUDA — a quarter
+Defaults (``--quant auto``): ``none`` on the CPU — bitsandbytes 0.50 runs both kinds there, at a speed that depends
+on the CPU (SmolLM2 decode with 0.50.2: about half float32's with either on an AVX2-only box; on an AVX-512 box nf4
+1.6x float32's, int8 0.7x: README's capacity table), but quantization changes outputs and RAM is rarely what limits
+a CPU node; ``nf4`` on CUDA — a quarter
 of bfloat16's weight memory, so a small GPU hosts about 3.5x more blocks, and bitsandbytes' 4-bit inference
 kernels keep batch-1 decode near bfloat16 speed (the default Petals chose too).
 ``int8`` is the more faithful of the two (outlier columns stay in 16 bits) but its matmuls are slower.

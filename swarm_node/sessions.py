@@ -25,8 +25,9 @@ Clock = Callable[[], float]
 
 
 class Session:
-    def __init__(self, kv: SessionKV, allocation: Allocation, now: float) -> None:
-        self.session_id = uuid.uuid4().hex
+    def __init__(self, kv: SessionKV, allocation: Allocation, now: float, owner: str = "") -> None:
+        self.session_id = uuid.uuid4().hex  # random: a name only its opener learns
+        self.owner = owner  # peer id of the client that opened it: only it may step it on the batch stream
         self.first_block = kv.first_block
         self.end_block = kv.first_block + kv.num_layers
         self.max_length = kv.max_length
@@ -58,9 +59,17 @@ class SessionRegistry:
     def __len__(self) -> int:
         return len(self._sessions)
 
-    def add(self, kv: SessionKV, allocation: Allocation) -> Session:
-        session = Session(kv, allocation, self._clock())
+    def add(self, kv: SessionKV, allocation: Allocation, owner: str = "") -> Session:
+        session = Session(kv, allocation, self._clock(), owner)
         self._sessions[session.session_id] = session
+        return session
+
+    def owned(self, session_id: str, owner: str) -> Session:
+        """The open session ``session_id`` if ``owner`` opened it; else ``UnknownSession`` (the same answer whether it
+        never existed, ended, or is someone else's: a session's name tells another client nothing)."""
+        session = self._sessions.get(session_id)
+        if session is None or session.owner != owner:
+            raise UnknownSession(f"no open session {session_id!r} of this client")
         return session
 
     def close(self, session: Session, reason: str = "closed") -> None:

@@ -250,6 +250,7 @@ class SessionTracker:
     def _cancelled(self, session_id: str) -> None:
         live = self.live.get(session_id)
         if live is not None:
+            logger.info("session %s cancelled: stopping it", session_id)
             live.stop()
 
     # -- reading -----------------------------------------------------------------------------------------------------
@@ -311,6 +312,7 @@ class SessionTracker:
             current = await self.store.get(session_id)
             if current is not None and current.ended:
                 return current
+        logger.warning("session %s: no replica confirmed its cancel within %.0fs", session_id, CANCEL_WAIT)
         return await self.store.get(session_id) or record
 
     async def drain(self) -> None:

@@ -17,6 +17,7 @@ from hivemind.p2p import P2P
 from gateway.remote_session import ChainSession
 from gateway.router import Router
 from gateway.routing import RoutingMode
+from gateway.step_links import StepLinks
 from gateway.swarm_view import SwarmMonitor
 from shared.dht_records import NodeState, ServerRecord, fetch_servers
 from shared.head import ModelHead, build_head
@@ -46,14 +47,19 @@ class Client:
         self.p2p: P2P = await self.dht.replicate_p2p()
         monitor = SwarmMonitor(self.dht, self.model_name, self.config.num_hidden_layers, max_age=0.5)
         self.router = Router(monitor, self.p2p, self.mode)
+        self.links: list[StepLinks] = []
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        for links in self.links:
+            await links.close()
         await self.router.close()
         self.dht.shutdown()
 
     def session(self, max_length: int, step_timeout: float = 20.0) -> ChainSession:
-        return ChainSession(self.p2p, self.router, max_length, step_timeout)
+        """A chain as the engine makes them: decode steps go through batch links (a failover must work there too)."""
+        self.links.append(StepLinks(self.p2p, step_timeout))
+        return ChainSession(self.p2p, self.router, max_length, step_timeout, links=self.links[-1])
 
     async def greedy(self, prompt: list[int], new_tokens: int, chain: ChainSession) -> AsyncIterator[int]:
         ids, position = prompt, 0

@@ -17,6 +17,7 @@ from shared.protocol import (
     WIRE_DTYPES,
     ForwardRequest,
     Step,
+    decode_batch_step,
     decode_client_message,
     decode_tensors,
     decode_unary,
@@ -31,7 +32,7 @@ SIZES = st.lists(st.integers(0, 2**32 - 1) | st.integers(0, 9), max_size=5)
 
 def decoded_or_refused(request: runtime_pb2.ExpertRequest) -> None:
     """Decoding gives well-formed tensors (their bytes match their shape) or raises BadRequest — nothing else."""
-    for decode in (decode_client_message, lambda r: decode_unary(r, ForwardRequest)):
+    for decode in (decode_client_message, decode_batch_step, lambda r: decode_unary(r, ForwardRequest)):
         try:
             _, tensors = decode(request)
         except BadRequest:

@@ -1,0 +1,194 @@
+"""The node's batch handler and the gateway's ``StepLinks``: concurrent sessions' decode steps as one message per node.
+
+A real `swarm_node serve` process driven over hivemind P2P, as the gateway drives it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import AsyncIterator
+
+import pytest
+import torch
+from hivemind.p2p import P2P, PeerID
+from hivemind.proto import runtime_pb2
+
+from gateway.remote_session import NodeSession
+from gateway.routing import Hop
+from gateway.step_links import StepLinks
+from shared.errors import BadRequest, PositionOutOfRange, UnknownSession
+from shared.protocol import (
+    BATCH_HANDLER,
+    BatchRow,
+    BatchStep,
+    BatchStepResult,
+    ErrorReply,
+    decode_server_message,
+    encode_request,
+)
+from tests.helpers.processes import LocalSwarm
+from tests.integration.conftest import client_dht
+from tests.tiny_models import NUM_LAYERS, GetTinyModel
+
+pytestmark = pytest.mark.timeout(300)
+
+HIDDEN = 64
+
+
+@pytest.fixture(scope="module")
+def node_peer(module_swarm: LocalSwarm, tiny_model: GetTinyModel) -> str:
+    module_swarm.start_dht()
+    node = module_swarm.start_node(tiny_model("llama").folder, f"0:{NUM_LAYERS}", "--cache-tokens", "300")
+    return module_swarm.wait_serving(node)
+
+
+@pytest.fixture
+async def links(client_p2p: P2P) -> AsyncIterator[StepLinks]:
+    links = StepLinks(client_p2p, step_timeout=60)
+    try:
+        yield links
+    finally:
+        await links.close()
+
+
+async def opened(p2p: P2P, peer: str, prompt: torch.Tensor, links: StepLinks | None) -> NodeSession:
+    session = NodeSession(p2p, Hop(peer, 0, NUM_LAYERS), max_length=16, step_timeout=60, links=links)
+    await session.open()
+    await session.step(prompt, 0)
+    return session
+
+
+async def test_concurrent_decode_steps_travel_as_one_message_and_equal_each_session_alone(
+    client_p2p: P2P, node_peer: str, links: StepLinks
+) -> None:
+    torch.manual_seed(0)
+    prompts = [torch.randn(1, length, HIDDEN) for length in (5, 3, 7)]
+    steps = [[torch.randn(1, 1, HIDDEN) for _ in range(4)] for _ in prompts]
+
+    alone = []
+    for prompt, own_steps in zip(prompts, steps, strict=True):
+        session = await opened(client_p2p, node_peer, prompt, links=None)  # every step on its own stream
+        alone.append([await session.step(hidden, prompt.shape[1] + n) for n, hidden in enumerate(own_steps)])
+        await session.close()
+
+    sessions = [await opened(client_p2p, node_peer, prompt, links) for prompt in prompts]
+    together: list[list[torch.Tensor]] = [[] for _ in prompts]
+    for n in range(4):
+        sent = links.messages
+        outputs = await asyncio.gather(
+            *(s.step(steps[i][n], prompts[i].shape[1] + n) for i, s in enumerate(sessions))  # different positions
+        )
+        assert links.messages == sent + 1  # three sessions' steps, one message
+        for i, output in enumerate(outputs):
+            together[i].append(output)
+    for session in sessions:
+        await session.close()
+    for got, want in zip(together, alone, strict=True):
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+async def test_a_failing_row_fails_alone_and_the_others_are_answered(
+    client_p2p: P2P, node_peer: str, links: StepLinks
+) -> None:
+    sessions = [await opened(client_p2p, node_peer, torch.randn(1, 4, HIDDEN), links) for _ in range(3)]
+    positions = [4, 9, 4]  # the second leaves a gap after its 4 tokens
+    sent = links.messages
+    results = await asyncio.gather(
+        *(s.step(torch.randn(1, 1, HIDDEN), p) for s, p in zip(sessions, positions, strict=True)),
+        return_exceptions=True,
+    )
+    assert links.messages == sent + 1
+    assert isinstance(results[1], PositionOutOfRange), results[1]
+    for result in (results[0], results[2]):
+        assert isinstance(result, torch.Tensor) and result.shape == (1, 1, HIDDEN)
+    # The failed row's session is intact: its next step, at the right position, works.
+    assert (await sessions[1].step(torch.randn(1, 1, HIDDEN), 4)).shape == (1, 1, HIDDEN)
+    for session in sessions:
+        await session.close()
+
+
+class RawBatchStream:
+    """A hand-driven batch stream, to send what a well-behaved gateway never would."""
+
+    def __init__(self, p2p: P2P, peer: str) -> None:
+        self.p2p, self.peer = p2p, PeerID.from_base58(peer)
+        self.outbox: asyncio.Queue[runtime_pb2.ExpertRequest | None] = asyncio.Queue()
+
+    async def __aenter__(self) -> RawBatchStream:
+        self.replies = await self.p2p.iterate_protobuf_handler(
+            self.peer, BATCH_HANDLER, self._requests(), runtime_pb2.ExpertResponse
+        )
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.outbox.put_nowait(None)
+
+    async def _requests(self) -> AsyncIterator[runtime_pb2.ExpertRequest]:
+        while (item := await self.outbox.get()) is not None:
+            yield item
+
+    async def send(self, rows: list[BatchRow], hidden: torch.Tensor) -> tuple[object, list[torch.Tensor]]:
+        self.outbox.put_nowait(encode_request(BatchStep(rows=rows), (hidden,)))
+        return decode_server_message(await asyncio.wait_for(anext(self.replies), 60))
+
+
+async def test_only_the_client_that_opened_a_session_can_step_it_and_bad_batches_are_refused(
+    client_p2p: P2P, node_peer: str, module_swarm: LocalSwarm
+) -> None:
+    session = await opened(client_p2p, node_peer, torch.randn(1, 4, HIDDEN), links=None)
+    assert session._session_id is not None
+    row = BatchRow(session_id=session._session_id, position=4)
+    other_dht = client_dht(module_swarm.initial_peers)
+    try:
+        other = await other_dht.replicate_p2p()
+        async with RawBatchStream(other, node_peer) as stranger:
+            reply, (output,) = await stranger.send([row], torch.randn(1, 1, HIDDEN))
+            assert isinstance(reply, BatchStepResult) and reply.errors[0] is not None
+            assert isinstance(reply.errors[0].to_exception(), UnknownSession)
+            assert not output.any()
+    finally:
+        other_dht.shutdown()
+
+    async with RawBatchStream(client_p2p, node_peer) as owner:
+        for rows, hidden in (
+            ([row], torch.randn(2, 1, HIDDEN)),  # rows and hidden states disagree
+            ([row], torch.randn(1, 2, HIDDEN)),  # a batch step carries one token per row
+            ([row, row], torch.randn(2, 1, HIDDEN)),  # the same session twice
+        ):
+            reply, _ = await owner.send(rows, hidden)
+            assert isinstance(reply, ErrorReply) and isinstance(reply.to_exception(), BadRequest), reply
+        # The stranger's attempt and the refusals left the session as it was: its opener steps it at position 4.
+        reply, (output,) = await owner.send([row], torch.randn(1, 1, HIDDEN))
+        assert isinstance(reply, BatchStepResult) and reply.errors == [None], reply
+        assert output.shape == (1, 1, HIDDEN) and output.any()
+    await session.close()
+
+
+async def test_a_node_that_dies_fails_every_row_it_carried_and_the_links_serve_on(
+    local_swarm: LocalSwarm, tiny_model: GetTinyModel
+) -> None:
+    local_swarm.start_dht()
+    folder = tiny_model("llama").folder
+    node = local_swarm.start_node(folder, f"0:{NUM_LAYERS}", "--added-latency", "1.0")
+    peer = local_swarm.wait_serving(node)
+    dht = client_dht(local_swarm.initial_peers)
+    p2p = await dht.replicate_p2p()
+    links = StepLinks(p2p, step_timeout=3)  # hivemind ends a stream to a dead peer only at the next send
+    try:
+        sessions = [await opened(p2p, peer, torch.randn(1, 4, HIDDEN), links) for _ in range(2)]
+        steps = asyncio.gather(*(s.step(torch.randn(1, 1, HIDDEN), 4) for s in sessions), return_exceptions=True)
+        await asyncio.sleep(0.5)  # the batch is on its way (the node sleeps 1 s before answering)
+        node.send(signal.SIGKILL)  # with its p2p daemon
+        results = await asyncio.wait_for(steps, 20)
+        assert all(type(r).__name__ in ("NodeUnreachable", "StepTimeout") for r in results), results
+        # A new node, a new link stream: the same links object serves it.
+        fresh = local_swarm.start_node(folder, f"0:{NUM_LAYERS}")
+        fresh_peer = local_swarm.wait_serving(fresh)
+        session = await opened(p2p, fresh_peer, torch.randn(1, 4, HIDDEN), links)
+        assert (await session.step(torch.randn(1, 1, HIDDEN), 4)).shape == (1, 1, HIDDEN)
+        await session.close()
+    finally:
+        await links.close()
+        dht.shutdown()
