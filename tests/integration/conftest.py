@@ -15,7 +15,7 @@ from transformers import AutoTokenizer
 from shared.dht_records import ModelRecord, ServerRecord
 from shared.membership import record_validators
 from tests.helpers.processes import LocalSwarm, save_tiny_tokenizer
-from tests.tiny_models import VOCAB, GetTinyModel, TinyModel
+from tests.tiny_models import NUM_LAYERS, VOCAB, GetTinyModel, TinyModel
 
 
 @pytest.fixture
@@ -60,6 +60,14 @@ def client_dht(initial_peers: list[str], secret: bytes | None = None) -> hivemin
         auto_nat=False,
         record_validators=record_validators(secret, (ServerRecord, ModelRecord)),
     )
+
+
+@pytest.fixture(scope="module")
+def node_peer(module_swarm: LocalSwarm, tiny_model: GetTinyModel) -> str:
+    """One node serving every block of the tiny llama (300 cache tokens), for tests that drive its RPCs directly."""
+    module_swarm.start_dht()
+    node = module_swarm.start_node(tiny_model("llama").folder, f"0:{NUM_LAYERS}", "--cache-tokens", "300")
+    return module_swarm.wait_serving(node)
 
 
 @pytest.fixture

@@ -11,8 +11,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 import torch
-from hivemind.p2p import P2P, PeerID
-from hivemind.proto import runtime_pb2
+from hivemind.p2p import P2P
 
 from gateway.remote_session import NodeSession
 from gateway.routing import Hop
@@ -24,23 +23,16 @@ from shared.protocol import (
     BatchStep,
     BatchStepResult,
     ErrorReply,
-    decode_server_message,
     encode_request,
 )
 from tests.helpers.processes import LocalSwarm
+from tests.helpers.raw_stream import RawStream
 from tests.integration.conftest import client_dht
 from tests.tiny_models import NUM_LAYERS, GetTinyModel
 
 pytestmark = pytest.mark.timeout(300)
 
 HIDDEN = 64
-
-
-@pytest.fixture(scope="module")
-def node_peer(module_swarm: LocalSwarm, tiny_model: GetTinyModel) -> str:
-    module_swarm.start_dht()
-    node = module_swarm.start_node(tiny_model("llama").folder, f"0:{NUM_LAYERS}", "--cache-tokens", "300")
-    return module_swarm.wait_serving(node)
 
 
 @pytest.fixture
@@ -109,29 +101,10 @@ async def test_a_failing_row_fails_alone_and_the_others_are_answered(
         await session.close()
 
 
-class RawBatchStream:
-    """A hand-driven batch stream, to send what a well-behaved gateway never would."""
-
-    def __init__(self, p2p: P2P, peer: str) -> None:
-        self.p2p, self.peer = p2p, PeerID.from_base58(peer)
-        self.outbox: asyncio.Queue[runtime_pb2.ExpertRequest | None] = asyncio.Queue()
-
-    async def __aenter__(self) -> RawBatchStream:
-        self.replies = await self.p2p.iterate_protobuf_handler(
-            self.peer, BATCH_HANDLER, self._requests(), runtime_pb2.ExpertResponse
-        )
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.outbox.put_nowait(None)
-
-    async def _requests(self) -> AsyncIterator[runtime_pb2.ExpertRequest]:
-        while (item := await self.outbox.get()) is not None:
-            yield item
-
-    async def send(self, rows: list[BatchRow], hidden: torch.Tensor) -> tuple[object, list[torch.Tensor]]:
-        self.outbox.put_nowait(encode_request(BatchStep(rows=rows), (hidden,)))
-        return decode_server_message(await asyncio.wait_for(anext(self.replies), 60))
+async def send_batch(
+    stream: RawStream, rows: list[BatchRow], hidden: torch.Tensor
+) -> tuple[object, list[torch.Tensor]]:
+    return await stream.send(encode_request(BatchStep(rows=rows), (hidden,)))
 
 
 async def test_only_the_client_that_opened_a_session_can_step_it_and_bad_batches_are_refused(
@@ -143,24 +116,24 @@ async def test_only_the_client_that_opened_a_session_can_step_it_and_bad_batches
     other_dht = client_dht(module_swarm.initial_peers)
     try:
         other = await other_dht.replicate_p2p()
-        async with RawBatchStream(other, node_peer) as stranger:
-            reply, (output,) = await stranger.send([row], torch.randn(1, 1, HIDDEN))
+        async with RawStream(other, node_peer, BATCH_HANDLER) as stranger:
+            reply, (output,) = await send_batch(stranger, [row], torch.randn(1, 1, HIDDEN))
             assert isinstance(reply, BatchStepResult) and reply.errors[0] is not None
             assert isinstance(reply.errors[0].to_exception(), UnknownSession)
             assert not output.any()
     finally:
         other_dht.shutdown()
 
-    async with RawBatchStream(client_p2p, node_peer) as owner:
+    async with RawStream(client_p2p, node_peer, BATCH_HANDLER) as owner:
         for rows, hidden in (
             ([row], torch.randn(2, 1, HIDDEN)),  # rows and hidden states disagree
             ([row], torch.randn(1, 2, HIDDEN)),  # a batch step carries one token per row
             ([row, row], torch.randn(2, 1, HIDDEN)),  # the same session twice
         ):
-            reply, _ = await owner.send(rows, hidden)
+            reply, _ = await send_batch(owner, rows, hidden)
             assert isinstance(reply, ErrorReply) and isinstance(reply.to_exception(), BadRequest), reply
         # The stranger's attempt and the refusals left the session as it was: its opener steps it at position 4.
-        reply, (output,) = await owner.send([row], torch.randn(1, 1, HIDDEN))
+        reply, (output,) = await send_batch(owner, [row], torch.randn(1, 1, HIDDEN))
         assert isinstance(reply, BatchStepResult) and reply.errors == [None], reply
         assert output.shape == (1, 1, HIDDEN) and output.any()
     await session.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -40,43 +40,12 @@ from shared.protocol import (
     encode_request,
 )
 from tests.helpers.processes import LocalSwarm
-from tests.tiny_models import NUM_LAYERS, GetTinyModel
+from tests.helpers.raw_stream import RawStream
+from tests.tiny_models import NUM_LAYERS
 
 pytestmark = pytest.mark.timeout(300)
 
 HIDDEN = 64
-
-
-@pytest.fixture(scope="module")
-def node_peer(module_swarm: LocalSwarm, tiny_model: GetTinyModel) -> str:
-    module_swarm.start_dht()
-    node = module_swarm.start_node(tiny_model("llama").folder, f"0:{NUM_LAYERS}", "--cache-tokens", "300")
-    return module_swarm.wait_serving(node)
-
-
-class RawStream:
-    """A hand-driven inference stream, to send what a well-behaved client never would."""
-
-    def __init__(self, p2p: P2P, peer: str) -> None:
-        self.p2p, self.peer = p2p, PeerID.from_base58(peer)
-        self.outbox: asyncio.Queue[runtime_pb2.ExpertRequest | None] = asyncio.Queue()
-
-    async def __aenter__(self) -> RawStream:
-        self.replies = await self.p2p.iterate_protobuf_handler(
-            self.peer, INFERENCE_HANDLER, self._requests(), runtime_pb2.ExpertResponse
-        )
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.outbox.put_nowait(None)
-
-    async def _requests(self) -> AsyncIterator[runtime_pb2.ExpertRequest]:
-        while (item := await self.outbox.get()) is not None:
-            yield item
-
-    async def send(self, request: runtime_pb2.ExpertRequest) -> tuple[object, list[torch.Tensor]]:
-        self.outbox.put_nowait(request)
-        return decode_server_message(await asyncio.wait_for(anext(self.replies), 60))
 
 
 def assert_error(reply: object, expected: type[RemoteError]) -> None:
