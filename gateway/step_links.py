@@ -26,6 +26,7 @@ from hivemind.proto import runtime_pb2
 from shared.errors import NodeUnreachable, RemoteError, StepTimeout
 from shared.protocol import (
     BATCH_HANDLER,
+    MAX_BATCH_ROWS,
     BatchRow,
     BatchStep,
     BatchStepResult,
@@ -58,8 +59,9 @@ class _Stream:
 
     def send(self, rows: list[_Row]) -> None:
         message = BatchStep(rows=[BatchRow(session_id=row.session_id, position=row.position) for row in rows])
+        request = encode_request(message, (torch.cat([row.hidden for row in rows]),))
         self._sent.append(rows)
-        self._outbox.put_nowait(encode_request(message, (torch.cat([row.hidden for row in rows]),)))
+        self._outbox.put_nowait(request)
 
     def fail(self, error: Exception) -> None:
         """Give up on the stream: every row it carries fails with ``error``."""
@@ -171,9 +173,16 @@ class StepLinks:
         stream = self._streams.get(peer_id)
         if stream is None or not stream.alive:
             stream = self._streams[peer_id] = _Stream(self._p2p, peer_id, self._timeout)
-        stream.send(rows)
-        self.messages += 1
-        self.rows += len(rows)
+        for first in range(0, len(rows), MAX_BATCH_ROWS):
+            chunk = rows[first : first + MAX_BATCH_ROWS]
+            try:
+                stream.send(chunk)
+            except Exception as exc:  # never expected: fail the rows rather than leave them to the step timeout
+                for row in chunk:
+                    row.future.set_exception(NodeUnreachable(f"cannot send a batch step to {peer_id}: {exc}"))
+                continue
+            self.messages += 1
+            self.rows += len(chunk)
 
     async def close(self) -> None:
         streams, self._streams = list(self._streams.values()), {}

@@ -13,6 +13,7 @@ import pytest
 import torch
 from hivemind.p2p import P2P
 
+from gateway import step_links
 from gateway.remote_session import NodeSession
 from gateway.routing import Hop
 from gateway.step_links import StepLinks
@@ -97,6 +98,19 @@ async def test_a_failing_row_fails_alone_and_the_others_are_answered(
         assert isinstance(result, torch.Tensor) and result.shape == (1, 1, HIDDEN)
     # The failed row's session is intact: its next step, at the right position, works.
     assert (await sessions[1].step(torch.randn(1, 1, HIDDEN), 4)).shape == (1, 1, HIDDEN)
+    for session in sessions:
+        await session.close()
+
+
+async def test_more_rows_than_one_message_may_carry_go_in_several(
+    client_p2p: P2P, node_peer: str, links: StepLinks, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(step_links, "MAX_BATCH_ROWS", 2)
+    sessions = [await opened(client_p2p, node_peer, torch.randn(1, 4, HIDDEN), links) for _ in range(5)]
+    sent = links.messages
+    outputs = await asyncio.gather(*(s.step(torch.randn(1, 1, HIDDEN), 4) for s in sessions))
+    assert links.messages == sent + 3  # 2 + 2 + 1 rows
+    assert all(output.shape == (1, 1, HIDDEN) and output.any() for output in outputs)
     for session in sessions:
         await session.close()
 
