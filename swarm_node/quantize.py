@@ -4,17 +4,15 @@ What is quantized: the attention projections (q/k/v/o) and the MLP projections (
 bulk of a block's weights. Norms, biases and the KV cache stay in the compute dtype.
 
 Defaults (``--quant auto``): ``none`` on the CPU — bitsandbytes 0.50 runs both kinds there, at a speed that depends
-on the CPU (SmolLM2 decode with 0.50.2: about half float32's with either on an AVX2-only box; on an AVX-512 box nf4
-1.6x float32's, int8 0.7x: README's capacity table), but quantization changes outputs and RAM is rarely what limits
-a CPU node; ``nf4`` on CUDA — a quarter
-of bfloat16's weight memory, so a small GPU hosts about 3.5x more blocks, and bitsandbytes' 4-bit inference
-kernels keep batch-1 decode near bfloat16 speed (the default Petals chose too).
+on the CPU (SmolLM2 single-stream decode with 0.50.2: about half float32's with either on an AVX2-only box; on an
+AVX-512 box about 1.5x float32's with nf4 and 0.75x with int8: README's capacity table), but quantization changes
+outputs and RAM is rarely what limits a CPU node; ``nf4`` on CUDA — a quarter of bfloat16's weight memory, so a
+small GPU hosts about 3.5x more blocks, and bitsandbytes' 4-bit inference kernels keep batch-1 decode near bfloat16
+speed (the default Petals chose too).
 ``int8`` is the more faithful of the two (outlier columns stay in 16 bits) but its matmuls are slower.
 
-Unquantized projections on the CPU are stored transposed (``TransposedLinear``): MKL multiplies the small batches of
-decode (1-16 rows) by a contiguous [in, out] matrix about 15-25% faster than by ``nn.Linear``'s transposed view
-(measured on the CI box at 8-16 rows; the same at 1 row), so batched decode gains without changing a result beyond
-float rounding.
+Unquantized projections on the CPU get the layout of ``swarm_node.cpu_projections`` (MKL's for one row, and where
+the node measures that it pays, oneDNN's too for batches).
 """
 
 from __future__ import annotations
@@ -27,6 +25,7 @@ import torch
 from torch import nn
 
 from shared.span import BlockTransform
+from swarm_node.cpu_projections import TransposedLinear, keep_batched_copy
 
 QuantSetting = Literal["auto", "none", "int8", "nf4"]
 Quant = Literal["none", "int8", "nf4"]
@@ -53,7 +52,10 @@ def block_transform(
 ) -> BlockTransform | None:
     """The per-block transform ``build_span`` applies while loading (None: keep ``nn.Linear`` layers)."""
     if quant == "none":
-        return _transpose_projections if device is not None and device.type == "cpu" else None
+        if device is None or device.type != "cpu":
+            return None
+        batched_copy = keep_batched_copy(compute_dtype, device)
+        return lambda block: _transpose_projections(block, batched_copy)
 
     def transform(block: nn.Module) -> nn.Module:
         return quantize_block(block, quant, compute_dtype)
@@ -61,24 +63,8 @@ def block_transform(
     return transform
 
 
-class TransposedLinear(nn.Module):
-    """``nn.Linear`` with its weight kept as a contiguous [in, out] matrix (see the module docstring for why)."""
-
-    def __init__(self, linear: nn.Linear) -> None:
-        super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.weight_t = nn.Parameter(linear.weight.data.t().contiguous(), requires_grad=False)
-        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.data, requires_grad=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [..., in] -> [..., out]."""
-        rows = x.reshape(-1, self.in_features)
-        out = rows @ self.weight_t if self.bias is None else torch.addmm(self.bias, rows, self.weight_t)
-        return out.view(*x.shape[:-1], self.out_features)
-
-
-def _transpose_projections(block: nn.Module) -> nn.Module:
-    return _replace_projections(block, TransposedLinear)
+def _transpose_projections(block: nn.Module, batched_copy: bool) -> nn.Module:
+    return _replace_projections(block, lambda linear: TransposedLinear(linear, batched_copy))
 
 
 def quantize_block(block: nn.Module, quant: Quant, compute_dtype: torch.dtype) -> nn.Module:

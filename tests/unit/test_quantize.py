@@ -26,7 +26,8 @@ from shared.head import ModelHead, build_head
 from shared.model_source import load_config, resolve_model
 from shared.span import BlockSpan, build_span
 from shared.weights import open_weights
-from swarm_node.quantize import QUANTIZED_PROJECTIONS, Quant, TransposedLinear, block_transform, resolve_quant
+from swarm_node.cpu_projections import TransposedLinear
+from swarm_node.quantize import QUANTIZED_PROJECTIONS, Quant, block_transform, resolve_quant
 from tests.tiny_models import GetTinyModel
 
 TINY_TOLERANCE = {"int8": 0.10, "nf4": 0.50}
@@ -52,6 +53,21 @@ def test_plain_cpu_projections_are_stored_transposed_with_the_same_results(tiny_
     blocks = range(0, 6)
     outputs = [span(hidden, [span.new_session_kv(blocks, 9) for _ in hidden], [0, 0], blocks) for span in spans]
     torch.testing.assert_close(outputs[1], outputs[0], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_batched_onednn_copy_gives_the_single_row_layouts_results(bias: bool) -> None:
+    torch.manual_seed(0)
+    linear = nn.Linear(48, 80, bias=bias)
+    plain, dual = TransposedLinear(linear), TransposedLinear(linear, batched_copy=True)
+    assert plain.batched is None and dual.batched is not None
+    for rows in (1, 3, 8):
+        x = torch.randn(rows, 1, 48)
+        reference = torch.nn.functional.linear(x, linear.weight, linear.bias)
+        torch.testing.assert_close(plain(x), reference, atol=1e-5, rtol=0)
+        torch.testing.assert_close(dual(x), reference, atol=1e-5, rtol=0)
+    one = torch.randn(1, 1, 48)
+    assert torch.equal(dual(one), plain(one))  # a single row never takes the batched kernel
 
 
 def test_auto_quantizes_on_cuda_only() -> None:
