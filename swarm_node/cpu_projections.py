@@ -10,11 +10,12 @@ does that fastest depends on the CPU and on the number of rows:
   AVX-512 EPYC (SmolLM2's projections: 0.9-1.0 vs 1.7 ms per block at 8 rows), but one row 25-30% slower there,
   and on the AVX2-only box it was only ~10% faster for batches.
 
-So the node measures both kernels once, at load, on a batch of rows: where oneDNN takes at most
-``ONEDNN_KEEP_BELOW`` of MKL's time, each projection also keeps a oneDNN-packed copy, which every forward of two or
-more rows uses, while single rows stay on MKL. The copy doubles the projections' memory (SmolLM2, 15 blocks in
-float32: about 210 MiB per node); RAM is rarely what limits a CPU node, and where the gain is small it is not kept.
-A row's result may differ from its single-row result by float rounding (different kernels), never more.
+So by default (``--cpu-batched-copy auto``) the node measures both kernels once, at load, on a batch of rows:
+where oneDNN takes at most ``ONEDNN_KEEP_BELOW`` of MKL's time, each projection also keeps a oneDNN-packed copy,
+which every forward of two or more rows uses, while single rows stay on MKL. The copy doubles the projections'
+memory (SmolLM2, 15 blocks in float32: about 210 MiB per node). RAM is rarely what limits a CPU node; where the gain
+is small the copy is not kept, and ``--cpu-batched-copy off`` declines it. A row's result may differ from its
+single-row result by float rounding (different kernels), never more.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable
+from typing import Literal
 
 import torch
 from torch import nn
@@ -60,9 +62,15 @@ class TransposedLinear(nn.Module):
         return out.view(*x.shape[:-1], self.out_features)
 
 
-def keep_batched_copy(dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether projections of this dtype on this device should also keep a oneDNN copy for batches (measured)."""
-    return packable(dtype, device) and onednn_pays_for_batches()
+BatchedCopy = Literal["auto", "on", "off"]
+
+
+def keep_batched_copy(dtype: torch.dtype, device: torch.device, setting: BatchedCopy = "auto") -> bool:
+    """Whether projections of this dtype on this device also keep a oneDNN copy for batches: never where oneDNN
+    can't take them, else as ``setting`` says (``auto``: where the probe shows it pays)."""
+    if setting == "off" or not packable(dtype, device):
+        return False
+    return setting == "on" or onednn_pays_for_batches()
 
 
 @functools.cache

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from shared.span import BlockTransform
-from swarm_node.cpu_projections import TransposedLinear, keep_batched_copy
+from swarm_node.cpu_projections import BatchedCopy, TransposedLinear, keep_batched_copy
 
 QuantSetting = Literal["auto", "none", "int8", "nf4"]
 Quant = Literal["none", "int8", "nf4"]
@@ -48,14 +48,16 @@ def resolve_quant(setting: QuantSetting, device: torch.device) -> Quant:
 
 
 def block_transform(
-    quant: Quant, compute_dtype: torch.dtype, device: torch.device | None = None
+    quant: Quant, compute_dtype: torch.dtype, device: torch.device | None = None, batched_copy: BatchedCopy = "auto"
 ) -> BlockTransform | None:
-    """The per-block transform ``build_span`` applies while loading (None: keep ``nn.Linear`` layers)."""
+    """The per-block transform ``build_span`` applies while loading (None: keep ``nn.Linear`` layers).
+
+    May time two matmul kernels (``batched_copy`` auto, unquantized on the CPU): call it off the event loop."""
     if quant == "none":
         if device is None or device.type != "cpu":
             return None
-        batched_copy = keep_batched_copy(compute_dtype, device)
-        return lambda block: _transpose_projections(block, batched_copy)
+        keep = keep_batched_copy(compute_dtype, device, batched_copy)
+        return lambda block: _transpose_projections(block, keep)
 
     def transform(block: nn.Module) -> nn.Module:
         return quantize_block(block, quant, compute_dtype)

@@ -169,7 +169,9 @@ class SpanServer:
     async def _load(self, start: int, end: int) -> SpanBackend:
         logger.info("loading blocks %d:%d of %s", start, end, self.source.name)
         reader = await asyncio.to_thread(open_weights, self.source, self.config)
-        transform = block_transform(self.quant, self.dtype, self.device)
+        transform = await asyncio.to_thread(
+            block_transform, self.quant, self.dtype, self.device, self.settings.cpu_batched_copy
+        )
         span = await asyncio.to_thread(build_span, self.config, reader, start, end, self.dtype, self.device, transform)
         return SpanBackend(span, self.settings.batch_policy(), self.metrics)
 

@@ -26,7 +26,7 @@ from shared.head import ModelHead, build_head
 from shared.model_source import load_config, resolve_model
 from shared.span import BlockSpan, build_span
 from shared.weights import open_weights
-from swarm_node.cpu_projections import TransposedLinear
+from swarm_node.cpu_projections import TransposedLinear, keep_batched_copy, onednn_pays_for_batches
 from swarm_node.quantize import QUANTIZED_PROJECTIONS, Quant, block_transform, resolve_quant
 from tests.tiny_models import GetTinyModel
 
@@ -68,6 +68,20 @@ def test_the_batched_onednn_copy_gives_the_single_row_layouts_results(bias: bool
         torch.testing.assert_close(dual(x), reference, atol=1e-5, rtol=0)
     one = torch.randn(1, 1, 48)
     assert torch.equal(dual(one), plain(one))  # a single row never takes the batched kernel
+
+
+def test_cpu_batched_copy_setting_is_obeyed_where_onednn_can_take_the_weights(tiny_model: GetTinyModel) -> None:
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert keep_batched_copy(torch.float32, cpu, "on") and not keep_batched_copy(torch.float32, cpu, "off")
+    assert keep_batched_copy(torch.float32, cpu, "auto") == onednn_pays_for_batches()  # the probe decides
+    assert not keep_batched_copy(torch.bfloat16, cpu, "on") and not keep_batched_copy(torch.float32, cuda, "on")
+    source = resolve_model(str(tiny_model("llama").folder))
+    config = load_config(source)
+    for setting, kept in (("on", True), ("off", False)):
+        layout = block_transform("none", torch.float32, cpu, setting)
+        span = build_span(config, open_weights(source, config), 0, 2, transform=layout)
+        layers = [m for m in span.modules() if isinstance(m, TransposedLinear)]
+        assert layers and all((m.batched is not None) == kept for m in layers), setting
 
 
 def test_auto_quantizes_on_cuda_only() -> None:
