@@ -61,11 +61,14 @@ def test_the_batched_onednn_copy_gives_the_single_row_layouts_results(bias: bool
     linear = nn.Linear(48, 80, bias=bias)
     plain, dual = TransposedLinear(linear), TransposedLinear(linear, batched_copy=True)
     assert plain.batched is None and dual.batched is not None
+    batched_rows: list[int] = []
+    dual.batched.register_forward_hook(lambda _module, args, _out: batched_rows.append(args[0].shape[0]))
     for rows in (1, 3, 8):
         x = torch.randn(rows, 1, 48)
         reference = torch.nn.functional.linear(x, linear.weight, linear.bias)
         torch.testing.assert_close(plain(x), reference, atol=1e-5, rtol=0)
         torch.testing.assert_close(dual(x), reference, atol=1e-5, rtol=0)
+    assert batched_rows == [3, 8]  # batches took the oneDNN copy; the single row did not
     one = torch.randn(1, 1, 48)
     assert torch.equal(dual(one), plain(one))  # a single row never takes the batched kernel
 
