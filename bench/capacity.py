@@ -32,8 +32,8 @@ from typing import IO, Any
 
 import torch
 
-from gateway.engine import GenerationEngine, GenerationRequest
 from gateway.generation import SamplingParams
+from gateway.model.engine import GenerationEngine, GenerationRequest
 from gateway.settings import EngineSettings
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

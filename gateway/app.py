@@ -76,7 +76,7 @@ def create_app(
 
 async def serve(settings: ServeSettings) -> None:
     """Build the engine, serve the API until SIGINT/SIGTERM, then close the engine (its DHT and sessions)."""
-    from gateway.engine import GenerationEngine  # torch and hivemind load only when serving for real
+    from gateway.model.engine import GenerationEngine  # torch and hivemind load only when serving for real
 
     install_request_ids()
     engine = await GenerationEngine.create(settings)

@@ -56,8 +56,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 async def _generate(settings: GenerateSettings) -> None:
-    from gateway.engine import GenerationEngine, GenerationRequest
-    from gateway.sampling import SamplingParams
+    from gateway.model.engine import GenerationEngine, GenerationRequest
+    from gateway.model.sampling import SamplingParams
 
     engine = await GenerationEngine.create(settings)
     try:

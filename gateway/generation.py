@@ -2,8 +2,8 @@
 
 The serving layer (``gateway.api``) sees only what is here: a request of token ids and sampling parameters in, a
 stream of ``PromptCached`` and ``PromptScores`` (once each, when they apply) and ``GeneratedToken``s out, and a
-``TokenCodec`` for text. The engine (``gateway.engine``) implements ``Engine``; tests may hand the serving layer any
-other implementation.
+``TokenCodec`` for text. The engine (``gateway.model.engine``) implements ``Engine``; tests may hand the serving
+layer any other implementation.
 """
 
 from __future__ import annotations

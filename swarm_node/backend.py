@@ -18,12 +18,12 @@ from typing import TypeVar
 
 import torch
 
-from shared.kv_cache import SessionKV
-from shared.span import BlockSpan
 from swarm_node.batcher import BatchPolicy, DecodeBatcher
 from swarm_node.capacity import return_freed_memory
+from swarm_node.kv_cache import SessionKV
 from swarm_node.metrics import NodeMetrics
 from swarm_node.prefill_batcher import PrefillBatcher
+from swarm_node.span import BlockSpan
 
 T = TypeVar("T")
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from shared.arrival_forecast import ArrivalForecast, wait_for_arrivals
-from shared.kv_cache import SessionKV
+from swarm_node.kv_cache import SessionKV
 
 logger = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ import torch
 from transformers import PretrainedConfig
 
 from shared.families import family_of
-from shared.span import kv_bytes_per_token
 from swarm_node.quantize import QUANTIZED_PROJECTIONS, Quant
+from swarm_node.span import kv_bytes_per_token
 
 GPU_FREE_FRACTION = 0.9
 CPU_DEFAULT_TOKENS = 16384

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from shared.kv_cache import SessionKV
+from swarm_node.kv_cache import SessionKV
 
 # Runs one padded forward: (sessions, hidden [B, T, D], starts, real lengths) -> [B, T, D].
 RunPrefill = Callable[[list[SessionKV], torch.Tensor, list[int], list[int]], Awaitable[torch.Tensor]]

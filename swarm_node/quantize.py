@@ -24,8 +24,8 @@ from typing import Literal
 import torch
 from torch import nn
 
-from shared.span import BlockTransform
 from swarm_node.cpu_projections import BatchedCopy, TransposedLinear, keep_batched_copy
+from swarm_node.span import BlockTransform
 
 QuantSetting = Literal["auto", "none", "int8", "nf4"]
 Quant = Literal["none", "int8", "nf4"]

@@ -33,7 +33,6 @@ from shared.membership import CallAuth, ReplayGuard
 from shared.model_source import ModelSource, load_config, resolve_model
 from shared.protocol import PROTOCOL_VERSION
 from shared.rpc_client import fetch_info
-from shared.span import build_span
 from shared.weights import open_weights
 from swarm_node.backend import SpanBackend
 from swarm_node.cache_pool import CachePool
@@ -42,6 +41,7 @@ from swarm_node.handlers import NodeStatus, SpanHandlers
 from swarm_node.metrics import NodeGauges, NodeMetrics
 from swarm_node.quantize import block_transform, resolve_quant
 from swarm_node.settings import ServeSettings
+from swarm_node.span import build_span
 from swarm_node.span_choice import block_throughputs, choose_new_start, choose_start
 from swarm_node.throughput import BlockSpeed, block_speed, load_cached, speed_key
 

@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from shared.errors import UnknownSession
-from shared.kv_cache import SessionKV
 from swarm_node.cache_pool import Allocation
+from swarm_node.kv_cache import SessionKV
 
 logger = logging.getLogger(__name__)
 

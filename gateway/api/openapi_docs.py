@@ -1,8 +1,8 @@
 """What the OpenAPI spec says a route answers: its errors in OpenAI's envelope, and its SSE streams event by event.
 
 Routes declare these with FastAPI's ``responses=``, so the spec lists every status a route can send (checked by
-schemathesis in tests/unit/test_api_schema_fuzz.py). FastAPI documents a 422 on every route with parameters, but
-validation failures are answered 400 (``gateway.api.errors``): ``install_openapi`` takes that 422 out.
+schemathesis in tests/unit/gateway/api/test_api_schema_fuzz.py). FastAPI documents a 422 on every route with
+parameters, but validation failures are answered 400 (``gateway.api.errors``): ``install_openapi`` takes that 422 out.
 
 A stream's events follow OpenAPI 3.2's reading of ``text/event-stream``: ``schema`` describes one event, whose
 ``data`` is the literal ``[DONE]`` or a JSON chunk — or, once the stream has started, an error envelope.

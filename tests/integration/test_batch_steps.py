@@ -14,9 +14,9 @@ import torch
 from hivemind.p2p import P2P
 
 from gateway import step_links
-from gateway.remote_session import NodeSession
-from gateway.routing import Hop
-from gateway.step_links import StepLinks
+from gateway.swarm.remote_session import NodeSession
+from gateway.swarm.routing import Hop
+from gateway.swarm.step_links import StepLinks
 from shared.errors import BadRequest, PositionOutOfRange, UnknownSession
 from shared.protocol import (
     BATCH_HANDLER,

@@ -14,13 +14,13 @@ import torch
 from hivemind import DHT
 from hivemind.p2p import P2P
 
-from gateway.remote_session import ChainSession
-from gateway.router import Router
-from gateway.routing import RoutingMode
-from gateway.step_links import StepLinks
-from gateway.swarm_view import SwarmMonitor
+from gateway.model.head import ModelHead, build_head
+from gateway.swarm.remote_session import ChainSession
+from gateway.swarm.router import Router
+from gateway.swarm.routing import RoutingMode
+from gateway.swarm.step_links import StepLinks
+from gateway.swarm.view import SwarmMonitor
 from shared.dht_records import NodeState, ServerRecord, fetch_servers
-from shared.head import ModelHead, build_head
 from shared.model_source import load_config, resolve_model
 from shared.rpc_client import fetch_info
 from shared.weights import open_weights

@@ -12,8 +12,8 @@ import pytest
 import torch
 from hivemind.p2p import P2P
 
-from gateway.engine import GenerationEngine
 from gateway.generation import GeneratedToken, GenerationRequest, PromptCached, SamplingParams
+from gateway.model.engine import GenerationEngine
 from gateway.settings import EngineSettings
 from tests.helpers.node_info import node_infos, wait_all_free
 from tests.helpers.processes import LocalSwarm

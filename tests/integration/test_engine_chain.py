@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from gateway.engine import GenerationEngine, GenerationRequest
-from gateway.sampling import SamplingParams
+from gateway.model.engine import GenerationEngine, GenerationRequest
+from gateway.model.sampling import SamplingParams
 from gateway.settings import EngineSettings
 from shared.errors import MissingBlocks
 from tests.helpers.processes import LocalSwarm

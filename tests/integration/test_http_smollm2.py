@@ -16,7 +16,7 @@ from hivemind.p2p import P2P
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from gateway.api.detokenizer import IncrementalDetokenizer
-from gateway.tokens import HFTokenCodec
+from gateway.model.tokens import HFTokenCodec
 from tests.helpers.gateway import Gateway, start_gateway, stop_gracefully
 from tests.helpers.node_info import node_infos, wait_all_free
 from tests.helpers.processes import LocalSwarm

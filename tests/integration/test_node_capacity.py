@@ -14,8 +14,8 @@ import torch
 from hivemind.p2p import P2P, PeerID
 from hivemind.proto import runtime_pb2
 
+from gateway.model.head import build_head
 from shared.errors import CacheFull, PositionOutOfRange, UnknownSession
-from shared.head import build_head
 from shared.model_source import load_config, resolve_model
 from shared.protocol import (
     INFERENCE_HANDLER,

@@ -13,8 +13,8 @@ from hivemind.p2p import P2P, PeerID
 from hivemind.p2p.p2p_daemon_bindings.utils import P2PHandlerError
 from hivemind.proto import runtime_pb2
 
-from gateway.remote_session import NodeSession
-from gateway.routing import Hop
+from gateway.swarm.remote_session import NodeSession
+from gateway.swarm.routing import Hop
 from shared.errors import (
     BadRequest,
     PositionOutOfRange,

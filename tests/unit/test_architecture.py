@@ -45,7 +45,7 @@ def test_import_contracts_are_kept() -> None:
     ("module", "forbidden_import", "contract"),
     [
         ("shared/errors.py", "import gateway", SHARED_CONTRACT),
-        ("shared/span.py", "import swarm_node", SHARED_CONTRACT),
+        ("shared/protocol.py", "import swarm_node", SHARED_CONTRACT),
         ("shared/weights.py", "import fastapi", SHARED_CONTRACT),
         ("gateway/__init__.py", "import swarm_node", SIDEWAYS_CONTRACT),
         ("swarm_node/__init__.py", "import gateway", SIDEWAYS_CONTRACT),

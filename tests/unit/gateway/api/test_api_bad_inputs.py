@@ -15,7 +15,7 @@ import pytest
 
 from gateway.api.serving_common import ServingConfig
 from gateway.app import create_app
-from tests.unit.test_api_app import CharCodec, ScriptedEngine
+from tests.helpers.scripted_engine import CharCodec, ScriptedEngine
 
 LIMIT = 64  # the scripted engine's context window, in tokens (one per character)
 MB = 1024 * 1024

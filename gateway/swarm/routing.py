@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from gateway.swarm_view import SwarmView
+from gateway.swarm.view import SwarmView
 from shared.dht_records import ServerRecord
 from shared.errors import MissingBlocks
 

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from shared.head import ModelHead, build_head
-from shared.kv_cache import SessionKV
+from gateway.model.head import ModelHead, build_head
 from shared.model_source import load_config, resolve_model
-from shared.span import BlockSpan, build_span
 from shared.weights import open_weights
+from swarm_node.kv_cache import SessionKV
+from swarm_node.span import BlockSpan, build_span
 from tests.tiny_models import NUM_LAYERS, VOCAB, GetTinyModel, TinyModel
 
 MAX_LENGTH = 64

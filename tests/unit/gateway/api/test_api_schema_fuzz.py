@@ -20,7 +20,7 @@ from schemathesis.core.failures import Failure
 
 from gateway.api.serving_common import ServingConfig
 from gateway.app import create_app
-from tests.unit.test_api_app import ALPHABET, CharCodec, ScriptedEngine
+from tests.helpers.scripted_engine import ALPHABET, CharCodec, ScriptedEngine
 
 EXAMPLES = 30  # per operation and phase: the module takes about 20 s on the 2-core CI machine
 

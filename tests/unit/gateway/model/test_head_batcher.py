@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 
-from gateway.head_batcher import HeadBatcher
+from gateway.model.head_batcher import HeadBatcher
 
 D, V = 16, 50
 

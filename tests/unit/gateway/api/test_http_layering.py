@@ -1,5 +1,5 @@
 """The HTTP layer's import contracts (pyproject.toml) bite: serving code that reached for torch or the swarm client,
-or a swarm client that reached for OpenAI types, fails lint-imports."""
+or a swarm client that reached for OpenAI types or the local model, fails lint-imports."""
 
 from __future__ import annotations
 
@@ -11,17 +11,19 @@ import pytest
 from tests.unit.test_architecture import PACKAGES, ROOT, lint_imports
 
 HTTP_CONTRACT = "the HTTP layer sees the engine interface only, never torch or the swarm client"
-CLIENT_CONTRACT = "the swarm client never sees OpenAI types"
+CLIENT_CONTRACT = "the swarm client and the model never see OpenAI types"
+SWARM_CONTRACT = "the swarm client never reaches into the local model"
 
 
 @pytest.mark.parametrize(
     ("module", "forbidden_import", "contract"),
     [
         ("gateway/api/stop.py", "import torch", HTTP_CONTRACT),
-        ("gateway/api/serving_common.py", "import gateway.engine", HTTP_CONTRACT),
-        ("gateway/api/protocol.py", "import gateway.sampling", HTTP_CONTRACT),
-        ("gateway/remote_session.py", "import gateway.api.protocol", CLIENT_CONTRACT),
-        ("gateway/engine.py", "import fastapi", CLIENT_CONTRACT),
+        ("gateway/api/serving_common.py", "import gateway.model.engine", HTTP_CONTRACT),
+        ("gateway/api/protocol.py", "import gateway.model.sampling", HTTP_CONTRACT),
+        ("gateway/swarm/remote_session.py", "import gateway.api.protocol", CLIENT_CONTRACT),
+        ("gateway/model/engine.py", "import fastapi", CLIENT_CONTRACT),
+        ("gateway/swarm/router.py", "import gateway.model.head", SWARM_CONTRACT),
     ],
 )
 def test_a_forbidden_import_breaks_an_http_contract(

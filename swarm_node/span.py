@@ -20,8 +20,8 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from shared.errors import ModelLoadError
 from shared.families import family_of
-from shared.kv_cache import BatchCache, SessionKV
 from shared.weights import WeightReader, block_prefix
+from swarm_node.kv_cache import BatchCache, SessionKV
 
 ATTENTION = "swarmgate"
 RAGGED_KWARG = "swarmgate_ragged"  # carries the BatchCache from our forward, through the layer, to ``_attention``

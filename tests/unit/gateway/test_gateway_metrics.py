@@ -19,7 +19,7 @@ from gateway.api.serving_common import ServingConfig
 from gateway.app import create_app
 from gateway.metrics import GatewayMetrics, current_metrics
 from shared.errors import MissingBlocks, NodeUnreachable
-from tests.unit.test_api_app import CharCodec, ScriptedEngine
+from tests.helpers.scripted_engine import CharCodec, ScriptedEngine
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

@@ -22,12 +22,12 @@ from torch import nn
 from torch.nn.functional import kl_div
 from transformers import AutoTokenizer
 
-from shared.head import ModelHead, build_head
+from gateway.model.head import ModelHead, build_head
 from shared.model_source import load_config, resolve_model
-from shared.span import BlockSpan, build_span
 from shared.weights import open_weights
 from swarm_node.cpu_projections import TransposedLinear, keep_batched_copy, onednn_pays_for_batches
 from swarm_node.quantize import QUANTIZED_PROJECTIONS, Quant, block_transform, resolve_quant
+from swarm_node.span import BlockSpan, build_span
 from tests.tiny_models import GetTinyModel
 
 TINY_TOLERANCE = {"int8": 0.10, "nf4": 0.50}

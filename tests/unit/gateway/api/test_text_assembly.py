@@ -10,7 +10,7 @@ from gateway.api.assembler import TextAssembler
 from gateway.api.detokenizer import IncrementalDetokenizer
 from gateway.api.stop import StopMatcher
 from gateway.generation import GeneratedToken
-from gateway.tokens import HFTokenCodec
+from gateway.model.tokens import HFTokenCodec
 
 TEXT = "héllo wörld, 日本語 🙂 and ñandú — “quoted” 🚀🚀"
 

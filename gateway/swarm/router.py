@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 from hivemind.p2p import P2P
 
-from gateway.bans import BanList
-from gateway.routing import Hop, RouteRequest, RoutingMode, plan_route
-from gateway.swarm_view import SwarmMonitor, SwarmView
+from gateway.swarm.bans import BanList
+from gateway.swarm.routing import Hop, RouteRequest, RoutingMode, plan_route
+from gateway.swarm.view import SwarmMonitor, SwarmView
 from shared.errors import SwarmError
 from shared.membership import CallAuth
 from shared.rpc_client import fetch_info

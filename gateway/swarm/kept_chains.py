@@ -14,9 +14,9 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from gateway.conversations import ConversationPool, Taken
-from gateway.remote_session import ChainSession
-from gateway.swarm_view import SwarmView
+from gateway.swarm.conversations import ConversationPool, Taken
+from gateway.swarm.remote_session import ChainSession
+from gateway.swarm.view import SwarmView
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from gateway.app import create_app
 from gateway.generation import EngineEvent, GeneratedToken, GenerationRequest
 from gateway.sessions.redis_link import RedisLink
 from gateway.sessions.store import SessionStore
-from tests.unit.test_api_app import ALPHABET, ScriptedEngine, completion, sse_data
+from tests.helpers.scripted_engine import ALPHABET, ScriptedEngine, completion, sse_data
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.conversations import ConversationPool, common_prefix
+from gateway.swarm.conversations import ConversationPool, common_prefix
 
 CHAT = list(range(100, 140))  # a conversation's 40 tokens, as the nodes' caches hold them
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.bans import BanList
-from gateway.router import RouterStats
-from gateway.swarm_view import SwarmView
+from gateway.swarm.bans import BanList
+from gateway.swarm.router import RouterStats
+from gateway.swarm.view import SwarmView
 from shared.dht_records import NodeState
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
+from gateway.model.head import ModelHead, build_head
 from shared.errors import ModelLoadError
-from shared.head import ModelHead, build_head
 from shared.model_source import ModelSource
 from shared.weights import open_weights
 

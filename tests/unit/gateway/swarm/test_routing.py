@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.bans import BanList
-from gateway.routing import Hop, RouteRequest, RoutingMode, plan_route
-from gateway.swarm_view import SwarmView
+from gateway.swarm.bans import BanList
+from gateway.swarm.routing import Hop, RouteRequest, RoutingMode, plan_route
+from gateway.swarm.view import SwarmView
 from shared.dht_records import NodeState, ServerRecord
 from shared.errors import MissingBlocks
 

@@ -6,87 +6,13 @@ purpose — crashes with internals in the message, swarm errors before and after
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-from collections.abc import AsyncGenerator, Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
-import httpx
 import pytest
 
-from gateway.api.serving_common import ServingConfig
-from gateway.app import create_app
-from gateway.generation import ChatTemplateMissing, EngineEvent, GeneratedToken, GenerationRequest
 from shared.errors import CacheFull, MissingBlocks, NodeUnreachable, PositionOutOfRange
-
-ALPHABET = "<abcdefghijklmnopqrstuvwxyz "  # token i is character i; token 0 ("<") is EOS
-
-
-class CharCodec:
-    vocab_size = len(ALPHABET)
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return [ALPHABET.index(c) for c in text if c in ALPHABET]
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return "".join(ALPHABET[t] for t in token_ids if t != 0)
-
-    def token_bytes(self, token_id: int) -> bytes:
-        return ALPHABET[token_id].encode()
-
-    def render_chat(self, messages: list[dict[str, Any]]) -> str:
-        raise ChatTemplateMissing("this model's tokenizer has no chat template")
-
-    def fim_ids(self) -> tuple[int, int, int] | None:
-        return None
-
-
-@dataclass
-class ScriptedEngine:
-    """Generates ``script`` (as text) for every request; ``fail_at`` raises ``failure`` before that token."""
-
-    script: str = "hello world"
-    failure: Exception | None = None
-    fail_at: int = 0
-    model_name: str = "scripted"
-    context_length: int = 64
-    codec: CharCodec = field(default_factory=CharCodec)
-    active: int = 0
-    most_active: int = 0
-    closed_early: int = 0
-
-    async def stream(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
-        self.active += 1
-        self.most_active = max(self.most_active, self.active)
-        produced = 0
-        try:
-            for produced, char in enumerate(self.script[: request.max_new_tokens]):
-                if self.failure is not None and produced == self.fail_at:
-                    raise self.failure
-                await asyncio.sleep(0.001)  # the other choices get their turn, as with remote steps
-                yield GeneratedToken(ALPHABET.index(char), False, -0.1)
-        finally:
-            self.active -= 1
-            if produced + 1 < min(len(self.script), request.max_new_tokens):
-                self.closed_early += 1
-
-    async def missing_blocks(self) -> list[int]:
-        return []
-
-
-def client_for(engine: ScriptedEngine) -> httpx.AsyncClient:
-    app = create_app(engine, ServingConfig(engine.model_name))
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway")
-
-
-def completion(**fields: object) -> dict[str, object]:
-    return {"model": "scripted", "prompt": "ab", "max_tokens": 20, **fields}
-
-
-def sse_data(response: httpx.Response) -> list[str]:
-    return [line.removeprefix("data: ") for line in response.text.splitlines() if line.startswith("data: ")]
+from tests.helpers.scripted_engine import ScriptedEngine, client_for, completion, sse_data
 
 
 async def test_an_unexpected_error_is_a_500_without_internals_logged_once(caplog: pytest.LogCaptureFixture) -> None:

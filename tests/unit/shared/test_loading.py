@@ -19,11 +19,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel
 
 import shared.weights
+from gateway.model.head import build_head
 from shared.errors import ModelLoadError
-from shared.head import build_head
 from shared.model_source import ModelSource, load_config, resolve_model
-from shared.span import BlockSpan, build_span
 from shared.weights import SAFETENSORS_INDEX, GgufReader, WeightReader, open_weights
+from swarm_node.span import BlockSpan, build_span
 from tests.tiny_models import NUM_LAYERS, VOCAB, GetTinyModel, TinyModel
 
 BLOCK = re.compile(r"^model\.layers\.(\d+)\.")

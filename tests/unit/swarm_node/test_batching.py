@@ -14,15 +14,15 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from gateway.model.head import ModelHead, build_head
 from shared.arrival_forecast import ArrivalForecast
-from shared.head import ModelHead, build_head
-from shared.kv_cache import SessionKV
 from shared.model_source import load_config, resolve_model
-from shared.span import build_span
 from shared.weights import open_weights
 from swarm_node.backend import SpanBackend
 from swarm_node.batcher import BatchPolicy
+from swarm_node.kv_cache import SessionKV
 from swarm_node.quantize import block_transform
+from swarm_node.span import build_span
 from tests.tiny_models import VOCAB, GetTinyModel
 
 NEW_TOKENS = 12

@@ -6,9 +6,9 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gateway.kept_chains import KeptChains
-from gateway.routing import Hop
-from gateway.swarm_view import SwarmView
+from gateway.swarm.kept_chains import KeptChains
+from gateway.swarm.routing import Hop
+from gateway.swarm.view import SwarmView
 from shared.dht_records import NodeState, ServerRecord
 
 

@@ -10,9 +10,9 @@ import torch
 from transformers import LlamaConfig
 
 from shared.errors import CacheFull, UnknownSession
-from shared.kv_cache import SessionKV
 from swarm_node.cache_pool import CachePool
 from swarm_node.capacity import MIN_CACHE_TOKENS, block_weight_bytes, default_cache_tokens
+from swarm_node.kv_cache import SessionKV
 from swarm_node.sessions import SessionRegistry
 
 

@@ -6,9 +6,10 @@ The prefill step returns the last block's hidden states for every prompt positio
 cost one LM-head pass over them and no extra remote work. Torch work (embedding, LM head, sampling) runs in a
 worker thread; the event loop only awaits.
 
-A request with a ``reuse_scope`` (a chat) that ends well leaves its chain open for a while (``gateway.kept_chains``);
-a later prompt of the same scope that continues those tokens takes the chain, grows it, rewinds it to the shared
-prefix and prefills only the rest — a chat's next turn costs its new tokens, not the whole conversation.
+A request with a ``reuse_scope`` (a chat) that ends well leaves its chain open for a while
+(``gateway.swarm.kept_chains``); a later prompt of the same scope that continues those tokens takes the chain,
+grows it, rewinds it to the shared prefix and prefills only the rest — a chat's next turn costs its new tokens, not
+the whole conversation.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from hivemind import DHT
 from hivemind.p2p import P2P
 from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
-from gateway.conversations import Taken
 from gateway.generation import (
     EngineEvent,
     GeneratedToken,
@@ -34,20 +34,21 @@ from gateway.generation import (
     PromptScores,
     TopLogprobs,
 )
-from gateway.head_batcher import HeadBatcher
-from gateway.kept_chains import KeptChains, Parked
-from gateway.model_files import load_head, load_tokenizer, stop_token_ids
-from gateway.remote_session import ChainSession
-from gateway.router import Router
-from gateway.routing import RoutingMode
-from gateway.sampling import Sampler, top_logprobs
+from gateway.model.files import load_head, load_tokenizer, stop_token_ids
+from gateway.model.head import ModelHead
+from gateway.model.head_batcher import HeadBatcher
+from gateway.model.sampling import Sampler, top_logprobs
+from gateway.model.tokens import HFTokenCodec
 from gateway.settings import EngineSettings
-from gateway.step_links import StepLinks
-from gateway.swarm_report import swarm_report
-from gateway.swarm_view import SwarmMonitor, SwarmView
-from gateway.tokens import HFTokenCodec
+from gateway.swarm.conversations import Taken
+from gateway.swarm.kept_chains import KeptChains, Parked
+from gateway.swarm.remote_session import ChainSession
+from gateway.swarm.report import swarm_report
+from gateway.swarm.router import Router
+from gateway.swarm.routing import RoutingMode
+from gateway.swarm.step_links import StepLinks
+from gateway.swarm.view import SwarmMonitor, SwarmView
 from shared.dht_process import start_dht
-from shared.head import ModelHead
 from shared.membership import CallAuth
 from shared.model_source import ModelSource, load_config, resolve_model
 

@@ -22,9 +22,9 @@ from hivemind.proto import runtime_pb2
 from pydantic import BaseModel
 
 from gateway.metrics import chain_opened
-from gateway.router import Router
-from gateway.routing import Hop
-from gateway.step_links import StepLinks
+from gateway.swarm.router import Router
+from gateway.swarm.routing import Hop
+from gateway.swarm.step_links import StepLinks
 from shared.errors import NodeUnreachable, RemoteError, StepTimeout
 from shared.membership import CallAuth
 from shared.protocol import (

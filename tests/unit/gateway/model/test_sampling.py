@@ -7,7 +7,7 @@ import torch
 from transformers import MinPLogitsWarper, RepetitionPenaltyLogitsProcessor, TopKLogitsWarper, TopPLogitsWarper
 
 from gateway.generation import SamplingParams
-from gateway.sampling import Sampler, apply_logit_bias, apply_penalties, logits_to_probs, sample, top_logprobs
+from gateway.model.sampling import Sampler, apply_logit_bias, apply_penalties, logits_to_probs, sample, top_logprobs
 
 V = 32
 
