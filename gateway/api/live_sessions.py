@@ -58,6 +58,9 @@ READER_KEY_SECONDS = 3  # a remote reader's presence key lives this long unless 
 WATCH_PERIOD = 0.5  # seconds between checks whether anyone still reads an abandoned stream
 RETRY_MS = 1000  # EventSource clients reconnect after this long instead of their default (~3 s)
 CANCEL_WAIT = 5.0  # DELETE waits this long for the owning replica to confirm the cancel
+# A bare comment line, no blank line after it: the openai client dispatches an empty event at a blank line once an
+# event id was seen, and fails to parse it (a comment alone between two events is ignored by every SSE parser).
+KEEPALIVE_LINE = b": keep-alive\n"
 
 
 def _reader_key(session_id: str) -> str:
@@ -106,7 +109,7 @@ class LiveSession:
             await asyncio.shield(self._finish(SessionStatus.FINISHED))
         return result
 
-    def stream(self, chunks: AsyncGenerator[str, None]) -> AsyncIterator[ServerSentEvent]:
+    def stream(self, chunks: AsyncGenerator[str, None]) -> AsyncIterator[ServerSentEvent | bytes]:
         """Start producing ``chunks`` into the event log; the returned iterator reads it from the first event."""
         producer = asyncio.create_task(self._produce(chunks))
         watcher = asyncio.create_task(self._watch_readers(producer))
@@ -252,7 +255,7 @@ class SessionTracker:
 
     # -- reading -----------------------------------------------------------------------------------------------------
 
-    async def read(self, session_id: str, after: int) -> AsyncIterator[ServerSentEvent]:
+    async def read(self, session_id: str, after: int) -> AsyncIterator[ServerSentEvent | bytes]:
         """The session's events after ``after`` as SSE, then its live tail until it ends (ids are event numbers).
 
         Always ends with ``[DONE]``: a session whose replica stopped its heartbeat gets a ``session_lost`` error
@@ -269,7 +272,7 @@ class SessionTracker:
             first, done = True, False
             async for item in self.store.events_after(session_id, after, idle=self.keepalive):
                 if item is None:
-                    yield ServerSentEvent(comment="keep-alive")
+                    yield KEEPALIVE_LINE
                     continue
                 number, data = item
                 yield ServerSentEvent(data=data, id=str(number), retry=RETRY_MS if first else None)

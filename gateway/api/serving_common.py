@@ -47,7 +47,7 @@ class Stream:
     """A streamed response: its id (also the X-Session-Id header) and its SSE events (ids are event numbers)."""
 
     id: str
-    events: AsyncIterator[ServerSentEvent]
+    events: AsyncIterator[ServerSentEvent | bytes]  # bytes: keep-alive comment lines
 
 
 @dataclass

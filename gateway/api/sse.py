@@ -18,5 +18,5 @@ DONE = "[DONE]"
 NO_PINGS = 24 * 3600
 
 
-def event_stream(events: AsyncIterator[ServerSentEvent], session_id: str) -> EventSourceResponse:
+def event_stream(events: AsyncIterator[ServerSentEvent | bytes], session_id: str) -> EventSourceResponse:
     return EventSourceResponse(events, headers={"X-Session-Id": session_id}, ping=NO_PINGS, sep="\n")
