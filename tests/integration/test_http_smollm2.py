@@ -87,9 +87,10 @@ def test_ignore_eos_generates_through_an_end_token_even_at_the_first_position(
     kwargs = {"model": gateway.model, "prompt": prompt, "max_tokens": 8, "temperature": 0, "seed": 1}
     plain = client.completions.create(**kwargs)  # type: ignore[call-overload]
     ignored = client.completions.create(**kwargs, extra_body={"ignore_eos": True})  # type: ignore[call-overload]
+    # Greedy, SmolLM2's first token here is <|im_end|> (transformers agrees): the end token at the first position.
+    assert (plain.usage.completion_tokens, plain.choices[0].finish_reason, plain.choices[0].text) == (1, "stop", "")
     assert ignored.usage.completion_tokens == 8 and ignored.choices[0].finish_reason == "length"
-    if plain.choices[0].finish_reason == "stop":  # it did end on an end token: ignore_eos went on from there
-        assert ignored.choices[0].text.startswith(plain.choices[0].text)
+    assert ignored.choices[0].text.strip()  # it went on past the end token and wrote something
     streamed = client.completions.create(**kwargs, stream=True, extra_body={"ignore_eos": True})  # type: ignore[call-overload]
     chunks = list(streamed)
     assert "".join(c.choices[0].text for c in chunks if c.choices) == ignored.choices[0].text
