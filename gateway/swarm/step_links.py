@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ import torch
 from hivemind.p2p import P2P, PeerID
 from hivemind.proto import runtime_pb2
 
+from shared.batching import Batcher, Job
 from shared.errors import NodeUnreachable, RemoteError, StepTimeout
 from shared.protocol import (
     BATCH_HANDLER,
@@ -37,11 +39,13 @@ from shared.protocol import (
 
 
 @dataclass
-class _Row:
+class _Step:
     session_id: str
     position: int
     hidden: torch.Tensor  # [1, 1, D]
-    future: asyncio.Future[torch.Tensor]
+
+
+_Row = Job[_Step, torch.Tensor]  # a step and its caller's future
 
 
 class _Stream:
@@ -58,8 +62,9 @@ class _Stream:
         return not self._task.done()
 
     def send(self, rows: list[_Row]) -> None:
-        message = BatchStep(rows=[BatchRow(session_id=row.session_id, position=row.position) for row in rows])
-        request = encode_request(message, (torch.cat([row.hidden for row in rows]),))
+        steps = [row.item for row in rows]
+        message = BatchStep(rows=[BatchRow(session_id=step.session_id, position=step.position) for step in steps])
+        request = encode_request(message, (torch.cat([step.hidden for step in steps]),))
         self._sent.append(rows)
         self._outbox.put_nowait(request)
 
@@ -145,31 +150,28 @@ class StepLinks:
         self._p2p = p2p
         self._timeout = step_timeout
         self._streams: dict[str, _Stream] = {}
-        self._waiting: dict[str, list[_Row]] = {}  # rows not sent yet, by node
+        self._batchers: dict[str, Batcher[_Step, torch.Tensor]] = {}  # rows not sent yet, by node
         self.messages = 0  # batch steps sent (tests, benchmarks)
         self.rows = 0  # session steps they carried
 
     async def step(self, peer_id: str, session_id: str, hidden: torch.Tensor, position: int) -> torch.Tensor:
         """One decode step of the node's session ``session_id``: hidden [1, 1, D] at ``position`` -> its output row
         (checked by the caller). Raises the node's typed error for this row, or ``NodeUnreachable``/``StepTimeout``."""
-        loop = asyncio.get_running_loop()
-        row = _Row(session_id, position, hidden, loop.create_future())
-        waiting = self._waiting.setdefault(peer_id, [])
-        if not waiting:  # the first row this turn: send once every session released with it has added its own
-            loop.call_soon(self._flush, peer_id)
-        waiting.append(row)
+        batcher = self._batchers.get(peer_id)
+        if batcher is None:  # no rhythm: its worker sends, one turn of the loop after the first row, every row queued
+            run = functools.partial(self._send, peer_id)  # by then: all the sessions released with it
+            batcher = self._batchers[peer_id] = Batcher(run, name=f"step-link-{peer_id}")
+        future = batcher.enqueue(_Step(session_id, position, hidden))
         try:  # cancelled or timed out, wait_for cancels the row's future: its reply, when it comes, is dropped
-            return await asyncio.wait_for(row.future, self._timeout)
+            return await asyncio.wait_for(future, self._timeout)
         except TimeoutError:
             stream = self._streams.pop(peer_id, None)
             if stream is not None:  # replies come in order: everything behind the stalled one is stuck too
                 stream.fail(StepTimeout(f"node {peer_id} did not answer a batch step within {self._timeout}s"))
             raise StepTimeout(f"node {peer_id} did not answer within {self._timeout}s") from None
 
-    def _flush(self, peer_id: str) -> None:
-        rows = [row for row in self._waiting.pop(peer_id, []) if not row.future.done()]
-        if not rows:
-            return
+    async def _send(self, peer_id: str, rows: list[_Row]) -> None:
+        """Hand the rows to the node's stream: their replies settle them."""
         stream = self._streams.get(peer_id)
         if stream is None or not stream.alive:
             stream = self._streams[peer_id] = _Stream(self._p2p, peer_id, self._timeout)
@@ -179,11 +181,13 @@ class StepLinks:
                 stream.send(chunk)
             except Exception as exc:  # never expected: fail the rows rather than leave them to the step timeout
                 for row in chunk:
-                    row.future.set_exception(NodeUnreachable(f"cannot send a batch step to {peer_id}: {exc}"))
+                    row.fail(NodeUnreachable(f"cannot send a batch step to {peer_id}: {exc}"))
                 continue
             self.messages += 1
             self.rows += len(chunk)
 
     async def close(self) -> None:
+        for batcher in self._batchers.values():
+            batcher.stop()
         streams, self._streams = list(self._streams.values()), {}
         await asyncio.gather(*(stream.close() for stream in streams), return_exceptions=True)

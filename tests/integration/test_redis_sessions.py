@@ -125,8 +125,18 @@ async def test_keys_are_stored_only_as_hashes_and_revocation_works(link: RedisLi
     assert await keys.authenticate(plaintext) is None
 
 
+class Clock:
+    """Wall-clock seconds that move only when the test says: no count straddles a minute's edge by chance."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 async def test_each_limit_trips_at_exactly_its_count_even_under_concurrency(link: RedisLink) -> None:
-    limiter = QuotaLimiter(link)
+    limiter = QuotaLimiter(link, clock=Clock(1_800_000_000.0))
     limits = KeyLimits(requests_per_minute=10)
     results = await asyncio.gather(*(limiter.admit("k1", limits, 1) for _ in range(25)), return_exceptions=True)
     assert sum(not isinstance(r, Exception) for r in results) == 10
@@ -147,6 +157,19 @@ async def test_each_limit_trips_at_exactly_its_count_even_under_concurrency(link
     assert refused_stream.value.retry_after == 1
     await limiter.release(held[0], 1)
     await limiter.admit("k3", streams, 1)
+
+
+async def test_a_minute_limit_resets_with_the_next_calendar_minute(link: RedisLink) -> None:
+    clock = Clock(1_800_000_000.0 + 45)  # 45 s into a minute
+    limiter = QuotaLimiter(link, clock=clock)
+    limits = KeyLimits(requests_per_minute=2)
+    for _ in range(2):
+        await limiter.admit("k", limits, 1)
+    with pytest.raises(QuotaExceeded) as refused:
+        await limiter.admit("k", limits, 1)
+    assert refused.value.retry_after == 15  # the seconds left in this minute
+    clock.now += 15
+    await limiter.admit("k", limits, 1)  # a new minute, a new count
 
 
 async def test_quotas_without_redis_are_split_between_replicas(link: RedisLink, redis_server: RedisServer) -> None:
