@@ -45,6 +45,11 @@ class HeadBatcher:
         self._batcher: Batcher[_Row, Any] = Batcher(self._run, name="head-batcher", rhythm=Rhythm(window, merge_window))
 
     @property
+    def pending(self) -> int:
+        """Rows waiting for a batch."""
+        return self._batcher.pending
+
+    @property
     def batch_sizes(self) -> list[int]:
         """Rows of recent batches, newest last (tests, benchmarks)."""
         return self._batcher.batch_sizes

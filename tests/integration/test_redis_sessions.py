@@ -12,6 +12,7 @@ from gateway.sessions.api_keys import KeyLimits, KeyStore, hash_key
 from gateway.sessions.quotas import QuotaExceeded, QuotaLimiter
 from gateway.sessions.redis_link import RedisLink
 from gateway.sessions.store import SessionStatus, SessionStore
+from tests.helpers.polling import eventually
 from tests.helpers.redis_server import RedisServer
 
 pytestmark = pytest.mark.timeout(120)
@@ -46,8 +47,11 @@ async def test_records_are_listed_per_key_and_expire_after_the_end(link: RedisLi
     updated = await replica_a.update("s1", status=SessionStatus.FINISHED, completion_tokens=7, finish_reason="stop")
     assert updated is not None and updated.ended
     replica_a.forget("s1")
-    await asyncio.sleep(1.5)
-    assert await replica_b.get("s1") is None
+
+    async def expired() -> bool:
+        return await replica_b.get("s1") is None
+
+    await eventually(expired, within=10)  # ttl 1 s
     assert [r.id for r in await replica_b.list_sessions(None)] == ["s2"]
     await replica_b.link.close()
 
@@ -76,7 +80,11 @@ async def test_a_cancel_published_on_one_replica_reaches_the_other(link: RedisLi
     cancelled: asyncio.Queue[str] = asyncio.Queue()
     runner.on_cancel(cancelled.put_nowait)
     runner.start()
-    await asyncio.sleep(0.2)  # the subscription is in place
+
+    async def subscribed() -> bool:
+        return dict(await link.client.pubsub_numsub("sg:cancel")).get("sg:cancel", 0) > 0
+
+    await eventually(subscribed, within=10)
     await other.publish_cancel("s42")
     assert await asyncio.wait_for(cancelled.get(), 5) == "s42"
     await runner.close()
