@@ -31,6 +31,13 @@ class ModelSource:
         base = self.location.rstrip("/").rsplit("/", 1)[-1]
         return base.removesuffix(".gguf") if self.kind == "gguf" else base
 
+    def pretrained_args(self) -> tuple[str, dict[str, str | None]]:
+        """What transformers' ``from_pretrained`` takes for this source: a GGUF file is its folder + ``gguf_file``."""
+        if self.kind == "gguf":
+            path = Path(self.location)
+            return str(path.parent), {"gguf_file": path.name}
+        return self.location, {"revision": self.revision}
+
 
 def resolve_model(spec: str, revision: str | None = None) -> ModelSource:
     path = Path(spec).expanduser()
@@ -49,10 +56,8 @@ def resolve_model(spec: str, revision: str | None = None) -> ModelSource:
 
 def load_config(source: ModelSource) -> PretrainedConfig:
     """The model's transformers config (reads only metadata: config.json, or the GGUF header)."""
+    location, kwargs = source.pretrained_args()
     try:
-        if source.kind == "gguf":
-            path = Path(source.location)
-            return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
-        return AutoConfig.from_pretrained(source.location, revision=source.revision)
+        return AutoConfig.from_pretrained(location, **kwargs)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"cannot read the config of {source.location}: {exc}") from exc

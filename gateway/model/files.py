@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from transformers import AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
 from gateway.model.head import ModelHead, build_head
@@ -13,11 +11,9 @@ from shared.weights import open_weights
 
 
 def load_tokenizer(source: ModelSource) -> PreTrainedTokenizerBase:
+    location, kwargs = source.pretrained_args()
     try:
-        if source.kind == "gguf":
-            path = Path(source.location)
-            return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        return AutoTokenizer.from_pretrained(source.location, revision=source.revision)
+        return AutoTokenizer.from_pretrained(location, **kwargs)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"cannot load the tokenizer of {source.location}: {exc}") from exc
 

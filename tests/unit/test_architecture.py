@@ -54,13 +54,17 @@ def test_import_contracts_are_kept() -> None:
 def test_a_forbidden_import_breaks_a_contract(
     tmp_path: Path, module: str, forbidden_import: str, contract: str
 ) -> None:
+    result = lint_with_violation(tmp_path, module, forbidden_import)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert f"{contract} BROKEN" in output
+
+
+def lint_with_violation(tmp_path: Path, module: str, forbidden_import: str) -> subprocess.CompletedProcess[str]:
+    """``lint_imports`` on a copy of the packages in which ``module`` also makes ``forbidden_import``."""
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     for package in PACKAGES:
         shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
     with (tmp_path / module).open("a") as source:
         source.write(f"\n\ndef _violation() -> None:\n    {forbidden_import}\n")
-
-    result = lint_imports(tmp_path)
-    output = result.stdout + result.stderr
-    assert result.returncode != 0, output
-    assert f"{contract} BROKEN" in output
+    return lint_imports(tmp_path)

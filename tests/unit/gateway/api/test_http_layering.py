@@ -3,12 +3,11 @@ or a swarm client that reached for OpenAI types or the local model, fails lint-i
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.unit.test_architecture import PACKAGES, ROOT, lint_imports
+from tests.unit.test_architecture import lint_with_violation
 
 HTTP_CONTRACT = "the HTTP layer sees the engine interface only, never torch or the swarm client"
 CLIENT_CONTRACT = "the swarm client and the model never see OpenAI types"
@@ -29,12 +28,7 @@ SWARM_CONTRACT = "the swarm client never reaches into the local model"
 def test_a_forbidden_import_breaks_an_http_contract(
     tmp_path: Path, module: str, forbidden_import: str, contract: str
 ) -> None:
-    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    for package in PACKAGES:
-        shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
-    with (tmp_path / module).open("a") as source:
-        source.write(f"\n\ndef _violation() -> None:\n    {forbidden_import}\n")
-    result = lint_imports(tmp_path)
+    result = lint_with_violation(tmp_path, module, forbidden_import)
     output = result.stdout + result.stderr
     assert result.returncode != 0, output
     assert f"{contract} BROKEN" in output
