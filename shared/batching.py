@@ -141,8 +141,8 @@ class Batcher(Generic[Item, Result]):
     async def _wait_for_due(self, rhythm: Rhythm) -> None:
         now = asyncio.get_running_loop().time()
         present = {job.session for job in self._waiting if job.session is not None}
-        minority = 2 * len(self._waiting) < self._forecast.running(now)
-        if rhythm.merge_window is not None and minority:  # the rest may be worth a longer wait
+        if rhythm.merge_window is not None and 2 * len(self._waiting) < self._forecast.running(now):
+            # a minority of the running sessions: the rest may be worth a longer wait
             deadline = now + rhythm.merge_window
         else:
             deadline = now + min(rhythm.window, self.run_seconds or rhythm.window)
