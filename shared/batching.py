@@ -13,6 +13,9 @@ sessions' decode steps), and the node's decode and prefill (one forward for many
   into runs of one key each; callers that left are dropped before the run;
 * **record**: the running average of a run's duration (the rhythm's wait) and the sizes of recent runs.
 
+A batcher either holds a ``Batcher`` (several per owner: the step links' one per node) or is one, passing its own
+run method up (the head, the node's decode and prefill batchers).
+
 ``run(jobs)`` settles each job (``Job.resolve`` / ``Job.fail``) — now or later: a step link's replies come back on
 their stream — or raises, and every unsettled job of the run fails with that error; the batcher goes on.
 """
@@ -80,7 +83,7 @@ class Batcher(Generic[Item, Result]):
         fits: Callable[[list[Item], Item], bool] | None = None,
         group: Callable[[Item], Hashable] | None = None,
     ) -> None:
-        self._run = run
+        self._runner = run
         self.name = name  # the worker task's name
         self.rhythm = rhythm
         self.max_items = max_items
@@ -179,7 +182,7 @@ class Batcher(Generic[Item, Result]):
         loop = asyncio.get_running_loop()
         began = loop.time()
         try:
-            await self._run(jobs)
+            await self._runner(jobs)
         except Exception as error:  # the run failed: every job in it fails the same way; the batcher goes on
             for job in jobs:
                 job.fail(error)

@@ -6,13 +6,16 @@ The same MODEL string is given to nodes and to the gateway, and its ``name`` key
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 from transformers import AutoConfig, PretrainedConfig
 
 from shared.errors import ModelLoadError
+
+Loaded = TypeVar("Loaded")
 
 SourceKind = Literal["folder", "gguf", "hub"]
 
@@ -31,12 +34,19 @@ class ModelSource:
         base = self.location.rstrip("/").rsplit("/", 1)[-1]
         return base.removesuffix(".gguf") if self.kind == "gguf" else base
 
-    def pretrained_args(self) -> tuple[str, dict[str, str | None]]:
-        """What transformers' ``from_pretrained`` takes for this source: a GGUF file is its folder + ``gguf_file``."""
+    def load(self, from_pretrained: Callable[..., Loaded], what: str) -> Loaded:
+        """``from_pretrained`` (a transformers class's) on this source — a GGUF file is its folder + ``gguf_file``;
+        a missing or unreadable file is a ``ModelLoadError`` naming ``what``."""
+        kwargs: dict[str, str | None]
         if self.kind == "gguf":
             path = Path(self.location)
-            return str(path.parent), {"gguf_file": path.name}
-        return self.location, {"revision": self.revision}
+            location, kwargs = str(path.parent), {"gguf_file": path.name}
+        else:
+            location, kwargs = self.location, {"revision": self.revision}
+        try:
+            return from_pretrained(location, **kwargs)
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(f"cannot load {what} of {self.location}: {exc}") from exc
 
 
 def resolve_model(spec: str, revision: str | None = None) -> ModelSource:
@@ -56,8 +66,5 @@ def resolve_model(spec: str, revision: str | None = None) -> ModelSource:
 
 def load_config(source: ModelSource) -> PretrainedConfig:
     """The model's transformers config (reads only metadata: config.json, or the GGUF header)."""
-    location, kwargs = source.pretrained_args()
-    try:
-        return AutoConfig.from_pretrained(location, **kwargs)
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"cannot read the config of {source.location}: {exc}") from exc
+    config: PretrainedConfig = source.load(AutoConfig.from_pretrained, "the config")
+    return config

@@ -45,35 +45,23 @@ class _Step:
     position: int
 
 
-class DecodeBatcher:
+class DecodeBatcher(Batcher[_Step, torch.Tensor]):
     def __init__(self, policy: BatchPolicy, run_batch: RunBatch) -> None:
         self.policy = policy
         self._run_batch = run_batch
-        self._batcher: Batcher[_Step, torch.Tensor] = Batcher(
-            self._run,
+        super().__init__(
+            self._forward,
             name="decode-batcher",
             rhythm=Rhythm(policy.window),
             max_items=policy.max_batch,
             group=lambda step: step.kv.blocks,  # a sub-range of the span is a forward of its own
         )
 
-    @property
-    def pending(self) -> int:
-        return self._batcher.pending
-
-    @property
-    def batch_sizes(self) -> list[int]:
-        """Rows of recent forwards, newest last (tests, bench)."""
-        return self._batcher.batch_sizes
-
-    async def submit(self, kv: SessionKV, hidden: torch.Tensor, position: int) -> torch.Tensor:
+    async def step(self, kv: SessionKV, hidden: torch.Tensor, position: int) -> torch.Tensor:
         """hidden: [1, 1, D] of one session at ``position`` -> [1, 1, D], computed in some batch."""
-        return await self._batcher.submit(_Step(kv, hidden, position), kv)
+        return await self.submit(_Step(kv, hidden, position), kv)
 
-    def close(self) -> None:
-        self._batcher.stop()
-
-    async def _run(self, jobs: list[Job[_Step, torch.Tensor]]) -> None:
+    async def _forward(self, jobs: list[Job[_Step, torch.Tensor]]) -> None:
         steps = [job.item for job in jobs]
         hidden = torch.cat([step.hidden for step in steps])  # [B, 1, D]
         output = await self._run_batch([s.kv for s in steps], hidden, [s.position for s in steps])

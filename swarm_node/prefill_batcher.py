@@ -36,30 +36,22 @@ class _Prompt:
         return int(self.hidden.shape[1])
 
 
-class PrefillBatcher:
+class PrefillBatcher(Batcher[_Prompt, torch.Tensor]):
     def __init__(self, max_tokens: int, run: RunPrefill) -> None:
         self.max_tokens = max_tokens
         self._run_forward = run
-        self._batcher: Batcher[_Prompt, torch.Tensor] = Batcher(self._run, name="prefill-batcher", fits=self._fits)
+        super().__init__(self._forward, name="prefill-batcher", fits=self._fits)
 
-    @property
-    def batch_sizes(self) -> list[int]:
-        """Rows of recent forwards, newest last (tests, bench)."""
-        return self._batcher.batch_sizes
-
-    async def submit(self, kv: SessionKV, hidden: torch.Tensor, position: int) -> torch.Tensor:
+    async def prefill(self, kv: SessionKV, hidden: torch.Tensor, position: int) -> torch.Tensor:
         """hidden [1, T, D] (T <= max_tokens) at ``position`` -> [1, T, D], computed with whatever else queued."""
-        return await self._batcher.submit(_Prompt(kv, hidden, position))
-
-    def close(self) -> None:
-        self._batcher.stop()
+        return await self.submit(_Prompt(kv, hidden, position))
 
     def _fits(self, taken: list[_Prompt], prompt: _Prompt) -> bool:
         """Of the first prompt's block range, and the padded rows within ``max_tokens``."""
         widest = max(prompt.length, *(p.length for p in taken))
         return prompt.kv.blocks == taken[0].kv.blocks and widest * (len(taken) + 1) <= self.max_tokens
 
-    async def _run(self, jobs: list[Job[_Prompt, torch.Tensor]]) -> None:
+    async def _forward(self, jobs: list[Job[_Prompt, torch.Tensor]]) -> None:
         prompts = [job.item for job in jobs]
         width = max(prompt.length for prompt in prompts)
         hidden = torch.zeros(len(prompts), width, prompts[0].hidden.shape[-1], dtype=prompts[0].hidden.dtype)

@@ -5,17 +5,13 @@ from __future__ import annotations
 from transformers import AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
 from gateway.model.head import ModelHead, build_head
-from shared.errors import ModelLoadError
 from shared.model_source import ModelSource
 from shared.weights import open_weights
 
 
 def load_tokenizer(source: ModelSource) -> PreTrainedTokenizerBase:
-    location, kwargs = source.pretrained_args()
-    try:
-        return AutoTokenizer.from_pretrained(location, **kwargs)
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"cannot load the tokenizer of {source.location}: {exc}") from exc
+    tokenizer: PreTrainedTokenizerBase = source.load(AutoTokenizer.from_pretrained, "the tokenizer")
+    return tokenizer
 
 
 def load_head(source: ModelSource, config: PretrainedConfig) -> ModelHead:

@@ -35,24 +35,14 @@ class _Row:
     finish: Callable[[torch.Tensor], Any]  # logits [V] -> the caller's result (sampled token, logprobs)
 
 
-class HeadBatcher:
+class HeadBatcher(Batcher[_Row, Any]):
     def __init__(
         self, logits: Callable[[torch.Tensor], torch.Tensor], window: float = 0.02, merge_window: float = 0.25
     ) -> None:
         self._logits = logits  # hidden [B, 1, D] -> logits [B, 1, V]
         # window: seconds a batch waits, at most, for due sessions (less: about one batch's duration);
         # merge_window: seconds a minority of the running sessions waits for the rest.
-        self._batcher: Batcher[_Row, Any] = Batcher(self._run, name="head-batcher", rhythm=Rhythm(window, merge_window))
-
-    @property
-    def pending(self) -> int:
-        """Rows waiting for a batch."""
-        return self._batcher.pending
-
-    @property
-    def batch_sizes(self) -> list[int]:
-        """Rows of recent batches, newest last (tests, benchmarks)."""
-        return self._batcher.batch_sizes
+        super().__init__(self._score_rows, name="head-batcher", rhythm=Rhythm(window, merge_window))
 
     async def score(
         self, hidden: torch.Tensor, finish: Callable[[torch.Tensor], Any], session: object | None = None
@@ -61,13 +51,9 @@ class HeadBatcher:
 
         ``session``: one object per generation (weakly held), whose rhythm tells when its next row is due.
         """
-        return await self._batcher.submit(_Row(hidden, finish), session)
+        return await self.submit(_Row(hidden, finish), session)
 
-    def forget(self, session: object) -> None:
-        """``session`` ended: no batch waits for it any more."""
-        self._batcher.forget(session)
-
-    async def _run(self, jobs: list[Job[_Row, Any]]) -> None:
+    async def _score_rows(self, jobs: list[Job[_Row, Any]]) -> None:
         results = await asyncio.to_thread(self._compute, [job.item for job in jobs])
         for job, (ok, value) in zip(jobs, results, strict=True):
             if ok:
@@ -84,6 +70,3 @@ class HeadBatcher:
             except Exception as error:  # one row's sampling error is that row's alone
                 results.append((False, error))
         return results
-
-    async def close(self) -> None:
-        await self._batcher.close()

@@ -11,20 +11,30 @@ from shared.batching import Batcher, Job, Rhythm
 
 
 class Recorder:
-    """A run that doubles each item; ``gate`` (when given) holds every run until it is set."""
+    """A run that doubles each item; with ``hold``, every run waits until ``gate`` is set."""
 
-    def __init__(self, gate: asyncio.Event | None = None) -> None:
+    def __init__(self, hold: bool = False) -> None:
         self.runs: list[list[int]] = []
-        self.gate = gate
+        self.gate = asyncio.Event()
         self.started = asyncio.Event()
+        if not hold:
+            self.gate.set()
 
     async def __call__(self, jobs: list[Job[int, int]]) -> None:
         self.runs.append([job.item for job in jobs])
         self.started.set()
-        if self.gate is not None:
-            await self.gate.wait()
+        await self.gate.wait()
         for job in jobs:
             job.resolve(2 * job.item)
+
+
+async def running(name: str) -> tuple[Batcher[int, int], Recorder, asyncio.Future[int]]:
+    """A batcher whose first run (of item 1) is under way, held until ``recorder.gate`` is set."""
+    run = Recorder(hold=True)
+    batcher: Batcher[int, int] = Batcher(run, name=name)
+    first = batcher.enqueue(1)
+    await run.started.wait()
+    return batcher, run, first
 
 
 class Session:
@@ -32,14 +42,10 @@ class Session:
 
 
 async def test_a_lone_item_runs_at_once_and_those_that_come_meanwhile_run_together() -> None:
-    gate = asyncio.Event()
-    run = Recorder(gate)
-    batcher: Batcher[int, int] = Batcher(run, name="test")
-    first = batcher.enqueue(1)
-    await run.started.wait()
+    batcher, run, first = await running("test")
     rest = [batcher.enqueue(item) for item in (2, 3, 4)]
     assert batcher.pending == 3
-    gate.set()
+    run.gate.set()
     assert await asyncio.gather(first, *rest) == [2, 4, 6, 8]
     assert run.runs == [[1], [2, 3, 4]]
     assert batcher.batch_sizes == [1, 3]
@@ -90,16 +96,12 @@ async def test_a_failed_run_fails_its_jobs_only_and_a_cancelled_caller_is_not_ru
 
 
 async def test_close_cancels_waiting_jobs_and_fails_the_running_ones() -> None:
-    gate = asyncio.Event()
-    run = Recorder(gate)
-    batcher: Batcher[int, int] = Batcher(run, name="closing")
-    running = batcher.enqueue(1)
-    await run.started.wait()
+    batcher, _, first = await running("closing")
     waiting = batcher.enqueue(2)
     await batcher.close()
     assert waiting.cancelled()
     with pytest.raises(RuntimeError, match="closing stopped"):
-        await running
+        await first
 
 
 async def test_the_rhythm_waits_for_due_sessions_and_never_for_forgotten_ones() -> None:
