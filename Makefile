@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint demo bench bench-load
+.PHONY: test test-fast lint demo bench bench-load
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,10 @@ $(BROWSER_STAMP): scripts/install-browser.sh
 
 test: $(STAMP) $(TOOLS_STAMP) $(BROWSER_STAMP)
 	$(BIN)/python -m pytest tests/
+
+# The edit loop: unit tests only, without the slow, deploy and browser groups (a minute or two on a laptop).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest tests/unit -m "not slow and not deploy and not browser"
 
 # A DHT, two nodes (blocks 0:15 and 15:30) of the bundled SmolLM2-135M-Instruct and the gateway on 127.0.0.1:8000;
 # prints a curl line once the swarm is ready, stops everything on Ctrl-C.

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from hivemind.p2p import P2P, PeerID
 from hivemind.proto import runtime_pb2
 
 from gateway.swarm.liveness import Liveness
+from shared.batching import Batcher, Job
 from shared.errors import MalformedReply, NodeUnreachable, SwarmError
 from shared.protocol import (
     BATCH_HANDLER,
@@ -38,12 +40,14 @@ from shared.rpc_client import decode_reply, over_transport
 
 
 @dataclass
-class _Row:
+class _Step:
     session_id: str
     position: int
     hidden: torch.Tensor  # [1, 1, D]
-    future: asyncio.Future[torch.Tensor]
     stream: _Stream | None = None  # the stream it was sent on
+
+
+_Row = Job[_Step, torch.Tensor]  # a step and its caller's future
 
 
 class _Stream:
@@ -60,8 +64,9 @@ class _Stream:
         return not self._task.done()
 
     def send(self, rows: list[_Row]) -> None:
-        message = BatchStep(rows=[BatchRow(session_id=row.session_id, position=row.position) for row in rows])
-        request = encode_request(message, (torch.cat([row.hidden for row in rows]),))
+        steps = [row.item for row in rows]
+        message = BatchStep(rows=[BatchRow(session_id=step.session_id, position=step.position) for step in steps])
+        request = encode_request(message, (torch.cat([step.hidden for step in steps]),))
         self._sent.append(rows)
         self._outbox.put_nowait(request)
 
@@ -141,7 +146,7 @@ class StepLinks:
         self._timeout = step_timeout
         self._liveness = liveness or Liveness(p2p)
         self._streams: dict[str, _Stream] = {}
-        self._waiting: dict[str, list[_Row]] = {}  # rows not sent yet, by node
+        self._batchers: dict[str, Batcher[_Step, torch.Tensor]] = {}  # rows not sent yet, by node
         self.messages = 0  # batch steps sent (tests, benchmarks)
         self.rows = 0  # session steps they carried
 
@@ -149,17 +154,17 @@ class StepLinks:
         """One decode step of the node's session ``session_id``: hidden [1, 1, D] at ``position`` -> its output row
         (checked by the caller). Raises the node's typed error for this row, or ``NodeUnreachable``/``StepTimeout``
         (then every row on its stream fails too: replies come in order, everything behind a lost one is lost)."""
-        loop = asyncio.get_running_loop()
-        row = _Row(session_id, position, hidden, loop.create_future())
-        waiting = self._waiting.setdefault(peer_id, [])
-        if not waiting:  # the first row this turn: send once every session released with it has added its own
-            loop.call_soon(self._flush, peer_id)
-        waiting.append(row)
+        batcher = self._batchers.get(peer_id)
+        if batcher is None:  # no rhythm: its worker sends, one turn of the loop after the first row, every row queued
+            run = functools.partial(self._send, peer_id)  # by then: all the sessions released with it
+            batcher = self._batchers[peer_id] = Batcher(run, name=f"step-link-{peer_id}")
+        step = _Step(session_id, position, hidden)
+        future = batcher.enqueue(step)
         try:  # cancelled or timed out, the wait cancels the row's future: its reply, when it comes, is dropped
-            return await self._liveness.wait(peer_id, "answer a batch step", row.future, self._timeout)
+            return await self._liveness.wait(peer_id, "answer a batch step", future, self._timeout)
         except SwarmError as error:
-            if not row.future.done() or row.future.cancelled():  # not the row's own answer: a stall or a dead node
-                self._abandon(peer_id, row.stream, error)
+            if not future.done() or future.cancelled():  # not the row's own answer: a stall or a dead node
+                self._abandon(peer_id, step.stream, error)
             raise
 
     def _abandon(self, peer_id: str, stream: _Stream | None, error: Exception) -> None:
@@ -168,26 +173,26 @@ class StepLinks:
             del self._streams[peer_id]
             stream.fail(error)
 
-    def _flush(self, peer_id: str) -> None:
-        rows = [row for row in self._waiting.pop(peer_id, []) if not row.future.done()]
-        if not rows:
-            return
+    async def _send(self, peer_id: str, rows: list[_Row]) -> None:
+        """Hand the rows to the node's stream: their replies settle them."""
         stream = self._streams.get(peer_id)
         if stream is None or not stream.alive:
             stream = self._streams[peer_id] = _Stream(self._p2p, peer_id, self._timeout)
         for first in range(0, len(rows), MAX_BATCH_ROWS):
             chunk = rows[first : first + MAX_BATCH_ROWS]
             for row in chunk:
-                row.stream = stream
+                row.item.stream = stream
             try:
                 stream.send(chunk)
             except Exception as exc:  # never expected: fail the rows rather than leave them to the step timeout
                 for row in chunk:
-                    row.future.set_exception(NodeUnreachable(f"cannot send a batch step to {peer_id}: {exc}"))
+                    row.fail(NodeUnreachable(f"cannot send a batch step to {peer_id}: {exc}"))
                 continue
             self.messages += 1
             self.rows += len(chunk)
 
     async def close(self) -> None:
+        for batcher in self._batchers.values():
+            batcher.stop()
         streams, self._streams = list(self._streams.values()), {}
         await asyncio.gather(*(stream.close() for stream in streams), return_exceptions=True)
