@@ -33,10 +33,6 @@ class WeightReader(Protocol):
     def read(self, names: Iterable[str]) -> dict[str, torch.Tensor]: ...
 
 
-def block_prefix(block: int) -> str:
-    return f"model.layers.{block}."
-
-
 class SafetensorsReader:
     """Tensors from safetensors files, located through the index when the checkpoint is sharded.
 
@@ -116,9 +112,12 @@ class GgufReader:
         return name if name in self._tensors else None
 
     def names(self) -> set[str]:
+        layout = self._family.layout
         blocks = range(self._config.num_hidden_layers)
-        candidates = [f"{block_prefix(i)}{rest}" for i in blocks for rest in _BLOCK_PARAMS]
-        candidates += ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]
+        candidates = [f"{layout.block_prefix(i)}{rest}" for i in blocks for rest in _BLOCK_PARAMS]
+        norms = [layout.final_norm, *([layout.embed_norm] if layout.embed_norm else [])]
+        candidates += [layout.embed, layout.lm_head]
+        candidates += [f"{norm}.{kind}" for norm in norms for kind in ("weight", "bias")]
         return {name for name in candidates if self._gguf_name(name) is not None}
 
     def read(self, names: Iterable[str]) -> dict[str, torch.Tensor]:
@@ -151,7 +150,8 @@ def _unpermute_rotary_rows(weights: np.ndarray, heads: int) -> np.ndarray:
     return weights.reshape(heads, half, 2, *weights.shape[1:]).swapaxes(1, 2).reshape(weights.shape)
 
 
-# Parameter names inside one decoder block, for the families we support (Qwen adds biases, Qwen3 q/k norms).
+# Parameter names inside one decoder block, for the dense families we support (Qwen adds biases, Qwen3 and Gemma 3
+# q/k norms, Gemma extra norms, Phi-3 fused projections, Falcon/BLOOM their own names).
 _BLOCK_PARAMS = [
     f"{module}.{kind}"
     for module in (
@@ -161,11 +161,21 @@ _BLOCK_PARAMS = [
         "self_attn.o_proj",
         "self_attn.q_norm",
         "self_attn.k_norm",
+        "self_attn.qkv_proj",
+        "self_attention.query_key_value",
+        "self_attention.dense",
         "mlp.gate_proj",
         "mlp.up_proj",
         "mlp.down_proj",
+        "mlp.gate_up_proj",
+        "mlp.dense_h_to_4h",
+        "mlp.dense_4h_to_h",
         "input_layernorm",
         "post_attention_layernorm",
+        "pre_feedforward_layernorm",
+        "post_feedforward_layernorm",
+        "ln_attn",
+        "ln_mlp",
     )
     for kind in ("weight", "bias")
 ]

@@ -1,7 +1,7 @@
 """Weight quantization of a span's linear layers with bitsandbytes: LLM.int8 (``int8``) or 4-bit NormalFloat (``nf4``).
 
 What is quantized: the attention projections (q/k/v/o) and the MLP projections (gate/up/down) of every block — the
-bulk of a block's weights. Norms, biases and the KV cache stay in the compute dtype.
+bulk of a dense block's weights. Norms, biases and the KV cache stay in the compute dtype.
 
 Defaults (``--quant auto``): ``none`` on the CPU — bitsandbytes 0.50 runs both kinds there, at a speed that depends
 on the CPU (SmolLM2 single-stream decode with 0.50.2: about half float32's with either on an AVX2-only box; on an
@@ -30,7 +30,15 @@ from swarm_node.span import BlockTransform
 QuantSetting = Literal["auto", "none", "int8", "nf4"]
 Quant = Literal["none", "int8", "nf4"]
 
-QUANTIZED_PROJECTIONS = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
+# Llama-style names, Phi-3's fused ones, Falcon's and BLOOM's. Mixture-of-experts experts are 3D tensors, not
+# linear layers, and stay unquantized (the router and any shared expert follow the rules above).
+QUANTIZED_PROJECTIONS = frozenset(
+    {
+        *("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+        *("qkv_proj", "gate_up_proj"),
+        *("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"),
+    }
+)
 INT8_OUTLIER_THRESHOLD = 6.0  # LLM.int8's default: input columns above it are multiplied in 16-bit instead
 
 
