@@ -114,7 +114,10 @@ class GgufReader:
     def names(self) -> set[str]:
         layout = self._family.layout
         blocks = range(self._config.num_hidden_layers)
-        candidates = [f"{layout.block_prefix(i)}{rest}" for i in blocks for rest in _BLOCK_PARAMS]
+        family = self._family
+        candidates = [
+            f"{layout.block_prefix(i)}{rest}" for i in blocks for rest in family.block_parameters(self._config, i)
+        ]
         norms = [layout.final_norm, *([layout.embed_norm] if layout.embed_norm else [])]
         candidates += [layout.embed, layout.lm_head]
         candidates += [f"{norm}.{kind}" for norm in norms for kind in ("weight", "bias")]
@@ -148,37 +151,6 @@ def _unpermute_rotary_rows(weights: np.ndarray, heads: int) -> np.ndarray:
     # interleaved pairs: rows (h, i, pair) were written as (h, pair, i). Swapping the two axes back restores HF order.
     half = weights.shape[0] // heads // 2
     return weights.reshape(heads, half, 2, *weights.shape[1:]).swapaxes(1, 2).reshape(weights.shape)
-
-
-# Parameter names inside one decoder block, for the dense families we support (Qwen adds biases, Qwen3 and Gemma 3
-# q/k norms, Gemma extra norms, Phi-3 fused projections, Falcon/BLOOM their own names).
-_BLOCK_PARAMS = [
-    f"{module}.{kind}"
-    for module in (
-        "self_attn.q_proj",
-        "self_attn.k_proj",
-        "self_attn.v_proj",
-        "self_attn.o_proj",
-        "self_attn.q_norm",
-        "self_attn.k_norm",
-        "self_attn.qkv_proj",
-        "self_attention.query_key_value",
-        "self_attention.dense",
-        "mlp.gate_proj",
-        "mlp.up_proj",
-        "mlp.down_proj",
-        "mlp.gate_up_proj",
-        "mlp.dense_h_to_4h",
-        "mlp.dense_4h_to_h",
-        "input_layernorm",
-        "post_attention_layernorm",
-        "pre_feedforward_layernorm",
-        "post_feedforward_layernorm",
-        "ln_attn",
-        "ln_mlp",
-    )
-    for kind in ("weight", "bias")
-]
 
 
 def open_weights(source: ModelSource, config: PretrainedConfig) -> WeightReader:

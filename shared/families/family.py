@@ -4,10 +4,12 @@ decoder layers are called, and what of the model lives on the gateway (embedding
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+import torch
 from torch import nn
 from transformers import PretrainedConfig
 
@@ -91,3 +93,11 @@ class Family:
     validate: Callable[[PretrainedConfig], None] = _none
     # Config attributes the span sets before building layers (e.g. the attention implementation Falcon picks by).
     attn_implementation: str | None = None
+
+    def block_parameters(self, config: PretrainedConfig, block: int) -> list[str]:
+        """Names of block ``block``'s parameters as transformers builds it (on the meta device: nothing allocated)."""
+        config = copy.copy(config)
+        if self.attn_implementation is not None:
+            config._attn_implementation = self.attn_implementation
+        with torch.device("meta"):
+            return list(self.decoder_layer(config, block).state_dict())
