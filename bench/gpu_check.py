@@ -24,6 +24,7 @@ on the CPU, with ``--hidden 64`` to make it quick: a check of this script, not o
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 import tempfile
 import time
@@ -56,6 +57,7 @@ from swarm_node.kv_cache import SessionKV
 from swarm_node.quantize import block_transform
 from swarm_node.span import BlockSpan, build_span
 
+HAVE_BNB = importlib.util.find_spec("bitsandbytes") is not None  # without it, the nf4 rows are skipped (said so)
 BF16_TOLERANCE = 0.05
 NF4_TOLERANCE = 0.5
 GREEDY_TOKENS = 20
@@ -216,13 +218,14 @@ def check_family(name: str, config: PretrainedConfig, device: str, streams: list
     baseline = relative_error(_hidden(bf16, loaded, device), _hidden(fp32, loaded, device))
     ok &= _report(name, "bf16 vs transformers bf16", bf16_error, BF16_TOLERANCE, f"(theirs vs fp32 {baseline:.4f})")
     del bf16
-    nf4_error = hidden_error(loaded, fp32, torch.bfloat16, "nf4", device)
-    ok &= _report(name, "nf4 vs transformers fp32", nf4_error, NF4_TOLERANCE)
+    if HAVE_BNB:
+        nf4_error = hidden_error(loaded, fp32, torch.bfloat16, "nf4", device)
+        ok &= _report(name, "nf4 vs transformers fp32", nf4_error, NF4_TOLERANCE)
     equal = greedy_equal(loaded, fp32, device)
     print(f"{name:11s} greedy fp32 {GREEDY_TOKENS} tokens equal to generate: {'ok' if equal else 'FAIL'}", flush=True)
     ok &= equal
     del fp32
-    for dtype, quant in ((torch.bfloat16, "none"), (torch.bfloat16, "nf4")):
+    for dtype, quant in ((torch.bfloat16, "none"), (torch.bfloat16, "nf4"))[: 2 if HAVE_BNB else 1]:
         rates = decode_speed(loaded, dtype, quant, device, streams)
         cells = "  ".join(f"{count:>2} streams {rate:8.1f} tok/s" for count, rate in zip(streams, rates, strict=True))
         print(f"{name:11s} decode {quant if quant != 'none' else 'bf16':4s}  {cells}", flush=True)
@@ -261,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     names = args.families or list(configs)
     if args.device.startswith("cuda"):
         print(f"gpu-check on {torch.cuda.get_device_name(args.device)}, torch {torch.__version__}", flush=True)
+    if not HAVE_BNB:
+        print("gpu-check: bitsandbytes is not installed: nf4 checks and speeds skipped", flush=True)
     failed = []
     began = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:

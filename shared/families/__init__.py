@@ -28,7 +28,10 @@ from transformers.models.qwen3_moe import modeling_qwen3_moe
 from shared.errors import ModelLoadError
 from shared.families.family import ExpertLayout, Family, TensorLayout
 
-__all__ = ["FAMILIES", "ExpertLayout", "Family", "TensorLayout", "family_of"]
+__all__ = ["FAMILIES", "ExpertLayout", "Family", "TensorLayout", "context_length", "family_of"]
+
+# BLOOM (ALiBi) has no position table; its models were trained on sequences of this length.
+ALIBI_CONTEXT = 2048
 
 
 def _no_window(config: PretrainedConfig, layer_idx: int) -> None:
@@ -234,3 +237,9 @@ def family_of(config: PretrainedConfig) -> Family:
         raise ModelLoadError(f"model type {config.model_type!r} is not supported (supported: {supported})") from None
     family.validate(config)
     return family
+
+
+def context_length(config: PretrainedConfig) -> int:
+    """The longest sequence the model takes: its position table's length (ALiBi models: their training length)."""
+    length = getattr(config, "max_position_embeddings", None) or getattr(config, "seq_length", None)
+    return int(length or ALIBI_CONTEXT)
