@@ -1,0 +1,73 @@
+"""Span-only loading for every family's checkpoint layout, and experts assembled from exactly a span's tensors.
+
+Mixture-of-experts blocks are most of such a model: a node must still read only its own blocks' experts (one
+tensor per expert and projection in hub checkpoints, fused by us into transformers' 3D expert tensors).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from shared.families import family_of
+from shared.model_source import load_config, resolve_model
+from shared.weights import open_weights
+from swarm_node.span import build_span
+from tests.tiny_models import TINY_VARIANTS, GetTinyModel
+
+NEW_VARIANTS = [v for v in TINY_VARIANTS if v not in ("llama", "llama_tied", "mistral", "qwen2", "qwen3")]
+
+
+@pytest.mark.parametrize("variant", NEW_VARIANTS)
+def test_a_span_reads_exactly_its_blocks_tensors(tiny_model: GetTinyModel, variant: str) -> None:
+    tiny = tiny_model(variant)
+    source = resolve_model(str(tiny.folder))
+    config = load_config(source)
+    reader = open_weights(source, config)
+    build_span(config, reader, 2, 4)
+    with safe_open(str(tiny.folder / "model.safetensors"), framework="pt") as f:
+        names = set(f.keys())
+    prefix = re.escape(family_of(config).layout.blocks)
+    ours = {n for n in names if re.match(rf"^{prefix}\.[23]\.", n)}
+    assert len(reader.loaded) == len(set(reader.loaded))  # each tensor read once
+    assert set(reader.loaded) == ours  # every tensor of blocks 2 and 3, nothing of the others'
+    if family_of(config).experts is not None:
+        assert sum(".experts." in n for n in reader.loaded) == 2 * 3 * 4  # 2 blocks x 3 projections x 4 experts
+
+
+@pytest.mark.parametrize("variant", ["mixtral", "qwen2_moe"])
+def test_fused_experts_equal_transformers_own(tiny_model: GetTinyModel, variant: str) -> None:
+    tiny = tiny_model(variant)
+    source = resolve_model(str(tiny.folder))
+    config = load_config(source)
+    span = build_span(config, open_weights(source, config), 1, 2)
+    ours, theirs = span.layers["1"].mlp.experts, tiny.model.base_model.layers[1].mlp.experts
+    assert torch.equal(ours.gate_up_proj, theirs.gate_up_proj) and torch.equal(ours.down_proj, theirs.down_proj)
+
+
+def test_grouped_experts_one_matmul_per_expert_for_a_batch(
+    tiny_model: GetTinyModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batched decode of 6 sessions routes 12 (row, expert) pairs; each expert hit runs one matmul for its rows."""
+    tiny = tiny_model("mixtral")
+    source = resolve_model(str(tiny.folder))
+    config = load_config(source)
+    span = build_span(config, open_weights(source, config), 0, 1)
+    experts = span.layers["0"].mlp.experts
+    rows_per_call: list[int] = []
+    linear = torch.nn.functional.linear
+
+    def counting(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if weight.untyped_storage().data_ptr() == experts.gate_up_proj.untyped_storage().data_ptr():
+            rows_per_call.append(x.shape[0])
+        return linear(x, weight, bias)
+
+    monkeypatch.setattr(torch.nn.functional, "linear", counting)
+    sessions = [span.new_session_kv(range(0, 1), 8) for _ in range(6)]
+    hidden = torch.randn(6, 1, config.hidden_size, generator=torch.Generator().manual_seed(0))
+    span(hidden, sessions, [0] * 6, range(0, 1))
+    assert sum(rows_per_call) == 6 * config.num_experts_per_tok  # every routed row once
+    assert len(rows_per_call) <= config.num_local_experts < 6 * config.num_experts_per_tok  # grouped by expert
