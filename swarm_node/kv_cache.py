@@ -67,7 +67,8 @@ class BatchCache:
     Row ``b`` holds ``new_tokens`` tokens at positions ``starts[b] ...``, of which the first ``lengths[b]`` are real
     (default: all); a start below the session's length rewinds it (the tokens after it are overwritten), which is
     how a client replays or edits a suffix. ``windows`` maps a block to its sliding-window size (None: full
-    attention), for the ragged layout's own attention; ``ragged_decode`` False keeps decode in the padded layout.
+    attention), for the ragged layout's own attention; ``ragged_decode`` False keeps decode in the padded layout;
+    ``kv_broadcast``: the layers hand over each key/value head this many times (stored once, repeated on return).
     """
 
     def __init__(
@@ -78,6 +79,7 @@ class BatchCache:
         windows: Mapping[int, int | None] | None = None,
         lengths: Sequence[int] | None = None,
         ragged_decode: bool = True,
+        kv_broadcast: int = 1,
     ) -> None:
         self.sessions = list(sessions)
         self.starts = list(starts)
@@ -89,11 +91,23 @@ class BatchCache:
         self.windows = dict(windows or {})
         # Layers that compute attention themselves (Falcon, BLOOM) never call ``attend``: they get the padded layout.
         self.ragged = ragged_decode and new_tokens == 1
+        self.kv_broadcast = kv_broadcast
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        # key_states, value_states: [B, kv_heads, T, head_dim]
+        # key_states, value_states: [B, kv_heads * kv_broadcast, T, head_dim]; one copy of each head is stored
+        if self.kv_broadcast > 1:
+            key_states, value_states = key_states[:, :: self.kv_broadcast], value_states[:, :: self.kv_broadcast]
+        keys, values = self._store_and_read(key_states, value_states, layer_idx)
+        if self.kv_broadcast > 1 and not self.ragged:
+            keys = keys.repeat_interleave(self.kv_broadcast, dim=1)
+            values = values.repeat_interleave(self.kv_broadcast, dim=1)
+        return keys, values
+
+    def _store_and_read(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         for row, (session, start, length) in enumerate(zip(self.sessions, self.starts, self.lengths, strict=True)):
             layer = layer_idx - session.first_block
             session.keys[layer, :, start : start + length] = key_states[row, :, :length]

@@ -123,7 +123,8 @@ class BlockSpan(nn.Module):
 
         ``lengths``: row b's real tokens are its first lengths[b] (right padding after them; default: all T)."""
         ragged = not self.family.own_attention
-        cache = BatchCache(sessions, starts, hidden.shape[1], self._windows, lengths, ragged_decode=ragged)
+        broadcast = self.family.kv_broadcast(self.config)
+        cache = BatchCache(sessions, starts, hidden.shape[1], self._windows, lengths, ragged, broadcast)
         inputs = _LayerInputs(self, cache, hidden)
         for block in blocks:
             hidden = inputs.call(self.layers[str(block)], block, hidden)

@@ -79,10 +79,16 @@ def _all_heads(config: PretrainedConfig) -> int:
 
 
 def _falcon_kv_heads(config: PretrainedConfig) -> int:
-    # The new architecture broadcasts each key/value head to its query group before the cache sees it.
-    if not config.new_decoder_architecture and config.multi_query:
-        return 1
-    return int(config.num_attention_heads)
+    if config.new_decoder_architecture:
+        return int(config.num_kv_heads)
+    return 1 if config.multi_query else int(config.num_attention_heads)
+
+
+def _falcon_kv_broadcast(config: PretrainedConfig) -> int:
+    # The new architecture hands the cache each key/value head repeated for its whole query group.
+    if config.new_decoder_architecture:
+        return int(config.num_attention_heads) // int(config.num_kv_heads)
+    return 1
 
 
 def _falcon_validate(config: PretrainedConfig) -> None:
@@ -173,6 +179,7 @@ FAMILIES: dict[str, Family] = {
         layer_call="falcon",
         own_attention=True,
         kv_heads=_falcon_kv_heads,
+        kv_broadcast=_falcon_kv_broadcast,
         validate=_falcon_validate,
         attn_implementation="sdpa",  # FalconDecoderLayer picks its attention class by this name
     ),

@@ -28,6 +28,10 @@ def _num_key_value_heads(config: PretrainedConfig) -> int:
     return int(config.num_key_value_heads)
 
 
+def _no_broadcast(config: PretrainedConfig) -> int:
+    return 1
+
+
 def _no_layer_kind(config: PretrainedConfig, layer_idx: int) -> None:
     return None
 
@@ -71,7 +75,9 @@ class Family:
     ``own_attention``: the layers compute attention themselves (Falcon, BLOOM) instead of through transformers'
     attention-interface registry, so every forward uses the padded layout with an explicit mask.
     ``layer_kind``: the key a layer's rotary embedding is computed for (Gemma 3: local and global layers differ).
-    ``kv_heads``: key/value heads the layers hand the cache (Falcon's new architecture hands every query head).
+    ``kv_heads``: key/value heads the cache stores per token; ``kv_broadcast``: how many copies of each the layers
+    hand the cache (Falcon's new architecture broadcasts every key/value head to its query group before caching:
+    we store one copy and broadcast again on the way out, so its cache is not ``heads / kv_heads`` times larger).
     """
 
     name: str
@@ -86,6 +92,7 @@ class Family:
     own_attention: bool = False
     layer_kind: Callable[[PretrainedConfig, int], str | None] = _no_layer_kind
     kv_heads: Callable[[PretrainedConfig], int] = _num_key_value_heads
+    kv_broadcast: Callable[[PretrainedConfig], int] = _no_broadcast
     embed_scale: ConfigValue = _none
     final_logit_softcap: ConfigValue = _none
     experts: ExpertLayout | None = None

@@ -15,7 +15,7 @@ from safetensors import safe_open
 from shared.families import family_of
 from shared.model_source import load_config, resolve_model
 from shared.weights import open_weights
-from swarm_node.span import build_span
+from swarm_node.span import build_span, kv_bytes_per_token
 from tests.tiny_models import TINY_VARIANTS, GetTinyModel
 
 NEW_VARIANTS = [v for v in TINY_VARIANTS if v not in ("llama", "llama_tied", "mistral", "qwen2", "qwen3")]
@@ -71,3 +71,14 @@ def test_grouped_experts_one_matmul_per_expert_for_a_batch(
     span(hidden, sessions, [0] * 6, range(0, 1))
     assert sum(rows_per_call) == 6 * config.num_experts_per_tok  # every routed row once
     assert len(rows_per_call) <= config.num_local_experts < 6 * config.num_experts_per_tok  # grouped by expert
+
+
+def test_falcon_new_architecture_caches_each_key_value_head_once(tiny_model: GetTinyModel) -> None:
+    """Its layers hand the cache every key/value head repeated per query group; the cache keeps one copy."""
+    source = resolve_model(str(tiny_model("falcon_new").folder))
+    config = load_config(source)
+    span = build_span(config, open_weights(source, config), 0, 2)
+    session = span.new_session_kv(range(0, 2), 8)
+    assert session.keys.shape == (2, config.num_kv_heads, 8, config.hidden_size // config.num_attention_heads)
+    assert config.num_kv_heads < config.num_attention_heads
+    assert kv_bytes_per_token(config, 2, torch.float32) == 2 * 2 * config.num_kv_heads * 16 * 4
