@@ -153,9 +153,36 @@ def _unpermute_rotary_rows(weights: np.ndarray, heads: int) -> np.ndarray:
     return weights.reshape(heads, half, 2, *weights.shape[1:]).swapaxes(1, 2).reshape(weights.shape)
 
 
+class PrefixedReader:
+    """Adds the base model's prefix that a checkpoint left out: BLOOM's hub checkpoints name ``h.0.…`` and
+    ``word_embeddings.weight`` what transformers (and our layouts) call ``transformer.h.0.…``."""
+
+    def __init__(self, inner: WeightReader, prefix: str) -> None:
+        self._inner, self._prefix = inner, prefix
+
+    @property
+    def loaded(self) -> list[str]:
+        return [self._prefix + name for name in self._inner.loaded]
+
+    def names(self) -> set[str]:
+        return {self._prefix + name for name in self._inner.names()}
+
+    def read(self, names: Iterable[str]) -> dict[str, torch.Tensor]:
+        inner = self._inner.read(name.removeprefix(self._prefix) for name in names)
+        return {self._prefix + name: tensor for name, tensor in inner.items()}
+
+
+def _with_layout_prefix(reader: WeightReader, config: PretrainedConfig) -> WeightReader:
+    prefix = family_of(config).layout.blocks.partition(".")[0] + "."
+    names = reader.names()
+    if prefix == "model." or any(name.startswith(prefix) for name in names):
+        return reader
+    return PrefixedReader(reader, prefix)
+
+
 def open_weights(source: ModelSource, config: PretrainedConfig) -> WeightReader:
     if source.kind == "gguf":
         return GgufReader(source.location, config)
     if source.kind == "folder":
-        return local_folder_reader(source.location)
-    return hub_reader(source.location, source.revision)
+        return _with_layout_prefix(local_folder_reader(source.location), config)
+    return _with_layout_prefix(hub_reader(source.location, source.revision), config)

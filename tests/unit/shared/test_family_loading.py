@@ -7,11 +7,15 @@ tensor per expert and projection in hub checkpoints, fused by us into transforme
 from __future__ import annotations
 
 import re
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import save_file
 
+from gateway.model.head import build_head
 from shared.families import family_of
 from shared.model_source import load_config, resolve_model
 from shared.weights import open_weights
@@ -82,3 +86,20 @@ def test_falcon_new_architecture_caches_each_key_value_head_once(tiny_model: Get
     assert session.keys.shape == (2, config.num_kv_heads, 8, config.hidden_size // config.num_attention_heads)
     assert config.num_kv_heads < config.num_attention_heads
     assert kv_bytes_per_token(config, 2, torch.float32) == 2 * 2 * config.num_kv_heads * 16 * 4
+
+
+def test_bloom_checkpoint_without_the_transformer_prefix(tiny_model: GetTinyModel, tmp_path: Path) -> None:
+    """bigscience/bloom-* name their tensors ``h.0.…`` / ``word_embeddings.weight``, without ``transformer.``."""
+    tiny = tiny_model("bloom")
+    state = {name.removeprefix("transformer."): t.contiguous() for name, t in tiny.model.state_dict().items()}
+    save_file({k: v for k, v in state.items() if k != "lm_head.weight"}, str(tmp_path / "model.safetensors"))
+    shutil.copy(tiny.folder / "config.json", tmp_path / "config.json")
+    source = resolve_model(str(tmp_path))
+    config = load_config(source)
+    reader = open_weights(source, config)
+    head, span = build_head(config, reader), build_span(config, reader, 0, config.num_hidden_layers)
+    ids = torch.randint(0, config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(4))
+    blocks = range(0, config.num_hidden_layers)
+    logits = head.logits(span(head.embed(ids), [span.new_session_kv(blocks, 9)], [0], blocks))
+    with torch.inference_mode():
+        torch.testing.assert_close(logits, tiny.model(ids).logits, atol=1e-5, rtol=0)
