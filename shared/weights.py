@@ -159,17 +159,16 @@ class PrefixedReader:
 
     def __init__(self, inner: WeightReader, prefix: str) -> None:
         self._inner, self._prefix = inner, prefix
-
-    @property
-    def loaded(self) -> list[str]:
-        return [self._prefix + name for name in self._inner.loaded]
+        self.loaded: list[str] = []
 
     def names(self) -> set[str]:
         return {self._prefix + name for name in self._inner.names()}
 
     def read(self, names: Iterable[str]) -> dict[str, torch.Tensor]:
         inner = self._inner.read(name.removeprefix(self._prefix) for name in names)
-        return {self._prefix + name: tensor for name, tensor in inner.items()}
+        tensors = {self._prefix + name: tensor for name, tensor in inner.items()}
+        self.loaded.extend(tensors)
+        return tensors
 
 
 def _with_layout_prefix(reader: WeightReader, config: PretrainedConfig) -> WeightReader:
