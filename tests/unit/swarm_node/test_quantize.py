@@ -94,7 +94,7 @@ def test_auto_quantizes_on_cuda_only() -> None:
 
 
 # qwen2: projections with biases; phi3: fused qkv / gate_up; falcon_new, bloom: their own names (BLOOM with biases);
-# gemma2: soft-capped attention; mixtral: attention quantized, experts (3D tensors) kept.
+# gemma2: soft-capped attention; mixtral: experts quantized one linear each.
 QUANT_VARIANTS = ["llama", "qwen2", "phi3", "falcon_new", "bloom", "gemma2", "mixtral"]
 
 
@@ -112,8 +112,11 @@ def test_tiny_quantized_span_is_within_tolerance(tiny_model: GetTinyModel, varia
     quantized = {name for name, module in span.named_modules() if isinstance(module, QUANT_MODULES[quant])}
     quant_type = QUANT_MODULES[quant]
     linear = {n for n, m in span.named_modules() if isinstance(m, nn.Linear) and not isinstance(m, quant_type)}
-    assert quantized == projections and not linear  # every linear layer of these blocks, and nothing else
-    assert {name.rsplit(".", 1)[-1] for name in quantized} <= QUANTIZED_PROJECTIONS
+    experts = {name for name in quantized if ".experts." in name}  # MoE: one linear per expert and projection
+    assert quantized - experts == projections and not linear  # every linear layer of these blocks, and the experts
+    assert {name.rsplit(".", 1)[-1] for name in quantized - experts} <= QUANTIZED_PROJECTIONS
+    assert len(experts) == 6 * 2 * getattr(config, "num_local_experts", 0)
+    assert not any(param.dim() == 3 for param in span.parameters())  # no unquantized expert tensor is left
     output = forward_all(span, hidden)
     error = float((output - reference).norm() / reference.norm())
     assert 0 < error <= TINY_TOLERANCE[quant]
