@@ -101,6 +101,8 @@ class GgufReader:
         self._gguf = gguf
         self._config = config
         self._family = family_of(config)
+        if not self._family.gguf_supported:
+            raise ModelLoadError(f"GGUF files of the {self._family.name} family are not supported; use its safetensors")
         self.loaded: list[str] = []
         self._reader = gguf.GGUFReader(path)
         self._tensors = {t.name: t for t in self._reader.tensors}

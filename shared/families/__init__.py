@@ -109,6 +109,7 @@ FAMILIES: dict[str, Family] = {
         gguf_arch="llama",
         gguf_permutes_qk=True,
         sliding_window=_no_window,
+        gguf_supported=True,
     ),
     "mistral": Family(
         "mistral",
@@ -118,6 +119,7 @@ FAMILIES: dict[str, Family] = {
         gguf_arch="llama",  # llama.cpp converts Mistral checkpoints to its llama arch
         gguf_permutes_qk=True,
         sliding_window=_model_window,
+        gguf_supported=True,
     ),
     "qwen2": Family(
         "qwen2",
@@ -127,6 +129,7 @@ FAMILIES: dict[str, Family] = {
         gguf_arch="qwen2",
         gguf_permutes_qk=False,
         sliding_window=_per_layer_window,
+        gguf_supported=True,
     ),
     "qwen3": Family(
         "qwen3",
@@ -136,6 +139,7 @@ FAMILIES: dict[str, Family] = {
         gguf_arch="qwen3",
         gguf_permutes_qk=False,
         sliding_window=_per_layer_window,
+        gguf_supported=True,
     ),
     "mixtral": Family(
         "mixtral",
@@ -232,6 +236,7 @@ FAMILIES: dict[str, Family] = {
         gguf_arch="phi3",
         gguf_permutes_qk=False,
         sliding_window=_model_window,
+        gguf_supported=True,
     ),
 }
 

@@ -16,9 +16,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from gateway.model.head import build_head
+from shared.errors import ModelLoadError
 from shared.families import family_of
 from shared.model_source import load_config, resolve_model
-from shared.weights import open_weights
+from shared.weights import GgufReader, open_weights
 from swarm_node.span import build_span, kv_bytes_per_token
 from tests.tiny_models import TINY_VARIANTS, GetTinyModel
 
@@ -103,3 +104,11 @@ def test_bloom_checkpoint_without_the_transformer_prefix(tiny_model: GetTinyMode
     logits = head.logits(span(head.embed(ids), [span.new_session_kv(blocks, 9)], [0], blocks))
     with torch.inference_mode():
         torch.testing.assert_close(logits, tiny.model(ids).logits, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("variant", ["gemma2", "bloom", "mixtral"])
+def test_gguf_of_families_llama_cpp_rewrites_is_refused(tiny_model: GetTinyModel, variant: str) -> None:
+    """llama.cpp stores Gemma's norms + 1, BLOOM's q/k/v interleaved, MoE experts stacked: refused, not served wrong."""
+    config = load_config(resolve_model(str(tiny_model(variant).folder)))
+    with pytest.raises(ModelLoadError, match="GGUF files"):
+        GgufReader("unused.gguf", config)
