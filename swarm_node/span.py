@@ -61,6 +61,9 @@ def prepare_config(config: PretrainedConfig) -> PretrainedConfig:
     """The config our blocks are built with: our attention function, which takes explicit masks or ragged rows
     (families whose layers compute attention themselves get the implementation they choose their class by)."""
     config._attn_implementation = family_of(config).attn_implementation or ATTENTION
+    if family_of(config).experts is not None:
+        # transformers' own loop: rows grouped by expert, one matmul per expert the batch routes to.
+        config._experts_implementation = "eager"
     return config
 
 
