@@ -6,7 +6,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
+
 .PHONY: test test-fast lint demo bench bench-load
+=======
+.PHONY: test lint demo bench bench-load gpu-check
+>>>>>>> families
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +63,14 @@ bench: $(BENCH_STAMP)
 bench-load: $(BENCH_STAMP)
 	$(BIN)/python -m bench.load --users 100 --duration 60
 	$(BIN)/python -m bench.load --users 100 --duration 60 --churn
+
+# GPU readiness (bench/gpu_check.py): every family's span in bfloat16 and nf4 against transformers on CUDA, greedy
+# equality in float32, decode tokens/s at 1/8/32 streams (a few minutes). Runs with the machine's own Python, which
+# has torch with CUDA, transformers, bitsandbytes and hivemind: our venv pins the CPU build of torch. Without CUDA it
+# says so and exits 0.
+GPU_PYTHON ?= python3
+gpu-check:
+	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m bench.gpu_check
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

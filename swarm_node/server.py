@@ -28,7 +28,7 @@ import shared
 from shared.dht_process import start_dht
 from shared.dht_records import ModelRecord, NodeState, ServerRecord, announce, fetch_servers
 from shared.errors import SwarmError
-from shared.families import family_of
+from shared.families import context_length, family_of
 from shared.membership import CallAuth, ReplayGuard
 from shared.model_source import ModelSource, load_config, resolve_model
 from shared.protocol import PROTOCOL_VERSION
@@ -114,7 +114,7 @@ class SpanServer:
         )
 
     def _max_session_length(self) -> int:
-        return self.settings.max_session_length or int(self.config.max_position_embeddings)
+        return self.settings.max_session_length or context_length(self.config)
 
     @property
     def model_record(self) -> ModelRecord:

@@ -49,6 +49,7 @@ from gateway.swarm.routing import RoutingMode
 from gateway.swarm.step_links import StepLinks
 from gateway.swarm.view import SwarmMonitor, SwarmView
 from shared.dht_process import start_dht
+from shared.families import context_length
 from shared.membership import CallAuth
 from shared.model_source import ModelSource, load_config, resolve_model
 
@@ -74,7 +75,7 @@ class GenerationEngine:
         self.tokenizer = tokenizer
         self.head = head
         self.stop_ids = stop_token_ids(config, tokenizer)
-        self.context_length = int(config.max_position_embeddings)
+        self.context_length = context_length(config)
         self.codec = HFTokenCodec(tokenizer, head.vocab_size)
         self.heads = HeadBatcher(head.logits)  # every session's next-token scoring, batched
         self._dht: DHT | None = None
