@@ -6,11 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-
-.PHONY: test test-fast lint demo bench bench-load
-=======
-.PHONY: test lint demo bench bench-load gpu-check
->>>>>>> families
+.PHONY: test test-fast lint demo bench bench-load gpu-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
