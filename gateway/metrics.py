@@ -180,6 +180,8 @@ def swarm_metrics(report: dict[str, Any]) -> Iterable[Metric]:
         ("prefix_replays", "replacement node sessions replayed the lost node's inputs"),
         ("replayed_tokens", "tokens replayed into replacement node sessions"),
         ("bans", "times a node was banned after a failure"),
+        ("relayed_hops", "decode steps whose hidden states the gateway sent to a node"),
+        ("pushed_hops", "decode steps whose hidden states went node to node (push)"),
     ):
         yield CounterMetricFamily(f"swarmgate_{name}", help_text, value=counters.get(name, 0))
 

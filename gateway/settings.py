@@ -20,6 +20,10 @@ class EngineSettings(P2PSettings):
     allowed_peers: list[str] = Field(
         default_factory=list, description="if given, route only through these node peer ids (an allowlist)"
     )
+    push: bool = Field(
+        True,
+        description="decode steps go node to node (gateway → A → B → gateway) rather than back through the gateway",
+    )
     routing: Literal["min_latency", "max_throughput"] = Field(
         "min_latency", description="default route choice: lowest latency, or spread sessions for throughput"
     )

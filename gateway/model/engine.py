@@ -207,7 +207,9 @@ class GenerationEngine:
                 output = await self._resume(taken, request.prompt_ids, max_length)
                 if output is not None:
                     return taken.item.chain, output, taken.prefix
-        chain = ChainSession(self._p2p, self.router, max_length, self.settings.step_timeout, links=self._links)
+        chain = ChainSession(
+            self._p2p, self.router, max_length, self.settings.step_timeout, links=self._links, push=self.settings.push
+        )
         await chain.open()
         try:
             return chain, await chain.step(await asyncio.to_thread(self._embed, request.prompt_ids), 0), 0

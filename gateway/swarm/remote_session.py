@@ -5,6 +5,10 @@ under the step timeout, and transport failures surface as ``NodeUnreachable`` / 
 errors are rebuilt from their codes). Decode steps (one token) go through the gateway's ``StepLinks`` instead when it
 has them, batched with other sessions' steps to the same node. Closing is idempotent and always releases the node's
 cache room.
+
+With push on (``ChainSession(push=True)``), a decode step goes to the chain's first node together with the rest of
+the route and each node pushes its output straight to the next one; the gateway hears every hop's input and output
+(``gateway.swarm.push_step``), so failover replays exactly as before.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from hivemind.proto import runtime_pb2
 from pydantic import BaseModel
 
 from gateway.metrics import chain_opened
+from gateway.swarm.push_step import push_step
 from gateway.swarm.router import Router
 from gateway.swarm.routing import Hop
 from gateway.swarm.step_links import StepLinks
@@ -30,9 +35,12 @@ from shared.membership import CallAuth
 from shared.protocol import (
     INFERENCE_HANDLER,
     PROTOCOL_VERSION,
+    AllowPush,
     CloseSession,
     ErrorReply,
+    NextHop,
     OpenSession,
+    PushAllowed,
     ResizeSession,
     ServerMessage,
     SessionOpened,
@@ -65,6 +73,7 @@ class NodeSession:
         self._session_id: str | None = None  # the node's name for it, once opened
         self._auth = auth
         self.max_length = max_length
+        self.pusher: str | None = None  # the node before this one, named at open: it may push steps here
         self._p2p = p2p
         self._timeout = step_timeout
         self._outbox: asyncio.Queue[runtime_pb2.ExpertRequest | None] = asyncio.Queue()
@@ -92,18 +101,27 @@ class NodeSession:
             end=self.hop.end,
             max_length=self.max_length,
             auth=self._auth.token_for(self.hop.peer_id) if self._auth else None,
+            pusher=self.pusher,
         )
         reply, _ = await self._exchange(opened)
         if not isinstance(reply, SessionOpened):
             raise NodeUnreachable(f"node {self.hop.peer_id} answered {reply.type!r} to open")
         self._session_id = reply.session_id
 
-    async def step(self, hidden: torch.Tensor, position: int) -> torch.Tensor:
-        """hidden: [1, T, D] at positions position... -> the hop's output [1, T, D]."""
+    @property
+    def next_hop(self) -> NextHop | None:
+        """How the node before this one names it in a push: None until opened (or without step links)."""
+        if self._session_id is None or self._links is None or self.closed:
+            return None
+        return NextHop(peer_id=self.hop.peer_id, session_id=self._session_id)
+
+    async def step(self, hidden: torch.Tensor, position: int, next: list[NextHop] | None = None) -> torch.Tensor:
+        """hidden: [1, T, D] at positions position... -> the hop's output [1, T, D]; a decode step's output is also
+        pushed along ``next`` (the rest of the chain)."""
         if hidden.shape[1] == 1 and self._links is not None and self._session_id is not None:
             if self.closed:
                 raise NodeUnreachable(f"session on {self.hop.peer_id} is closed")
-            output = await self._links.step(self.hop.peer_id, self._session_id, hidden, position)
+            output = await self._links.step(self.hop.peer_id, self._session_id, hidden, position, next or ())
             return self._checked_output(output, hidden)
         reply, tensors = await self._exchange(Step(position=position), (hidden,))
         return self._checked(reply, tensors, hidden)
@@ -125,6 +143,21 @@ class NodeSession:
         if not bool(torch.isfinite(output).all()):
             raise NodeUnreachable(f"node {self.hop.peer_id} sent non-finite hidden states")
         return output
+
+    async def pushed(self, position: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input, output) of the decode step at ``position`` pushed here by the previous node; ``like`` is the
+        chain's input [1, 1, D], whose shape and dtype every hop keeps."""
+        if self.closed or self._links is None or self._session_id is None:
+            raise NodeUnreachable(f"session on {self.hop.peer_id} is closed")
+        received, output = await self._links.pushed(self.hop.peer_id, self._session_id, position, self._timeout)
+        return self._checked_output(received, like), self._checked_output(output, like)
+
+    async def allow_push(self, pusher: str | None) -> None:
+        """Let ``pusher`` (this hop's new predecessor) push steps into the session."""
+        reply, _ = await self._exchange(AllowPush(pusher=pusher))
+        if not isinstance(reply, PushAllowed):
+            raise NodeUnreachable(f"node {self.hop.peer_id} sent a malformed allow-push reply")
+        self.pusher = pusher
 
     async def resize(self, max_length: int) -> None:
         """Grow or shrink the node's room for this session; its stored tokens stay."""
@@ -223,9 +256,11 @@ class ChainSession:
         step_timeout: float,
         max_failovers: int = 5,
         links: StepLinks | None = None,
+        push: bool = False,
     ) -> None:
         self._p2p = p2p
         self._links = links
+        self.push = push and links is not None  # decode steps go node to node (needs the batch links)
         self._router = router
         self._max_length = max_length
         self._timeout = step_timeout
@@ -265,6 +300,8 @@ class ChainSession:
         try:
             hops = await self._router.route(self._max_length)
             self._segments = [Segment(self._new_session(hop)) for hop in hops]
+            for before, segment in zip(self._segments, self._segments[1:], strict=False):
+                segment.session.pusher = before.session.hop.peer_id
             for index, result in enumerate(
                 await asyncio.gather(*(s.session.open() for s in self._segments), return_exceptions=True)
             ):
@@ -283,7 +320,20 @@ class ChainSession:
         """hidden: [1, T, D] embeddings of new tokens at position... -> [1, T, D] output of the last block."""
         self._check_open()
         chain_opened()  # the request's first step ends its queue time (later calls are no-ops)
-        index = 0
+        if self.push and hidden.shape[1] == 1 and len(self._segments) > 1:
+            return await push_step(self, hidden, position)
+        return await self.relay(hidden, position, 0)
+
+    @property
+    def segments(self) -> list[Segment]:
+        return self._segments
+
+    @property
+    def router(self) -> Router:
+        return self._router
+
+    async def relay(self, hidden: torch.Tensor, position: int, index: int) -> torch.Tensor:
+        """The step from segment ``index`` on, each hop's output sent on by the gateway (failing over as needed)."""
         while index < len(self._segments):
             segment = self._segments[index]
             try:
@@ -293,6 +343,7 @@ class ChainSession:
                 continue  # the replacement now sits at the same index
             segment.record(position, hidden)
             self._router.record_success(segment.session.hop.peer_id)
+            self._router.stats.relayed_hops += hidden.shape[1] == 1
             hidden = output
             index += 1
         return hidden
@@ -312,6 +363,9 @@ class ChainSession:
     def _new_session(self, hop: Hop) -> NodeSession:
         return NodeSession(self._p2p, hop, self._max_length, self._timeout, self._router.auth, self._links)
 
+    async def fail_over(self, failed: Segment, error: BaseException) -> None:
+        await self._fail_over(failed, error)
+
     async def _fail_over(self, failed: Segment, error: BaseException) -> None:
         """Replace ``failed`` by new segments over the same blocks, replayed up to where it was."""
         culprit = failed
@@ -329,6 +383,7 @@ class ChainSession:
             if culprit_or_none is None:
                 index = self._segments.index(failed)
                 self._segments[index : index + 1] = replacement
+                await self._name_pusher(index + len(replacement))
                 return
             culprit, error = culprit_or_none, error_or_none or error
             await asyncio.gather(*(self._drop(s) for s in replacement if s is not culprit))
@@ -338,6 +393,9 @@ class ChainSession:
         hop = failed.session.hop
         hops = await self._router.route(self._max_length, hop.start, hop.end, fresh=True)
         segments = [Segment(self._new_session(h)) for h in hops]
+        pusher = failed.session.pusher
+        for segment in segments:
+            segment.session.pusher, pusher = pusher, segment.session.hop.peer_id
         inputs = failed.history
         for segment in segments:
             try:
@@ -349,6 +407,16 @@ class ChainSession:
             segment.history = inputs
             inputs = outputs
         return segments, None, None
+
+    async def _name_pusher(self, index: int) -> None:
+        """The hop after a replacement learns its new predecessor; if it cannot, this chain relays from now on."""
+        if not self.push or not 0 < index < len(self._segments):
+            return
+        try:
+            await self._segments[index].session.allow_push(self._segments[index - 1].session.hop.peer_id)
+        except Exception as error:  # the step itself will find out whether the node is gone
+            logger.info("no push into %s (%s); relaying", self._segments[index].session.hop.peer_id, error)
+            self.push = False
 
     async def _drop(self, segment: Segment) -> None:
         self._router.release([segment.session.hop])

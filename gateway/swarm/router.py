@@ -37,6 +37,8 @@ class RouterStats:
     prefix_replays: int = 0  # replacement node sessions that were replayed the lost node's inputs
     replayed_tokens: int = 0
     bans: int = 0
+    relayed_hops: int = 0  # decode steps whose hidden states the gateway sent to a node
+    pushed_hops: int = 0  # decode steps whose hidden states went node to node
 
     def record_replay(self, tokens: int) -> None:
         if tokens:  # a session lost before its first step has nothing to replay

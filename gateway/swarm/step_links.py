@@ -9,6 +9,9 @@ travel together from the head to the last node and back.
 
 A row's failure is its own (the node names it); a broken or stalled stream fails every row it carries, each of which
 then fails over like a failed step on a session's own stream.
+
+With node-to-node push a row may name the rest of its chain (the node pushes its output on), and the later nodes get
+``pushed`` rows (no hidden states): each is answered with the input and output of its step once the push has run it.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +34,7 @@ from shared.protocol import (
     BatchStep,
     BatchStepResult,
     ErrorReply,
+    NextHop,
     decode_server_message,
     encode_request,
 )
@@ -40,8 +44,14 @@ from shared.protocol import (
 class _Row:
     session_id: str
     position: int
-    hidden: torch.Tensor  # [1, 1, D]
-    future: asyncio.Future[torch.Tensor]
+    hidden: torch.Tensor | None  # [1, 1, D]; None: pushed here by the previous node
+    future: asyncio.Future[tuple[torch.Tensor, torch.Tensor]]  # (input, output), each [1, 1, D]
+    next: tuple[NextHop, ...] = ()
+    wait: float = 0.0  # a pushed row: seconds the node waits for the push
+
+
+def _kind(rows: list[_Row]) -> bool:
+    return rows[0].hidden is None
 
 
 class _Stream:
@@ -58,8 +68,13 @@ class _Stream:
         return not self._task.done()
 
     def send(self, rows: list[_Row]) -> None:
-        message = BatchStep(rows=[BatchRow(session_id=row.session_id, position=row.position) for row in rows])
-        request = encode_request(message, (torch.cat([row.hidden for row in rows]),))
+        """Rows all pushed (no hidden states) or all with their hidden states."""
+        batch_rows = [BatchRow(session_id=r.session_id, position=r.position, next=list(r.next)) for r in rows]
+        inputs = [row.hidden for row in rows if row.hidden is not None]
+        if len(inputs) == len(rows):
+            request = encode_request(BatchStep(rows=batch_rows), (torch.cat(inputs),))
+        else:
+            request = encode_request(BatchStep(rows=batch_rows, pushed=True, wait=max(r.wait for r in rows)))
         self._sent.append(rows)
         self._outbox.put_nowait(request)
 
@@ -109,7 +124,8 @@ class _Stream:
 
 
 def _answer(rows: list[_Row], response: runtime_pb2.ExpertResponse, peer_id: str) -> None:
-    """Resolve each row from its reply: its output row, or its own error."""
+    """Resolve each row from its reply: (its input, its output row), or its own error."""
+    pushed = _kind(rows)
     try:
         reply, tensors = decode_server_message(response)
     except RemoteError as exc:
@@ -122,9 +138,8 @@ def _answer(rows: list[_Row], response: runtime_pb2.ExpertResponse, peer_id: str
     elif failure is None and not (
         isinstance(reply, BatchStepResult)
         and len(reply.errors) == len(rows)
-        and len(tensors) == 1
-        and tensors[0].ndim == 3
-        and tensors[0].shape[0] == len(rows)
+        and len(tensors) == (2 if pushed else 1)
+        and all(t.ndim == 3 and t.shape[0] == len(rows) for t in tensors)
     ):
         failure = NodeUnreachable(f"node {peer_id} sent a malformed batch reply")
     for index, row in enumerate(rows):
@@ -135,7 +150,8 @@ def _answer(rows: list[_Row], response: runtime_pb2.ExpertResponse, peer_id: str
         elif isinstance(reply, BatchStepResult) and (error := reply.errors[index]) is not None:
             row.future.set_exception(error.to_exception())
         else:
-            row.future.set_result(tensors[0][index : index + 1])
+            output = tensors[0][index : index + 1]
+            row.future.set_result((tensors[1][index : index + 1] if row.hidden is None else row.hidden, output))
 
 
 class StepLinks:
@@ -145,29 +161,46 @@ class StepLinks:
         self._p2p = p2p
         self._timeout = step_timeout
         self._streams: dict[str, _Stream] = {}
-        self._waiting: dict[str, list[_Row]] = {}  # rows not sent yet, by node
+        self._waiting: dict[tuple[str, bool], list[_Row]] = {}  # rows not sent yet, by node and kind (pushed)
         self.messages = 0  # batch steps sent (tests, benchmarks)
         self.rows = 0  # session steps they carried
 
-    async def step(self, peer_id: str, session_id: str, hidden: torch.Tensor, position: int) -> torch.Tensor:
+    async def step(
+        self, peer_id: str, session_id: str, hidden: torch.Tensor, position: int, next: Sequence[NextHop] = ()
+    ) -> torch.Tensor:
         """One decode step of the node's session ``session_id``: hidden [1, 1, D] at ``position`` -> its output row
-        (checked by the caller). Raises the node's typed error for this row, or ``NodeUnreachable``/``StepTimeout``."""
+        (checked by the caller); the node pushes the output on to ``next[0]`` as well. Raises the node's typed error
+        for this row, or ``NodeUnreachable``/``StepTimeout``."""
         loop = asyncio.get_running_loop()
-        row = _Row(session_id, position, hidden, loop.create_future())
-        waiting = self._waiting.setdefault(peer_id, [])
+        row = _Row(session_id, position, hidden, loop.create_future(), tuple(next))
+        _, output = await self._submit(peer_id, row, self._timeout)
+        return output
+
+    async def pushed(
+        self, peer_id: str, session_id: str, position: int, wait: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input, output) of the step at ``position`` that the previous node pushes to ``session_id``; the node
+        answers ``PushMissing`` when no input came within ``wait`` seconds."""
+        row = _Row(session_id, position, None, asyncio.get_running_loop().create_future(), wait=wait)
+        return await self._submit(peer_id, row, wait + self._timeout)
+
+    async def _submit(self, peer_id: str, row: _Row, seconds: float) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (peer_id, row.hidden is None)
+        waiting = self._waiting.setdefault(key, [])
         if not waiting:  # the first row this turn: send once every session released with it has added its own
-            loop.call_soon(self._flush, peer_id)
+            asyncio.get_running_loop().call_soon(self._flush, key)
         waiting.append(row)
         try:  # cancelled or timed out, wait_for cancels the row's future: its reply, when it comes, is dropped
-            return await asyncio.wait_for(row.future, self._timeout)
+            return await asyncio.wait_for(row.future, seconds)
         except TimeoutError:
             stream = self._streams.pop(peer_id, None)
             if stream is not None:  # replies come in order: everything behind the stalled one is stuck too
-                stream.fail(StepTimeout(f"node {peer_id} did not answer a batch step within {self._timeout}s"))
-            raise StepTimeout(f"node {peer_id} did not answer within {self._timeout}s") from None
+                stream.fail(StepTimeout(f"node {peer_id} did not answer a batch step within {seconds}s"))
+            raise StepTimeout(f"node {peer_id} did not answer within {seconds}s") from None
 
-    def _flush(self, peer_id: str) -> None:
-        rows = [row for row in self._waiting.pop(peer_id, []) if not row.future.done()]
+    def _flush(self, key: tuple[str, bool]) -> None:
+        peer_id = key[0]
+        rows = [row for row in self._waiting.pop(key, []) if not row.future.done()]
         if not rows:
             return
         stream = self._streams.get(peer_id)
