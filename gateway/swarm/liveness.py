@@ -55,6 +55,7 @@ class Liveness:
         raising ``NodeUnreachable`` as soon as the node fails a ping. Transport errors come out typed."""
         began = time.monotonic()
         task = asyncio.ensure_future(over_transport(peer_id, what, work, limit))
+        task.add_done_callback(_retrieve)  # a waiter cancelled as the reply failed (an abandoned pushed step)
         try:
             delay = self.probe_after(peer_id)
             while True:
