@@ -19,7 +19,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from hivemind.p2p import P2P
 
@@ -95,6 +95,6 @@ class Liveness:
         self.reply_times[peer_id] = seconds if old is None else (1 - SMOOTHING) * old + SMOOTHING * seconds
 
 
-def _retrieve(task: asyncio.Task[None]) -> None:
+def _retrieve(task: asyncio.Task[Any]) -> None:
     if not task.cancelled():
         task.exception()
