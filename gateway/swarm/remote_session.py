@@ -124,7 +124,7 @@ class ChainSession:
     async def open(self) -> None:
         """Route every block and open a session on each hop (failing over as steps do); closed again on failure."""
         try:
-            hops = await self._router.route(self._max_length)
+            hops = await self._router.route(self._max_length, push=self.push)
             self._segments = [Segment(self._new_session(hop)) for hop in hops]
             for before, segment in zip(self._segments, self._segments[1:], strict=False):
                 segment.session.pusher = before.session.hop.peer_id

@@ -101,14 +101,18 @@ class Router:
         fresh: bool = False,
         avoid: frozenset[str] = frozenset(),
         max_age: float | None = None,
+        push: bool = False,
     ) -> list[Hop]:
         """Plan hops over blocks [start, end) and count them as this gateway's load until ``release``.
 
-        ``avoid``: nodes to pass over like banned ones (used only where nothing else serves a block)."""
+        ``avoid``: nodes to pass over like banned ones (used only where nothing else serves a block); ``push``: the
+        chain sends hidden states node to node (routing counts the links between nodes)."""
         view = await self.view(fresh, max_age)
         await self._probe([s.peer_id for s in view.online() if s.peer_id not in self.rtts])
         avoided = self.bans.banned() | avoid
-        request = RouteRequest(max_length, start, end, rtts=dict(self.rtts), banned=avoided, load=dict(self.load))
+        request = RouteRequest(
+            max_length, start, end, rtts=dict(self.rtts), banned=avoided, load=dict(self.load), push=push
+        )
         hops = plan_route(view, request, mode or self.mode)
         self.load.update(hop.peer_id for hop in hops)
         return hops
