@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint demo bench bench-load
+.PHONY: test lint demo bench bench-load bench-wan
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,12 @@ bench: $(BENCH_STAMP)
 bench-load: $(BENCH_STAMP)
 	$(BIN)/python -m bench.load --users 100 --duration 60
 	$(BIN)/python -m bench.load --users 100 --duration 60 --churn
+
+# Wide area (bench/wan.py): SmolLM2 through two nodes that everyone reaches only through a latency-adding proxy
+# (bench/latency_proxy.py); RTT 0/20/50/100 ms, push against relay, 1 and 8 streams, round trips per token and the
+# floor lines; writes bench/results/wan.{md,png} (about 10 minutes).
+bench-wan: $(BENCH_STAMP)
+	$(BIN)/python -m bench.wan
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

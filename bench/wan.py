@@ -13,10 +13,14 @@ same nodes throughout) it measures
 * the floor lines: the RTT-0 time per token (compute, and loopback) + k * RTT, for k = 2 (a relay per node) and
   k = 1.5 (gateway -> A -> B -> gateway).
 
+With ``--modes push,relay`` (what `make bench-wan` runs) one gateway engine pushes and one relays, over the same
+nodes, measured back to back at each RTT, so both see the same machine load. ``--modes default`` builds the engine
+with its default settings (the only mode main's code has).
+
 It prints one table and writes bench/results/wan.{md,png}. A benchmark, never a test.
 
     .venv/bin/python -m bench.wan                      # what `make bench-wan` runs
-    .venv/bin/python -m bench.wan --rtts 0,50 --label main
+    .venv/bin/python -m bench.wan --rtts 0,50 --modes default --label main
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -45,6 +50,7 @@ STREAMS = 8
 
 @dataclass
 class Row:
+    mode: str
     rtt: float  # seconds
     decode: list[float] = field(default_factory=list)  # single-stream decode tokens/s
     ttft: list[float] = field(default_factory=list)  # seconds
@@ -88,8 +94,10 @@ async def many_streams(engine: GenerationEngine, prompts: list[list[int]], new_t
     return sum(counts) / (time.perf_counter() - began)
 
 
-async def measure_rtt(engine: GenerationEngine, prompts: list[list[int]], rtt: float, args: argparse.Namespace) -> Row:
-    row = Row(rtt)
+async def measure_rtt(
+    engine: GenerationEngine, prompts: list[list[int]], mode: str, rtt: float, args: argparse.Namespace
+) -> Row:
+    row = Row(mode, rtt)
     before = counters(engine)
     for _ in range(args.repeats):
         ttft, decode = await one_stream(engine, prompts[0], args.new_tokens)
@@ -102,7 +110,7 @@ async def measure_rtt(engine: GenerationEngine, prompts: list[list[int]], rtt: f
     for _ in range(args.repeats):
         row.aggregate.append(await many_streams(engine, prompts, args.new_tokens))
     print(
-        f"  rtt {rtt * 1000:.0f} ms: 1 stream {statistics.median(row.decode):.1f} tok/s,"
+        f"  {mode} rtt {rtt * 1000:.0f} ms: 1 stream {statistics.median(row.decode):.1f} tok/s,"
         f" ttft {statistics.median(row.ttft) * 1000:.0f} ms, {STREAMS} streams"
         f" {statistics.median(row.aggregate):.1f} tok/s",
         flush=True,
@@ -136,20 +144,28 @@ async def run(args: argparse.Namespace, workdir: Path) -> list[Row]:
             nodes.append(swarm.start_node(model, blocks, "none", flags))
         for node in nodes:
             swarm.wait_serving(node)
-        settings = EngineSettings(model=str(model), initial_peers=swarm.initial_peers, num_threads=args.threads)
-        engine = await GenerationEngine.create(settings)
+        engines: dict[str, GenerationEngine] = {}
         try:
-            await wait_covered(engine)
-            prompts = [engine.tokenizer.encode(text) for text in PROMPTS]
-            await many_streams(engine, prompts, 4)  # warm-up: sessions, routes, batcher, allocator
+            for mode in args.modes:
+                extra: dict[str, Any] = {} if mode == "default" else {"push": mode == "push"}
+                settings = EngineSettings(
+                    model=str(model), initial_peers=swarm.initial_peers, num_threads=args.threads, **extra
+                )
+                engines[mode] = await GenerationEngine.create(settings)
+                await wait_covered(engines[mode])
+            prompts = [next(iter(engines.values())).tokenizer.encode(text) for text in PROMPTS]
+            for engine in engines.values():
+                await many_streams(engine, prompts, 4)  # warm-up: sessions, routes, batcher, allocator
             rows = []
             for rtt in args.rtts:
                 rtt_file.write_text(str(rtt))
                 await asyncio.sleep(0.5)  # the proxy polls its control file every 0.2 s
-                rows.append(await measure_rtt(engine, prompts, rtt, args))
+                for mode, engine in engines.items():
+                    rows.append(await measure_rtt(engine, prompts, mode, rtt, args))
             return rows
         finally:
-            await engine.close()
+            for engine in engines.values():
+                await engine.close()
     finally:
         if proxy is not None:
             proxy.terminate()
@@ -158,15 +174,16 @@ async def run(args: argparse.Namespace, workdir: Path) -> list[Row]:
 
 
 def table(rows: list[Row], label: str) -> str:
-    compute = 1 / statistics.median(rows[0].decode) if rows and rows[0].rtt == 0 else None
-    head = ["RTT ms", "1 stream decode tok/s", "TTFT ms", f"{STREAMS} streams tok/s", "relays/token"]
+    head = ["mode", "RTT ms", "1 stream decode tok/s", "TTFT ms", f"{STREAMS} streams tok/s", "relays/token"]
     head += ["pushes/token", "RTTs/token", "floor c+2·RTT", "floor c+1.5·RTT", "vs 1.5 floor"]
     lines = [head, ["---"] * len(head)]
+    computes = compute_times(rows)
     for row in rows:
         decode = statistics.median(row.decode)
-        cells = [f"{row.rtt * 1000:.0f}", f"{decode:.1f}", f"{statistics.median(row.ttft) * 1000:.0f}"]
+        cells = [row.mode, f"{row.rtt * 1000:.0f}", f"{decode:.1f}", f"{statistics.median(row.ttft) * 1000:.0f}"]
         cells += [f"{statistics.median(row.aggregate):.1f}", f"{row.relayed:.2f}", f"{row.pushed:.2f}"]
         cells.append(f"{row.relayed + 0.5 * row.pushed:.2f}")
+        compute = computes.get(row.mode)
         if compute is None:
             cells += ["—", "—", "—"]
         else:
@@ -174,9 +191,25 @@ def table(rows: list[Row], label: str) -> str:
             cells += [f"{1 / (compute + 2 * row.rtt):.1f}", f"{floor15:.1f}", f"{decode / floor15:.2f}"]
         lines.append(cells)
     text = f"**{label}**\n\n" + "\n".join("| " + " | ".join(cells) + " |" for cells in lines)
-    if compute is not None:
-        text += f"\n\nc = {compute * 1000:.1f} ms a token (single-stream decode at RTT 0: compute and loopback)."
+    for mode, compute in computes.items():
+        text += (
+            f"\n\nc ({mode}) = {compute * 1000:.1f} ms a token (single-stream decode at RTT 0: compute and loopback)."
+        )
+    by_key = {(row.mode, row.rtt): row for row in rows}
+    for row in rows:
+        relay = by_key.get(("relay", row.rtt))
+        if row.mode == "push" and relay is not None:
+            single = statistics.median(row.decode) / statistics.median(relay.decode)
+            many = statistics.median(row.aggregate) / statistics.median(relay.aggregate)
+            text += (
+                f"\n\nRTT {row.rtt * 1000:.0f} ms, push / relay: 1 stream {single:.2f}x, {STREAMS} streams {many:.2f}x."
+            )
     return text
+
+
+def compute_times(rows: list[Row]) -> dict[str, float]:
+    """Per mode, seconds a token at RTT 0 (the floor lines' compute term)."""
+    return {row.mode: 1 / statistics.median(row.decode) for row in rows if row.rtt == 0}
 
 
 def plot(rows: list[Row], path: Path, label: str) -> None:
@@ -185,20 +218,33 @@ def plot(rows: list[Row], path: Path, label: str) -> None:
     matplotlib.use("Agg")  # files only, no display
     from matplotlib import pyplot
 
-    rtts = [row.rtt * 1000 for row in rows]
     figure, axes = pyplot.subplots(figsize=(6.4, 4.2))
-    axes.plot(rtts, [statistics.median(r.decode) for r in rows], marker="o", label=f"1 stream ({label})")
-    axes.plot(rtts, [statistics.median(r.aggregate) / STREAMS for r in rows], marker="s", label="8 streams, per stream")
-    if rows and rows[0].rtt == 0:
-        compute = 1 / statistics.median(rows[0].decode)
+    for mode in dict.fromkeys(row.mode for row in rows):
+        own = [row for row in rows if row.mode == mode]
+        rtts = [row.rtt * 1000 for row in own]
+        axes.plot(rtts, [statistics.median(r.decode) for r in own], marker="o", label=f"{mode}: 1 stream")
+        axes.plot(
+            rtts,
+            [statistics.median(r.aggregate) / STREAMS for r in own],
+            marker="s",
+            label=f"{mode}: 8 streams, per stream",
+        )
+    computes = compute_times(rows)
+    if computes:
+        compute = min(computes.values())
+        rtts = sorted({row.rtt for row in rows})
         for k in (2.0, 1.5):
-            floor = [1 / (compute + k * r.rtt) for r in rows]
-            axes.plot(rtts, floor, linestyle="--", label=f"floor c + {k:g}·RTT")
+            axes.plot(
+                [r * 1000 for r in rtts],
+                [1 / (compute + k * r) for r in rtts],
+                linestyle="--",
+                label=f"floor c + {k:g}·RTT",
+            )
     axes.set_xlabel("added round-trip time per link, ms")
     axes.set_ylabel("decode tokens/s")
-    axes.set_title("SmolLM2-135M over two CPU nodes behind added latency")
+    axes.set_title(f"SmolLM2-135M over two CPU nodes behind added latency ({label})")
     axes.grid(True, alpha=0.3)
-    axes.legend()
+    axes.legend(fontsize=7)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
 
@@ -210,10 +256,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=2, help="runs per measurement, median (default: 2)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of every process (default: 1)")
     parser.add_argument("--node-flag", action="append", default=[], help="extra `swarm_node serve` flag (repeat)")
+    parser.add_argument("--modes", default="push,relay", help="push, relay and/or default (default: %(default)s)")
     parser.add_argument("--label", default="this branch", help="names the run in the table (default: %(default)s)")
     parser.add_argument("--out", type=Path, default=Path("bench/results"), help="folder for the table and plot")
     args = parser.parse_args()
     args.rtts = [int(ms) / 1000 for ms in args.rtts.split(",")]
+    args.modes = args.modes.split(",")
     return args
 
 
