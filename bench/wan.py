@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -201,8 +202,15 @@ def table(rows: list[Row], label: str) -> str:
         if row.mode == "push" and relay is not None:
             single = statistics.median(row.decode) / statistics.median(relay.decode)
             many = statistics.median(row.aggregate) / statistics.median(relay.aggregate)
+            # The machine's load drifts between RTT levels: the relay run beside this one (c' + 2 RTT a token) gives
+            # the compute c' of the same minutes, hence a floor for push (c' + 1.5 RTT) measured under the same load.
+            same_load = 1 / statistics.median(relay.decode) - 2 * row.rtt
+            floor = 1 / (same_load + 1.5 * row.rtt)
+            decode = statistics.median(row.decode)
             text += (
-                f"\n\nRTT {row.rtt * 1000:.0f} ms, push / relay: 1 stream {single:.2f}x, {STREAMS} streams {many:.2f}x."
+                f"\n\nRTT {row.rtt * 1000:.0f} ms, push / relay: 1 stream {single:.2f}x, {STREAMS} streams {many:.2f}x;"
+                f" push 1 stream {decode:.2f} tok/s against the floor c'+1.5·RTT {floor:.2f} tok/s"
+                f" (c' = {same_load * 1000:.0f} ms from the relay run beside it): {decode / floor:.2f} of the floor."
             )
     return text
 
@@ -279,6 +287,11 @@ async def main() -> None:
     print(f"wrote {args.out}/wan.md and .png")
 
 
+def _stop(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # unwinds through the finally blocks, which stop the nodes and the proxy
+
+
 if __name__ == "__main__":
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    signal.signal(signal.SIGTERM, _stop)
     asyncio.run(main())
