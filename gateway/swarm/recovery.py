@@ -2,7 +2,7 @@
 
     code                    recovery   what happens to the node            and to the session
     node_unreachable        GONE       out of routing until it announces   its range is routed again and replayed;
-                                       again (a newer record), and banned  with no one left, it waits for a node
+    (dead, frozen)                     again (a newer record); no ban      with no one left, it waits for a node
     step_timeout            FAULT      banned (capped, see bans.py)        routed again and replayed
     malformed_reply         FAULT      banned
     internal_error          FAULT      banned
@@ -18,7 +18,9 @@
     (bad_request, unknown_session, position_out_of_range, unauthorized,    request, our bug or our config: no
     unknown codes of newer nodes)                                          other node would answer differently)
 
-Only faults ban: capacity and state are what a healthy node says about itself.
+Only faults ban: capacity and state are what a healthy node says about itself. A gone node is not banned either:
+hiding it until it announces again keeps every session off it (one death seen by 32 sessions is one event, not 32
+failures), and a node that announces again has restarted or thawed, and deserves its sessions.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ class Recovery(StrEnum):
 
     @property
     def bans(self) -> bool:
-        return self in (Recovery.GONE, Recovery.FAULT)
+        return self is Recovery.FAULT
 
     @property
     def until_announced(self) -> bool:
