@@ -124,7 +124,7 @@ class SpanHandlers:
         if self._expiry is not None:
             self._expiry.cancel()
         if self.push_links is not None:
-            asyncio.get_running_loop().create_task(self.push_links.close())
+            self.push_links.stop()
         self.backend.shutdown()
 
     async def inference(

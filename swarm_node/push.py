@@ -13,7 +13,6 @@ every output anyway and relays a step whose push went missing.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -85,15 +84,12 @@ class PushLinks:
         except Exception as exc:  # the gateway relays what did not arrive; the next push opens a new stream
             logger.info("push stream to %s ended: %s", peer_id, exc)
 
-    async def close(self) -> None:
+    def stop(self) -> None:
+        """End every push stream (the node is stopping)."""
         for outbox in self._outboxes.values():
             outbox.put_nowait(None)
-        tasks = list(self._tasks.values())
-        for task in tasks:
+        for task in self._tasks.values():
             task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
 
 
 async def run_rows(
