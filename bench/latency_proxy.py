@@ -70,12 +70,12 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dela
             held.popleft()
             writer.write(chunk)
             await writer.drain()
+        if writer.can_write_eof():  # a half-close travels on: the other direction stays open
+            writer.write_eof()
     except (ConnectionError, OSError):
-        pass
+        writer.close()  # a broken side ends both directions
     finally:
         reading.cancel()
-        with contextlib.suppress(Exception):
-            writer.close()
 
 
 async def _serve_connection(
@@ -89,6 +89,9 @@ async def _serve_connection(
     await asyncio.gather(
         _pipe(client_reader, server_writer, delay), _pipe(server_reader, client_writer, delay), return_exceptions=True
     )
+    for writer in (client_writer, server_writer):
+        with contextlib.suppress(Exception):
+            writer.close()
 
 
 async def serve(mappings: list[tuple[tuple[str, int], tuple[str, int]]], delay: Delay) -> None:
