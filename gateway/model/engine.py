@@ -222,6 +222,7 @@ class GenerationEngine:
             links=self._links,
             failover_wait=self.settings.failover_wait,
             push=self.settings.push,
+            push_min_rtt=self.settings.push_min_rtt,
         )
         await chain.open()
         try:

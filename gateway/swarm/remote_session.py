@@ -28,7 +28,7 @@ from gateway.swarm.node_session import NodeSession
 from gateway.swarm.push_step import push_step
 from gateway.swarm.recovery import Recovery, recovery_for
 from gateway.swarm.router import Router
-from gateway.swarm.routing import Hop
+from gateway.swarm.routing import UNKNOWN_RTT, Hop
 from gateway.swarm.step_links import StepLinks
 from shared.errors import MissingBlocks, NodeUnreachable, format_block_ranges
 
@@ -82,10 +82,12 @@ class ChainSession:
         links: StepLinks | None = None,
         failover_wait: float = DEFAULT_FAILOVER_WAIT,
         push: bool = False,
+        push_min_rtt: float = 0.0,
     ) -> None:
         self._p2p = p2p
         self._links = links
         self.push = push and links is not None  # decode steps go node to node (needs the batch links)
+        self._push_min_rtt = push_min_rtt  # ... where a later node is at least this far from the gateway
         self._router = router
         self._max_length = max_length
         self._timeout = step_timeout
@@ -146,9 +148,14 @@ class ChainSession:
         """hidden: [1, T, D] embeddings of new tokens at position... -> [1, T, D] output of the last block."""
         self._check_open()
         chain_opened()  # the request's first step ends its queue time (later calls are no-ops)
-        if self.push and hidden.shape[1] == 1 and len(self._segments) > 1:
+        if self.push and hidden.shape[1] == 1 and len(self._segments) > 1 and self._push_pays():
             return await push_step(self, hidden, position)
         return await self.relay(hidden, position, 0)
+
+    def _push_pays(self) -> bool:
+        """A push saves half a round trip per later hop; on loopback that is less than its extra messages cost."""
+        rtts = self._router.rtts
+        return any(rtts.get(s.session.hop.peer_id, UNKNOWN_RTT) >= self._push_min_rtt for s in self._segments[1:])
 
     @property
     def segments(self) -> list[Segment]:

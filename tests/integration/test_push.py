@@ -124,8 +124,10 @@ class PushClient:
         await self.router.close()
         self.dht.shutdown()
 
-    def chain(self, push: bool = True) -> ChainSession:
-        return ChainSession(self.p2p, self.router, 64, 3.0, links=self.links, push=push, failover_wait=30)
+    def chain(self, push: bool = True, push_min_rtt: float = 0.0) -> ChainSession:
+        return ChainSession(
+            self.p2p, self.router, 64, 3.0, links=self.links, push=push, failover_wait=30, push_min_rtt=push_min_rtt
+        )
 
     async def greedy(self, chain: ChainSession, new_tokens: int) -> AsyncIterator[int]:
         ids, position = PROMPT, 0
@@ -169,6 +171,11 @@ async def test_a_three_node_chain_that_pushes_equals_generate(
         # 11 decode steps: the gateway sent each to the first node only; the two later hops came node to node.
         assert client.router.stats.pushed_hops - before[0] == 22
         assert client.router.stats.relayed_hops - before[1] == 11
+        # Nodes nearer the gateway than push_min_rtt (loopback here) are relayed to: pushing would not pay.
+        async with client.chain(push_min_rtt=10.0) as chain:
+            assert [t async for t in client.greedy(chain, 12)] == expected
+        assert client.router.stats.pushed_hops - before[0] == 22
+        assert client.router.stats.relayed_hops - before[1] == 11 + 33
 
 
 @pytest.mark.parametrize("position", [0, 1, 2])
