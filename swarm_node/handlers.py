@@ -162,7 +162,7 @@ class SpanHandlers:
                         session.pusher = message.pusher
                         yield encode_response(PushAllowed())
                         continue
-                    session.slots.slot = None  # this step may rewrite what the latest decode step ran on
+                    session.slots.clear()  # this step may rewrite what the latest decode step ran on
                     output = self._corrupt(await self._step(session, message, tensors))
                     yield encode_response(StepResult(position=message.position), (output,))
                 except RemoteError as error:
@@ -218,7 +218,7 @@ class SpanHandlers:
             message, tensors = decode_push_step(request)
             sessions = self._row_sessions(message.rows, lambda session_id: self.sessions.pushable(session_id, pusher))
             hidden = self._check_batch(message, tensors)
-            outcome = await self._run_rows(message.rows, hidden, sessions)
+            outcome = await self._run_rows(message.rows, hidden, sessions, pushed=True)
             return encode_response(PushAccepted(errors=outcome.errors))
         except RemoteError as error:
             return encode_response(ErrorReply.of(error))
@@ -227,7 +227,7 @@ class SpanHandlers:
             return encode_response(ErrorReply.of(NodeInternalError("internal error on the node")))
 
     async def _run_rows(
-        self, rows: list[BatchRow], hidden: torch.Tensor, sessions: list[Session | RemoteError]
+        self, rows: list[BatchRow], hidden: torch.Tensor, sessions: list[Session | RemoteError], pushed: bool = False
     ) -> RowsOutcome:
         if self.push_links is None:
             raise NodeInternalError("the node is not serving yet")
@@ -235,7 +235,7 @@ class SpanHandlers:
         async def step(session: Session, row: torch.Tensor, position: int) -> torch.Tensor:
             return await self._step(session, Step(position=position), [row])
 
-        return await run_rows(rows, hidden, sessions, step, self.push_links)
+        return await run_rows(rows, hidden, sessions, step, self.push_links, pushed)
 
     @staticmethod
     def _row_sessions(rows: list[BatchRow], find: Callable[[str], Session]) -> list[Session | RemoteError]:

@@ -93,10 +93,16 @@ class PushLinks:
 
 
 async def run_rows(
-    rows: list[BatchRow], hidden: torch.Tensor, sessions: list[Session | RemoteError], step: StepFn, links: PushLinks
+    rows: list[BatchRow],
+    hidden: torch.Tensor,
+    sessions: list[Session | RemoteError],
+    step: StepFn,
+    links: PushLinks,
+    pushed: bool = False,
 ) -> RowsOutcome:
     """Run each row (hidden [B, 1, D]) through its session's step slot, once however often it arrives; then push
-    every row this call started onward, one message per next node."""
+    every row this call started onward, one message per next node. ``pushed``: the rows came from the previous node,
+    which may never rewind a session."""
 
     async def one(b: int, session: Session | RemoteError) -> tuple[torch.Tensor, bool]:
         if isinstance(session, RemoteError):
@@ -105,7 +111,8 @@ async def run_rows(
         async def run(row_hidden: torch.Tensor, position: int) -> torch.Tensor:
             return await step(session, row_hidden, position)
 
-        slot, fresh = session.slots.offer(hidden[b : b + 1], rows[b].position, run)
+        pushed_at = session.kv.length if pushed else None
+        slot, fresh = session.slots.offer(hidden[b : b + 1], rows[b].position, run, pushed_at)
         return await asyncio.shield(slot.output), fresh
 
     results = await asyncio.gather(*(one(b, s) for b, s in enumerate(sessions)), return_exceptions=True)
@@ -116,8 +123,8 @@ async def run_rows(
             following = rows[b].next
             row = BatchRow(session_id=following[0].session_id, position=rows[b].position, next=following[1:])
             onward.setdefault(following[0].peer_id, []).append((row, result[0]))
-    for peer_id, pushed in onward.items():
-        links.send(peer_id, [row for row, _ in pushed], torch.cat([output for _, output in pushed]))
+    for peer_id, batch in onward.items():
+        links.send(peer_id, [row for row, _ in batch], torch.cat([output for _, output in batch]))
     return outcome
 
 

@@ -7,17 +7,22 @@ import asyncio
 import pytest
 import torch
 
-from shared.errors import PushMissing, UnknownSession
+from shared.errors import PushMissing, PushRefused, UnknownSession
 from swarm_node.step_slots import StepSlots
 
 
 class Runner:
     def __init__(self) -> None:
         self.runs = 0
+        self.running = 0
+        self.most_at_once = 0  # steps of the session running together (they would write the same KV positions)
 
     async def __call__(self, hidden: torch.Tensor, position: int) -> torch.Tensor:
         self.runs += 1
-        await asyncio.sleep(0)
+        self.running += 1
+        self.most_at_once = max(self.most_at_once, self.running)
+        await asyncio.sleep(0.01)
+        self.running -= 1
         return hidden * 2 + position
 
 
@@ -56,3 +61,19 @@ async def test_a_push_that_never_comes_is_push_missing_and_an_ended_session_stop
     slots.end()
     with pytest.raises(UnknownSession):
         await waiting
+
+
+async def test_a_push_never_rewinds_and_a_rewind_runs_after_the_step_it_replaces() -> None:
+    slots, run = StepSlots(), Runner()
+    hidden = torch.ones(1, 1, 4)
+    first, _ = slots.offer(hidden, 5, run, pushed_at=5)
+    again, fresh = slots.offer(hidden.clone(), 5, run, pushed_at=5)  # the same step pushed and relayed: one run
+    assert again is first and not fresh
+    with pytest.raises(PushRefused):  # late, with another input: only the gateway may rewind
+        slots.offer(hidden * 3, 5, run, pushed_at=5)
+    with pytest.raises(PushRefused):  # behind what the session holds
+        slots.offer(hidden, 4, run, pushed_at=6)
+    rewind, _ = slots.offer(hidden * 3, 5, run)  # the gateway's rewind waits for the step it replaces
+    assert not first.output.done()
+    await rewind.output
+    assert first.output.done() and run.runs == 2 and run.most_at_once == 1
