@@ -185,7 +185,7 @@ class ChainSession:
         # Shielded: a cancelled request must still release every node's cache room.
         self.closed = True
         sessions = [segment.session for segment in self._segments]
-        self._router.release(s.hop for s in sessions)
+        self._router.release(s.hop for s in sessions if not s.closed)  # a dropped segment was released already
         self._segments = []
         await asyncio.shield(asyncio.gather(*(s.close() for s in sessions), return_exceptions=True))
 
@@ -301,6 +301,8 @@ class ChainSession:
             self.push = False
 
     async def _drop(self, segment: Segment) -> None:
+        if segment.session.closed:
+            return
         self._router.release([segment.session.hop])
         with contextlib.suppress(Exception):
             await segment.session.close()

@@ -27,6 +27,7 @@ from gateway.swarm.routing import Hop, RouteRequest, RoutingMode, plan_route
 from gateway.swarm.view import SwarmMonitor, SwarmView
 from shared.errors import SwarmError, format_block_ranges
 from shared.membership import CallAuth
+from shared.reachability import open_paths
 from shared.rpc_client import fetch_info
 
 logger = logging.getLogger(__name__)
@@ -108,7 +109,7 @@ class Router:
         ``avoid``: nodes to pass over like banned ones (used only where nothing else serves a block); ``push``: the
         chain sends hidden states node to node (routing counts the links between nodes)."""
         view = await self.view(fresh, max_age)
-        await self._probe([s.peer_id for s in view.online() if s.peer_id not in self.rtts])
+        await self._probe(view, [s.peer_id for s in view.online() if s.peer_id not in self.rtts])
         avoided = self.bans.banned() | avoid
         request = RouteRequest(
             max_length, start, end, rtts=dict(self.rtts), banned=avoided, load=dict(self.load), push=push
@@ -158,8 +159,10 @@ class Router:
         servers = {peer: s for peer, s in view.servers.items() if peer in self.allowed_peers}
         return SwarmView(view.num_blocks, servers, view.fetched_at, view.announced)
 
-    async def _probe(self, peer_ids: Sequence[str]) -> None:
+    async def _probe(self, view: SwarmView, peer_ids: Sequence[str]) -> None:
         if peer_ids:
+            # p2pd reaches a relayed node only once it has dialled the node's circuit; then it keeps the connection.
+            await open_paths(self._p2p, {p: view.servers[p].relay_addrs for p in peer_ids if p in view.servers})
             await asyncio.gather(*(self._probe_one(peer) for peer in peer_ids))
 
     async def _probe_one(self, peer_id: str) -> None:
@@ -175,6 +178,6 @@ class Router:
             await asyncio.sleep(self._probe_period)
             try:
                 view = await self.view()
-                await self._probe([s.peer_id for s in view.online()])
+                await self._probe(view, [s.peer_id for s in view.online()])
             except Exception:
                 logger.warning("RTT probing failed", exc_info=True)

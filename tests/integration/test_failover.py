@@ -8,6 +8,7 @@ waited on or routed around — never banned.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import signal
@@ -127,3 +128,66 @@ def test_a_burst_of_opens_beyond_a_nodes_pool_bans_nobody_and_every_request_comp
         assert re.search(r"^swarmgate_swarm_nodes_banned 0\.0$", metrics, re.MULTILINE)
     finally:
         stop_gracefully(local_swarm)
+
+
+async def read_stream(gateway: Gateway, started: asyncio.Event, counter: list[int]) -> tuple[str, bool]:
+    """One streamed completion read as an EventSource would: its text, and whether it ended with [DONE]."""
+    body = {"model": gateway.model, "prompt": PROMPT, "max_tokens": 60, "temperature": 0, "stream": True}
+    text, events = "", 0
+    async with (
+        gateway.async_http() as http,
+        http.stream("POST", "/v1/completions", json={**body, "ignore_eos": True}) as r,
+    ):
+        async for line in r.aiter_lines():
+            if not line.startswith("data:"):
+                continue  # ids, blank lines, keep-alive comments
+            data = line.removeprefix("data:").strip()
+            if data == "[DONE]":
+                return text, True
+            chunk = json.loads(data)
+            if "error" in chunk:
+                return f"error: {chunk['error']}", False
+            text += chunk["choices"][0]["text"]
+            events += 1
+            if events == 5:
+                counter[0] += 1
+                if counter[0] == STREAMS:
+                    started.set()
+    return text, False
+
+
+STREAMS = 32
+FREEZE_SECONDS = 40.0
+
+
+@pytest.mark.slow
+async def test_32_streams_through_a_sigkill_and_a_40_second_freeze_all_complete_with_the_reference_text(
+    local_swarm: LocalSwarm, tiny_with_tokenizer: GetTinyModel
+) -> None:
+    tiny = tiny_with_tokenizer("llama")
+    expected = reference_text(tiny, 60)
+    try:
+        local_swarm.start_dht()
+        nodes = [local_swarm.start_node(tiny.folder, span, *DISTANCE) for span in ("0:3", "0:3", "3:6", "3:6")]
+        for node in nodes:
+            await asyncio.to_thread(local_swarm.wait_serving, node)
+        gateway = await asyncio.to_thread(start_gateway, local_swarm, tiny.folder, "--routing", "max_throughput")
+        started, counter = asyncio.Event(), [0]
+        streams = [asyncio.create_task(read_stream(gateway, started, counter)) for _ in range(STREAMS)]
+        async with asyncio.timeout(300):  # a stream that failed before its fifth token would leave this unset
+            await started.wait()  # every stream is under way
+        killed, frozen = nodes[0], nodes[2]  # max_throughput spread the sessions over both replicas of each span
+        killed.send(signal.SIGKILL)
+        frozen.send(signal.SIGSTOP)
+        thaw = asyncio.get_running_loop().call_later(FREEZE_SECONDS, frozen.send, signal.SIGCONT)
+        try:
+            results = await asyncio.gather(*streams)
+        finally:
+            await asyncio.sleep(max(0.0, thaw.when() - asyncio.get_running_loop().time()))
+            frozen.send(signal.SIGCONT)
+        assert results == [(expected, True)] * STREAMS
+        counters = (await asyncio.to_thread(swarm_json, gateway))["counters"]
+        assert isinstance(counters, dict)
+        assert counters["failovers"] >= 2 and counters["bans"] == 0, counters  # both were taken for gone
+    finally:
+        await asyncio.to_thread(stop_gracefully, local_swarm)
