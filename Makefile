@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-fast lint demo bench bench-load gpu-check
+.PHONY: test test-fast lint demo bench bench-load bench-wan gpu-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,12 @@ bench: $(BENCH_STAMP)
 bench-load: $(BENCH_STAMP)
 	$(BIN)/python -m bench.load --users 100 --duration 60
 	$(BIN)/python -m bench.load --users 100 --duration 60 --churn
+
+# Wide area (bench/wan.py): SmolLM2 through two nodes that everyone reaches only through a latency-adding proxy
+# (bench/latency_proxy.py); RTT 0/20/50/100 ms, push against relay, 1 and 8 streams, round trips per token and the
+# floor lines; writes bench/results/wan.{md,png} (about 10 minutes).
+bench-wan: $(BENCH_STAMP)
+	$(BIN)/python -m bench.wan
 
 # GPU readiness (bench/gpu_check.py): every family's span in bfloat16 and nf4 against transformers on CUDA, greedy
 # equality in float32, decode tokens/s at 1/8/32 streams (a few minutes). Runs with the machine's own Python, which

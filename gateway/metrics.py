@@ -199,6 +199,8 @@ def swarm_metrics(report: dict[str, Any]) -> Iterable[Metric]:
         ("bans", "times a node was banned after a fault (never for being full or draining)"),
         ("departures", "nodes taken out of routing until they announce again (dead, frozen, draining, moved)"),
         ("capacity_refusals", "session opens a full node refused (waited on or routed around, never banned)"),
+        ("relayed_hops", "decode steps whose hidden states the gateway sent to a node"),
+        ("pushed_hops", "decode steps whose hidden states went node to node (push)"),
     ):
         yield CounterMetricFamily(f"swarmgate_{name}", help_text, value=counters.get(name, 0))
 

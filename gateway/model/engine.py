@@ -222,6 +222,8 @@ class GenerationEngine:
             self.settings.step_timeout,
             links=self._links,
             failover_wait=self.settings.failover_wait,
+            push=self.settings.push,
+            push_min_rtt=self.settings.push_min_rtt,
         )
         await chain.open()
         try:

@@ -46,6 +46,8 @@ class RouterStats:
     bans: int = 0
     departures: int = 0  # nodes taken out of routing until they announce again (dead, frozen, draining, moved)
     capacity_refusals: int = 0  # opens a full node refused (never a ban)
+    relayed_hops: int = 0  # decode steps whose hidden states the gateway sent to a node
+    pushed_hops: int = 0  # decode steps whose hidden states went node to node
 
     def record_replay(self, tokens: int) -> None:
         if tokens:  # a session lost before its first step has nothing to replay
@@ -100,14 +102,18 @@ class Router:
         fresh: bool = False,
         avoid: frozenset[str] = frozenset(),
         max_age: float | None = None,
+        push: bool = False,
     ) -> list[Hop]:
         """Plan hops over blocks [start, end) and count them as this gateway's load until ``release``.
 
-        ``avoid``: nodes to pass over like banned ones (used only where nothing else serves a block)."""
+        ``avoid``: nodes to pass over like banned ones (used only where nothing else serves a block); ``push``: the
+        chain sends hidden states node to node (routing counts the links between nodes)."""
         view = await self.view(fresh, max_age)
         await self._probe(view, [s.peer_id for s in view.online() if s.peer_id not in self.rtts])
         avoided = self.bans.banned() | avoid
-        request = RouteRequest(max_length, start, end, rtts=dict(self.rtts), banned=avoided, load=dict(self.load))
+        request = RouteRequest(
+            max_length, start, end, rtts=dict(self.rtts), banned=avoided, load=dict(self.load), push=push
+        )
         hops = plan_route(view, request, mode or self.mode)
         self.load.update(hop.peer_id for hop in hops)
         return hops
