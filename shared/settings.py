@@ -13,7 +13,7 @@ import typing
 from collections.abc import Sequence
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, Field, SecretStr, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -110,10 +110,34 @@ def build_settings(settings_cls: type[S], namespace: argparse.Namespace) -> S:
     return settings_cls(**given)
 
 
+def settings_or_exit(parser: argparse.ArgumentParser, settings_cls: type[S], args: argparse.Namespace) -> S:
+    """The command's settings, or argparse's usage + "error: ..." (exit 2) for a bad value: never a traceback."""
+    try:
+        return build_settings(settings_cls, args)
+    except ValidationError as exc:
+        parser.error(validation_message(settings_cls, exc))
+
+
+def validation_message(settings_cls: type[BaseModel], exc: ValidationError) -> str:
+    """One line naming each bad flag (or positional) and what is wrong with it."""
+    parts = []
+    for error in exc.errors():
+        flag = _flag_name(settings_cls, str(error["loc"][0])) if error["loc"] else ""
+        message = error["msg"].removeprefix("Value error, ")
+        parts.append(f"{flag}: {message}" if flag and not message.startswith(flag) else message)
+    return "; ".join(parts)
+
+
+def _flag_name(settings_cls: type[BaseModel], name: str) -> str:
+    info = settings_cls.model_fields.get(name)
+    extra = info.json_schema_extra if info is not None and isinstance(info.json_schema_extra, dict) else {}
+    return name.upper() if extra.get("positional") else "--" + name.replace("_", "-")
+
+
 def parse_settings(settings_cls: type[S], argv: Sequence[str] | None, prog: str) -> S:
     parser = argparse.ArgumentParser(prog=prog, description=settings_cls.__doc__)
     add_settings_arguments(parser, settings_cls)
-    return build_settings(settings_cls, parser.parse_args(argv))
+    return settings_or_exit(parser, settings_cls, parser.parse_args(argv))
 
 
 def _help(name: str, info: FieldInfo) -> str:

@@ -35,6 +35,7 @@ from shared.protocol import PROTOCOL_VERSION
 from shared.rpc_client import fetch_info
 from shared.weights import open_weights
 from swarm_node.backend import SpanBackend
+from swarm_node.block_count import auto_num_blocks
 from swarm_node.cache_pool import CachePool
 from swarm_node.capacity import default_cache_tokens
 from swarm_node.handlers import NodeStatus, SpanHandlers
@@ -67,8 +68,7 @@ def resolve_dtype(setting: str, device: torch.device) -> torch.dtype:
 
 class SpanServer:
     def __init__(self, settings: ServeSettings) -> None:
-        if settings.span() is None and settings.num_blocks is None:
-            raise ValueError("give --blocks START:END or --num-blocks N")
+        """Raises ``ModelLoadError`` or ``ValueError`` (bad span, too little memory) before anything starts."""
         self.settings = settings
         self.source: ModelSource = resolve_model(settings.model, settings.revision)
         self.config = load_config(self.source)
@@ -76,6 +76,13 @@ class SpanServer:
         self.device = resolve_device(settings.device)
         self.dtype = resolve_dtype(settings.dtype, self.device)
         self.quant = resolve_quant(settings.quant, self.device)
+        span = settings.span()
+        if span is not None and span[1] > self.num_model_blocks:
+            raise ValueError(f"--blocks {settings.blocks} lies beyond the model's {self.num_model_blocks} blocks")
+        # Neither --blocks nor --num-blocks: as many blocks as this node's memory holds, where the swarm needs them.
+        self.num_blocks = span[1] - span[0] if span else settings.num_blocks or self._auto_num_blocks()
+        if self.num_blocks > self.num_model_blocks:
+            raise ValueError(f"--num-blocks {self.num_blocks} exceeds the model's {self.num_model_blocks} blocks")
         self.speed_key = speed_key(self.source.name, self.device, self.dtype, self.quant)
         self.cache_path = Path(settings.throughput_cache).expanduser()
         self.speed: BlockSpeed | None = load_cached(self.cache_path, self.speed_key)
@@ -87,17 +94,33 @@ class SpanServer:
             faulty_outputs=settings.faulty_outputs,
             session_idle_timeout=settings.session_idle_timeout,
         )
-        first, last = settings.span() or (0, settings.num_blocks or 0)
         cache_tokens = settings.cache_tokens or default_cache_tokens(
-            self.config, last - first, self.device, self.dtype, self.quant
+            self.config, self.num_blocks, self.device, self.dtype, self.quant
         )
         self.pool = CachePool(cache_tokens)
-        self.start, self.end = settings.span() or (0, 0)
+        self.start, self.end = span or (0, 0)
+        self.announced: NodeState | None = None  # the state of the last announcement that reached the DHT
         self.next_rtts: dict[str, float] = {}
         self.auth = CallAuth(None, "")
         self.dht: DHT | None = None
         self.handlers: SpanHandlers | None = None
         self.metrics = NodeMetrics(self._gauges()) if settings.metrics_port is not None else None
+
+    def _auto_num_blocks(self) -> int:
+        count = auto_num_blocks(self.config, self.device, self.dtype, self.quant, self.settings.cache_tokens)
+        logger.info(
+            "neither --blocks nor --num-blocks: %d of %d blocks fit in the memory free on %s",
+            count,
+            self.num_model_blocks,
+            self.device,
+        )
+        return count
+
+    def readiness(self) -> tuple[bool, str]:
+        """Ready once the span is loaded and announced ONLINE (the node's readiness probe)."""
+        if self.status.state is NodeState.ONLINE and self.announced is NodeState.ONLINE:
+            return True, f"online: blocks {self.start}:{self.end}"
+        return False, f"{self.status.state.value}: blocks {self.start}:{self.end} not served yet"
 
     def _gauges(self) -> NodeGauges:
         return NodeGauges(
@@ -129,7 +152,7 @@ class SpanServer:
         backend: SpanBackend | None = None
         exporter = None
         if self.metrics is not None and self.settings.metrics_port is not None:
-            exporter = self.metrics.serve(self.settings.metrics_host, self.settings.metrics_port)
+            exporter = self.metrics.serve(self.settings.metrics_host, self.settings.metrics_port, self.readiness)
         try:
             p2p = await self.dht.replicate_p2p()
             self.status.peer_id = self.dht.peer_id.to_base58()
@@ -137,15 +160,16 @@ class SpanServer:
             if secret is not None:
                 self.status.guard = ReplayGuard(secret)
             self.auth = CallAuth(secret, self.status.peer_id)
-            if self.settings.num_blocks is not None and self.settings.span() is None:
-                self.start = await self._choose_start(self.settings.num_blocks)
-                self.end = self.start + self.settings.num_blocks
+            if self.settings.span() is None:
+                self.start = await self._choose_start(self.num_blocks)
+                self.end = self.start + self.num_blocks
             await self._announce()  # JOINING: others joining now see this span as taken
             backend = await self._load(self.start, self.end)
             self.handlers = SpanHandlers(backend, self.pool, self.status)
             await self.handlers.register(p2p)
             self.speed = await block_speed(backend, self.cache_path, self.speed_key)
             self.status.state = NodeState.ONLINE
+            await self._announce_quietly()  # ready (and routable) now, not at the next period
             logger.info("serving blocks %d:%d as %s", self.start, self.end, self.dht.peer_id)
             tasks = [asyncio.create_task(self._announce_forever(p2p))]
             if self.settings.span() is None:
@@ -220,6 +244,13 @@ class SpanServer:
         )
         ttl = expiration if expiration is not None else 2 * self.settings.announce_period + 5
         await announce(self.dht, self.model_record, record, ttl)
+        self.announced = record.state
+
+    async def _announce_quietly(self) -> None:
+        try:
+            await self._announce()
+        except Exception:
+            logger.warning("DHT announcement failed; the periodic one retries", exc_info=True)
 
     async def _probe_next_hops(self, p2p: P2P) -> None:
         """Measure round trips to the nodes a session is likely to go to after us (they serve our end block)."""
@@ -264,12 +295,11 @@ class SpanServer:
         await self._announce()
 
 
-def serve(settings: ServeSettings) -> None:
-    asyncio.run(_serve(settings))
+def serve(server: SpanServer) -> None:
+    asyncio.run(_serve(server))
 
 
-async def _serve(settings: ServeSettings) -> None:
-    server = SpanServer(settings)
+async def _serve(server: SpanServer) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
