@@ -29,7 +29,7 @@ async def swarm(serving: ModelsDep) -> dict[str, object]:
     return await serving.swarm()
 
 
-@router.get("/ready", responses=errors(503))
+@router.get("/ready", responses=errors(400, 503))
 async def ready(
     serving: ModelsDep,
     swarm: Annotated[
