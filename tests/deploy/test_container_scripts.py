@@ -287,6 +287,12 @@ def assert_joinable(initial_peers: list[str]) -> None:
         (["python", "swarm_node", "serve", "M", "--host-maddrs", "/ip6/::/tcp/4001"], {}, ("tcp", 4001)),
         (["python", "swarm_node", "serve", "M"], {"SWARMGATE_HOST_MADDRS": '["/ip4/0.0.0.0/tcp/5000"]'}, ("tcp", 5000)),
         (["python", "swarm_node", "serve", "M"], {}, None),
+        (
+            ["swarm_node", "serve", "M", "--metrics-port", "9100", "--host-maddrs", "/ip4/0.0.0.0/tcp/1"],
+            {},
+            ("http", 9100),
+        ),  # noqa: E501
+        (["swarm_node", "serve", "M"], {"SWARMGATE_METRICS_PORT": "9200"}, ("http", 9200)),
         (["python", "swarm_node", "serve", "M", "--host-maddrs", "/ip4/127.0.0.1/tcp/0"], {}, None),
         (["swarmgate-identity", "/var/lib/swarmgate/identity/identity.key"], {}, None),
     ],
