@@ -150,6 +150,8 @@ def _authenticator(settings: ServeSettings, link: RedisLink) -> Authenticator:
         else:
             logger.info("authentication off (--auth none): every caller is admin")
         return Authenticator([], None, enabled=False)
+    if not operator_keys and not link.enabled:
+        logger.warning("authentication on with neither an operator key nor Redis: every request will be refused")
     logger.info(
         "authentication on: %d operator key(s)%s",
         len(operator_keys),

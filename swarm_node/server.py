@@ -169,7 +169,6 @@ class SpanServer:
             await self.handlers.register(p2p)
             self.speed = await block_speed(backend, self.cache_path, self.speed_key)
             self.status.state = NodeState.ONLINE
-            await self._announce_quietly()  # ready (and routable) now, not at the next period
             logger.info("serving blocks %d:%d as %s", self.start, self.end, self.dht.peer_id)
             tasks = [asyncio.create_task(self._announce_forever(p2p))]
             if self.settings.span() is None:
@@ -245,12 +244,6 @@ class SpanServer:
         ttl = expiration if expiration is not None else 2 * self.settings.announce_period + 5
         await announce(self.dht, self.model_record, record, ttl)
         self.announced = record.state
-
-    async def _announce_quietly(self) -> None:
-        try:
-            await self._announce()
-        except Exception:
-            logger.warning("DHT announcement failed; the periodic one retries", exc_info=True)
 
     async def _probe_next_hops(self, p2p: P2P) -> None:
         """Measure round trips to the nodes a session is likely to go to after us (they serve our end block)."""
