@@ -13,7 +13,8 @@ import typing
 from collections.abc import Sequence
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, Field, SecretStr, ValidationError
+from hivemind.utils.multiaddr import Multiaddr
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -52,6 +53,21 @@ class P2PSettings(ProcessSettings):
         None, description="shared secret of a private swarm (>= 16 bytes); peers without it are ignored"
     )
     swarm_secret_file: str | None = Field(None, description="file holding the swarm secret (wins over --swarm-secret)")
+
+    @field_validator("initial_peers", "host_maddrs", "announce_maddrs")
+    @classmethod
+    def _check_maddrs(cls, values: list[str]) -> list[str]:
+        for value in values:
+            Multiaddr(value)  # a ValueError naming what is wrong: a flag error at start, not a traceback later
+        return values
+
+    @model_validator(mode="after")
+    def _check_secret(self) -> P2PSettings:
+        try:
+            self.secret()  # too short, or an unreadable --swarm-secret-file
+        except OSError as exc:
+            raise ValueError(f"cannot read --swarm-secret-file {self.swarm_secret_file}: {exc.strerror}") from None
+        return self
 
     def secret(self) -> bytes | None:
         value = self.swarm_secret.get_secret_value() if self.swarm_secret else None

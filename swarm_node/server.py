@@ -74,6 +74,8 @@ class SpanServer:
         self.config = load_config(self.source)
         self.num_model_blocks = int(self.config.num_hidden_layers)
         self.device = resolve_device(settings.device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError("--device cuda: this machine has no CUDA device torch can use (try --device cpu)")
         self.dtype = resolve_dtype(settings.dtype, self.device)
         self.quant = resolve_quant(settings.quant, self.device)
         span = settings.span()

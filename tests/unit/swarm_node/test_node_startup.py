@@ -47,7 +47,7 @@ def run_serve(*args: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "swarm_node.cli", "serve", *args],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=400,  # importing torch on a loaded 2-core machine
         env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path.cwd())},
     )
 
@@ -63,6 +63,8 @@ def run_serve(*args: str) -> subprocess.CompletedProcess[str]:
         (["{model}", "--quant", "int4"], "argument --quant: invalid choice"),
         (["{model}", "--cache-tokens", "lots"], "argument --cache-tokens: invalid int value"),
         (["/nonexistent/model-folder"], "is neither a local folder"),
+        (["{model}", "--initial-peers", "dht:31337"], "--initial-peers: Invalid MultiAddr"),
+        (["{model}", "--swarm-secret", "short"], "the swarm secret must be at least 16 bytes long"),
     ],
 )
 def test_bad_flag_values_are_one_argparse_error_never_a_traceback(
@@ -75,6 +77,13 @@ def test_bad_flag_values_are_one_argparse_error_never_a_traceback(
     lines = done.stderr.strip().splitlines()
     assert lines[0].startswith("usage: swarm_node serve")
     assert lines[-1].startswith("swarm_node serve: error: ") and message in lines[-1], lines[-1]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA")
+def test_asking_for_cuda_without_it_is_a_flag_error(tiny_model: GetTinyModel) -> None:
+    done = run_serve(str(tiny_model("llama").folder), "--device", "cuda", "--blocks", "0:1")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("swarm_node serve: error: --device cuda: this machine")
 
 
 def test_probes_say_alive_at_once_and_ready_only_when_told() -> None:
