@@ -174,12 +174,22 @@ def swarm_metrics(report: dict[str, Any]) -> Iterable[Metric]:
     yield _gauge(
         "swarmgate_swarm_nodes_banned", "nodes this gateway avoids now", sum(bool(n.get("banned")) for n in nodes)
     )
+    waiting = GaugeMetricFamily(
+        "swarmgate_failover_waiting_sessions",
+        "sessions that lost a node and wait for another to serve its blocks, by block range",
+        labels=["blocks"],
+    )
+    for span, count in sorted(report.get("failover_waiting", {}).items()):
+        waiting.add_metric([str(span)], count)
+    yield waiting
     counters: dict[str, int] = report.get("counters", {})
     for name, help_text in (
         ("failovers", "node sessions replaced mid-generation"),
         ("prefix_replays", "replacement node sessions replayed the lost node's inputs"),
         ("replayed_tokens", "tokens replayed into replacement node sessions"),
-        ("bans", "times a node was banned after a failure"),
+        ("bans", "times a node was banned after a fault (never for being full or draining)"),
+        ("departures", "nodes taken out of routing until they announce again (dead, frozen, draining, moved)"),
+        ("capacity_refusals", "session opens a full node refused (waited on or routed around, never banned)"),
     ):
         yield CounterMetricFamily(f"swarmgate_{name}", help_text, value=counters.get(name, 0))
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any
 
 from gateway.api.assembler import EmittedToken, FinishReason
@@ -96,7 +96,7 @@ class ChatServing(ServingBase):
 
     async def _chunks(
         self, body: ChatCompletionRequest, record: RequestRecord, events: AsyncIterator[ChoiceEvent]
-    ) -> AsyncIterator[str]:
+    ) -> AsyncGenerator[str, None]:
         started: set[int] = set()
         async with record.tracking(), contextlib.aclosing(events):  # type: ignore[type-var]
             async for event in events:

@@ -11,8 +11,14 @@ from shared.dht_records import NodeState
 
 
 def swarm_report(
-    model: str, view: SwarmView, rtts: dict[str, float], bans: BanList, stats: RouterStats | None = None
+    model: str,
+    view: SwarmView,
+    rtts: dict[str, float],
+    bans: BanList,
+    stats: RouterStats | None = None,
+    waiting: dict[str, int] | None = None,
 ) -> dict[str, Any]:
+    """``waiting``: sessions waiting for a node, by the block range they lost ("15:30")."""
     banned = bans.banned()
     blocks = []
     for block in range(view.num_blocks):
@@ -52,5 +58,6 @@ def swarm_report(
         "missing_blocks": missing,
         "blocks": blocks,
         "nodes": nodes,
-        "counters": (stats or RouterStats()).as_dict(),  # failovers, prefix replays, replayed tokens, bans
+        "counters": (stats or RouterStats()).as_dict(),  # failovers, prefix replays, replayed tokens, bans, ...
+        "failover_waiting": dict(waiting or {}),
     }
