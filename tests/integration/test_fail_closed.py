@@ -22,7 +22,7 @@ from tests.helpers.processes import LocalSwarm, ManagedProcess
 from tests.helpers.redis_server import RedisServer, free_port
 from tests.tiny_models import NUM_LAYERS, TinyModel
 
-pytestmark = pytest.mark.timeout(400)
+pytestmark = pytest.mark.timeout(900)
 
 ADMIN = "sk-operator-from-a-secret-0123456789"
 
@@ -79,7 +79,8 @@ def create_key(redis_url: str, name: str) -> str:
     return done.stdout.strip()
 
 
-def until(predicate: object, what: str, timeout: float = 60.0) -> None:
+def until(predicate: object, what: str, timeout: float = 300.0) -> None:
+    """Poll ``predicate`` until true; generous: processes start slowly on a loaded 2-core machine."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if callable(predicate) and predicate():
