@@ -37,8 +37,9 @@ from gateway.generation import Engine
 from gateway.sessions.api_keys import KeyStore
 from gateway.sessions.quotas import QuotaLimiter
 from gateway.sessions.redis_link import RedisLink
+from gateway.sessions.replicas import ReplicaCensus
 from gateway.sessions.store import SessionStore
-from gateway.settings import ServeSettings
+from gateway.settings import ServeSettings, is_loopback
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ def create_app(
     app = FastAPI(title="swarmgate", summary="An OpenAI-compatible API in front of a swarm of transformer blocks")
     if sessions is None:
         sessions = SessionTracker(SessionStore(RedisLink(None), "local"), None, config.model_name, resume_grace=0.0)
-    app.state.authenticator = authenticator or Authenticator([], None, required=False)
+    app.state.authenticator = authenticator or Authenticator([], None, enabled=False)
     app.state.services = Services(
         completions=CompletionServing(engine, config, sessions),
         chat=ChatServing(engine, config, sessions),
@@ -81,7 +82,9 @@ async def serve(settings: ServeSettings) -> None:
     install_request_ids()
     engine = await GenerationEngine.create(settings)
     link = RedisLink(settings.redis_url or None)
-    store = SessionStore(link, settings.replica_id or f"{socket.gethostname()}:{os.getpid()}", settings.session_ttl)
+    replica = settings.replica_id or f"{socket.gethostname()}:{os.getpid()}"
+    store = SessionStore(link, replica, settings.session_ttl)
+    census = ReplicaCensus(link, replica, settings.replicas)
     try:
         config = ServingConfig(
             settings.served_model_name or engine.model_name, settings.default_max_tokens, settings.max_request_bytes
@@ -89,15 +92,15 @@ async def serve(settings: ServeSettings) -> None:
         if link.enabled and await link.probe():
             logger.info("sessions, API keys and quotas in Redis at %s", link.url)
         store.start()
+        census.start()
         sessions = SessionTracker(
             store,
-            QuotaLimiter(link, settings.replicas),
+            QuotaLimiter(link, settings.replicas, census),
             config.model_name,
             settings.resume_grace,
             settings.max_concurrent_generations,
         )
-        static_keys = [key.get_secret_value() for key in settings.api_keys]
-        authenticator = Authenticator(static_keys, KeyStore(link) if link.enabled else None, settings.require_api_key)
+        authenticator = _authenticator(settings, link)
         app = create_app(engine, config, sessions, authenticator)
         listener = _bind(settings.host, settings.port)
         host, port = listener.getsockname()[:2]
@@ -112,12 +115,49 @@ async def serve(settings: ServeSettings) -> None:
             settings.drain_timeout,
         )
         logger.info("serving %s on http://%s:%d/v1", config.model_name, host, port)
-        await server.serve(sockets=[listener])
+        watcher = asyncio.create_task(_watch_coverage(app.state.services.models))
+        try:
+            await server.serve(sockets=[listener])
+        finally:
+            watcher.cancel()
         await sessions.close()
     finally:
+        await census.close()
         await store.close()
         await link.close()
         await engine.close()
+
+
+COVERAGE_CHECK_PERIOD = 10.0  # seconds between checks that log a gap in the swarm (each change once)
+
+
+async def _watch_coverage(models: ModelServing) -> None:
+    """Log swarm gaps as they appear, e.g. "no node announces model X; nodes announce Y", probed or not."""
+    while True:
+        await asyncio.sleep(COVERAGE_CHECK_PERIOD)
+        try:
+            await models.swarm_coverage()
+        except Exception:
+            logger.warning("swarm coverage check failed", exc_info=True)
+
+
+def _authenticator(settings: ServeSettings, link: RedisLink) -> Authenticator:
+    """Authentication as the operator set it (``--auth``), fixed for the process's life."""
+    mode, operator_keys = settings.auth_mode(), settings.operator_keys()
+    if mode == "none":
+        if not is_loopback(settings.host):
+            logger.warning("authentication is off (--auth none) on %s: anyone who reaches it is admin", settings.host)
+        else:
+            logger.info("authentication off (--auth none): every caller is admin")
+        return Authenticator([], None, enabled=False)
+    if not operator_keys and not link.enabled:
+        logger.warning("authentication on with neither an operator key nor Redis: every request will be refused")
+    logger.info(
+        "authentication on: %d operator key(s)%s",
+        len(operator_keys),
+        ", and keys in Redis" if link.enabled else "; no Redis, so no other keys",
+    )
+    return Authenticator(operator_keys, KeyStore(link) if link.enabled else None, enabled=True)
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -138,6 +138,10 @@ class Engine(Protocol):
         """Blocks no live node serves now (empty: every request can be routed)."""
         ...
 
+    async def announced_models(self) -> list[str]:
+        """Names of the models nodes announce now (to tell an operator whose model name matches no node)."""
+        ...
+
     async def swarm_report(self) -> dict[str, Any]:
         """The engine's view of the swarm as JSON-able data: per block who serves it, per node its state."""
         ...

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import ipaddress
+from pathlib import Path
+from typing import Literal, Self
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 
 from shared.settings import P2PSettings, ProcessSettings, positional
 
@@ -107,14 +109,24 @@ class ServeSettings(EngineSettings, RedisSettings):
     replicas: int = Field(
         1, ge=1, description="gateway replicas sharing Redis: while Redis is down each enforces 1/replicas of a quota"
     )
+    auth: Literal["keys", "none"] | None = Field(
+        None,
+        description="keys: every /v1 request needs a valid API key; none: open, every caller is the admin. Default:"
+        " keys when --host is beyond loopback or an operator key is given, none on loopback (the local demo)."
+        " Never changes at run time: an empty or unreachable Redis refuses keys, it never opens the gateway",
+    )
+    admin_key: SecretStr | None = Field(
+        None, description="an operator (admin, unlimited) API key, valid without Redis (e.g. a fresh cluster's first)"
+    )
+    admin_key_file: str | None = Field(
+        None, description="file holding an operator API key (a mounted Secret); valid without Redis like --admin-key"
+    )
     api_keys: list[SecretStr] = Field(
         default_factory=list,
-        description="admin API keys accepted besides those made by `gateway keys create` (env: a JSON list);"
-        " any key turns authentication on",
+        description="more operator API keys, admins valid without Redis, besides those made by `gateway keys create`"
+        " (env: a JSON list)",
     )
-    require_api_key: bool = Field(
-        False, description="require a valid API key even while none exists (off: open until a key is created)"
-    )
+    require_api_key: bool = Field(False, description="the same as --auth keys (kept for older deployments)")
     drain_timeout: float = Field(
         30.0, ge=0, description="on SIGTERM: seconds running generations get to finish (new ones get 503 draining)"
     )
@@ -137,3 +149,42 @@ class ServeSettings(EngineSettings, RedisSettings):
         description="max tokens of a chat completion that sets none (or a completion with max_tokens null); 0: the "
         "rest of the context window, OpenAI's default, costly since nodes reserve KV-cache room for all of it up front",
     )
+
+    @model_validator(mode="after")
+    def _check_auth(self) -> Self:
+        operator_keys = self.operator_keys()  # an unreadable --admin-key-file fails here, at start
+        if self.auth == "none" and (self.require_api_key or operator_keys):
+            raise ValueError("--auth none contradicts the operator keys or --require-api-key given: drop one side")
+        return self
+
+    def operator_keys(self) -> list[str]:
+        """Admin keys that need no Redis: --admin-key, --admin-key-file, --api-keys (read once, at start)."""
+        keys = [key.get_secret_value() for key in self.api_keys]
+        if self.admin_key is not None:
+            keys.append(self.admin_key.get_secret_value())
+        if self.admin_key_file:
+            try:
+                text = Path(self.admin_key_file).read_text(encoding="utf-8").strip()
+            except OSError as exc:
+                raise ValueError(f"cannot read --admin-key-file {self.admin_key_file}: {exc.strerror}") from None
+            if not text:
+                raise ValueError(f"--admin-key-file {self.admin_key_file} is empty")
+            keys.append(text)
+        return [key for key in keys if key]
+
+    def auth_mode(self) -> Literal["keys", "none"]:
+        if self.auth is not None:
+            return self.auth
+        if self.require_api_key or self.operator_keys() or not is_loopback(self.host):
+            return "keys"
+        return "none"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` only accepts connections from this machine (0.0.0.0 and names other than localhost don't)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

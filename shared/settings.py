@@ -13,7 +13,8 @@ import typing
 from collections.abc import Sequence
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, Field, SecretStr
+from hivemind.utils.multiaddr import Multiaddr
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -64,6 +65,21 @@ class P2PSettings(ProcessSettings):
     relay_time_limit: int = Field(
         3600, gt=0, description="with --relay-hop: seconds a relayed connection lasts before it is reset (redialled)"
     )
+
+    @field_validator("initial_peers", "host_maddrs", "announce_maddrs")
+    @classmethod
+    def _check_maddrs(cls, values: list[str]) -> list[str]:
+        for value in values:
+            Multiaddr(value)  # a ValueError naming what is wrong: a flag error at start, not a traceback later
+        return values
+
+    @model_validator(mode="after")
+    def _check_secret(self) -> P2PSettings:
+        try:
+            self.secret()  # too short, or an unreadable --swarm-secret-file
+        except OSError as exc:
+            raise ValueError(f"cannot read --swarm-secret-file {self.swarm_secret_file}: {exc.strerror}") from None
+        return self
 
     def secret(self) -> bytes | None:
         value = self.swarm_secret.get_secret_value() if self.swarm_secret else None
@@ -139,10 +155,34 @@ def build_settings(settings_cls: type[S], namespace: argparse.Namespace) -> S:
     return settings_cls(**given)
 
 
+def settings_or_exit(parser: argparse.ArgumentParser, settings_cls: type[S], args: argparse.Namespace) -> S:
+    """The command's settings, or argparse's usage + "error: ..." (exit 2) for a bad value: never a traceback."""
+    try:
+        return build_settings(settings_cls, args)
+    except ValidationError as exc:
+        parser.error(validation_message(settings_cls, exc))
+
+
+def validation_message(settings_cls: type[BaseModel], exc: ValidationError) -> str:
+    """One line naming each bad flag (or positional) and what is wrong with it."""
+    parts = []
+    for error in exc.errors():
+        flag = _flag_name(settings_cls, str(error["loc"][0])) if error["loc"] else ""
+        message = error["msg"].removeprefix("Value error, ")
+        parts.append(f"{flag}: {message}" if flag and not message.startswith(flag) else message)
+    return "; ".join(parts)
+
+
+def _flag_name(settings_cls: type[BaseModel], name: str) -> str:
+    info = settings_cls.model_fields.get(name)
+    extra = info.json_schema_extra if info is not None and isinstance(info.json_schema_extra, dict) else {}
+    return name.upper() if extra.get("positional") else "--" + name.replace("_", "-")
+
+
 def parse_settings(settings_cls: type[S], argv: Sequence[str] | None, prog: str) -> S:
     parser = argparse.ArgumentParser(prog=prog, description=settings_cls.__doc__)
     add_settings_arguments(parser, settings_cls)
-    return build_settings(settings_cls, parser.parse_args(argv))
+    return settings_or_exit(parser, settings_cls, parser.parse_args(argv))
 
 
 def _help(name: str, info: FieldInfo) -> str:

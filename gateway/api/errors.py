@@ -9,7 +9,8 @@
     ├── SessionCancelled        409     invalid_request_error   session_cancelled (DELETE /v1/sessions/{id})
     ├── RateLimited             429     requests | tokens       rate_limit_exceeded (with Retry-After)
     ├── ServiceUnavailable      503     service_unavailable     missing_blocks, swarm_unavailable, draining,
-    │                                                           session_lost (an SSE error event: its replica is gone)
+    │                                                           session_lost (an SSE error event: its replica is gone),
+    │                                                           auth_unavailable (Redis cannot check a key)
     ├── InternalError           500     server_error            internal_error
     └── ClientDisconnected      499     client_closed_request   client_disconnected (logged, never received)
 

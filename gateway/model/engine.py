@@ -49,6 +49,7 @@ from gateway.swarm.routing import RoutingMode
 from gateway.swarm.step_links import StepLinks
 from gateway.swarm.view import SwarmMonitor, SwarmView
 from shared.dht_process import start_dht
+from shared.dht_records import fetch_announced_models
 from shared.families import context_length
 from shared.membership import CallAuth
 from shared.model_source import ModelSource, load_config, resolve_model
@@ -148,6 +149,9 @@ class GenerationEngine:
 
     async def missing_blocks(self) -> list[int]:
         return (await self.swarm_view()).missing_blocks()
+
+    async def announced_models(self) -> list[str]:
+        return await fetch_announced_models(self._dht) if self._dht is not None else []
 
     async def swarm_report(self) -> dict[str, Any]:
         view = await self.swarm_view()

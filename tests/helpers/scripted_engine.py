@@ -78,6 +78,9 @@ class ScriptedEngine:
     async def missing_blocks(self) -> list[int]:
         return []
 
+    async def announced_models(self) -> list[str]:
+        return [self.model_name]
+
 
 def client_for(engine: ScriptedEngine) -> httpx.AsyncClient:
     app = create_app(engine, ServingConfig(engine.model_name))

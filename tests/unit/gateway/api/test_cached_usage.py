@@ -61,6 +61,9 @@ class ReusingEngine:
     async def missing_blocks(self) -> list[int]:
         return []
 
+    async def announced_models(self) -> list[str]:
+        return [self.model_name]
+
     async def swarm_report(self) -> dict[str, Any]:
         return {}
 
