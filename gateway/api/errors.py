@@ -127,7 +127,7 @@ def as_api_error(exc: BaseException) -> APIError:
     if isinstance(exc, APIError):
         return exc
     if isinstance(exc, InvalidPrompt):
-        return InvalidRequest(str(exc), "invalid_value", "messages")
+        return InvalidRequest(str(exc), "invalid_value", getattr(exc, "param", "messages"))
     if isinstance(exc, MissingBlocks):
         return ServiceUnavailable(f"The swarm cannot serve this model now: {exc}", "missing_blocks")
     if isinstance(exc, SwarmError) and not isinstance(exc, ModelLoadError):
