@@ -128,8 +128,20 @@ class TokenCodec(Protocol):
         """The raw bytes one token stands for (may be part of a multi-byte character)."""
         ...
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> str:
-        """The conversation as a prompt, with the model's chat template; raises ``ChatTemplateMissing``."""
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
+        """The conversation as a prompt, with the model's chat template; raises ``ChatTemplateMissing``.
+
+        ``tools``: OpenAI-style tool definitions for the template's ``tools`` variable; ``template_kwargs``: further
+        template variables (``enable_thinking``)."""
+        ...
+
+    def chat_template(self) -> str | None:
+        """The chat template's source (what tool-call and reasoning formats are guessed from), or None."""
         ...
 
     def fim_ids(self) -> tuple[int, int, int] | None:
