@@ -64,8 +64,9 @@ def gateway(module_swarm: LocalSwarm, smollm2_gguf: Path) -> Iterator[Gateway]:
     try:
         module_swarm.start_dht()
         node = module_swarm.start_node(smollm2_gguf, "0:30")
-        module_swarm.wait_serving(node)
-        yield start_gateway(module_swarm, smollm2_gguf)
+        # Generous: on a 2-core box shared by many test runs, loading SmolLM2 alone has taken minutes.
+        module_swarm.wait_serving(node, timeout=600)
+        yield start_gateway(module_swarm, smollm2_gguf, timeout=600)
     finally:
         stop_gracefully(module_swarm)
 
