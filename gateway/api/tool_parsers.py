@@ -158,7 +158,7 @@ class ToolCallParser:
             return self._step_text(rest, content)
         if self._mode == "between":
             return self._step_between(rest)
-        return self._step_call(deltas)
+        return self._step_call(content, deltas)
 
     def _step_text(self, rest: str, content: list[str]) -> bool:
         found = [(rest.find(m), m) for m in self.format.open_markers if m in rest]
@@ -192,7 +192,7 @@ class ToolCallParser:
         self._mode = "text"  # anything else is the user's text again
         return True
 
-    def _step_call(self, deltas: list[ToolCallDelta]) -> bool:
+    def _step_call(self, content: list[str], deltas: list[ToolCallDelta]) -> bool:
         call = self._call
         if call is None:
             raise RuntimeError("no call is being read")
@@ -200,7 +200,12 @@ class ToolCallParser:
             char = self._text[self._pos]
             self._pos += 1
             if self._scan(call, char, deltas):
-                deltas += self._close(call)
+                closed = self._close(call)
+                if closed is None:  # not a call after all: the object is the user's text
+                    content.append(self._text[call.start : self._pos])
+                    self._call, self._mode = None, "text"
+                    return True
+                deltas += closed
                 self._call, self._mode = None, "between"
                 return True
         deltas += self._arguments(call, len(self._text))
@@ -269,15 +274,15 @@ class ToolCallParser:
         call.arguments_sent += len(piece)
         return [ToolCallDelta(call.index, arguments=piece)] if piece else []
 
-    def _close(self, call: _Call) -> list[ToolCallDelta]:
-        """The object closed: finish its deltas and record the call."""
+    def _close(self, call: _Call) -> list[ToolCallDelta] | None:
+        """The object closed: finish its deltas and record the call (None: the object is no call)."""
         try:
             parsed = json.loads(self._text[call.start : self._pos])
         except json.JSONDecodeError:
             parsed = None
         if not call.announced:
             if not isinstance(parsed, dict) or not isinstance(parsed.get("name"), str):
-                return []  # not a call: dropped (it sat where only calls go)
+                return None
             call.name = parsed["name"]
             call.announced = True
             deltas = [ToolCallDelta(call.index, call.id, call.name)]

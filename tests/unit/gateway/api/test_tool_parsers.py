@@ -53,6 +53,8 @@ CASES = [
         [("f", '{"a": 1}'), ("g", '{"b": [true, null]}')],
     ),
     ("llama3_json", "Plain answer {not a call}", "Plain answer {not a call}", []),
+    ("llama3_json", '{"answer": 42} is JSON, no call', '{"answer": 42} is JSON, no call', []),
+    ("hermes", '<tool_call>{"oops": 1}</tool_call> after', '{"oops": 1}</tool_call> after', []),
     (
         "mistral",
         '[TOOL_CALLS][{"name": "f", "arguments": {"x": "y"}}, {"name": "g", "arguments": {"z": 2}}]',
