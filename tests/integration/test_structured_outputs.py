@@ -66,7 +66,8 @@ def gateway(module_swarm: LocalSwarm, smollm2_gguf: Path) -> Iterator[Gateway]:
         node = module_swarm.start_node(smollm2_gguf, "0:30")
         # Generous: on a 2-core box shared by many test runs, loading SmolLM2 alone has taken minutes.
         module_swarm.wait_serving(node, timeout=600)
-        yield start_gateway(module_swarm, smollm2_gguf, timeout=600)
+        # A step that times out bans the only node: give slow steps on a busy box room.
+        yield start_gateway(module_swarm, smollm2_gguf, "--step-timeout", "180", timeout=600)
     finally:
         stop_gracefully(module_swarm)
 
