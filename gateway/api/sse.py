@@ -3,6 +3,8 @@
 Each event also carries an ``id`` (its number in the session's event log) so that a client can resume with
 ``Last-Event-ID``. An error after the stream has started can no longer change the status: it becomes a final
 ``data: {"error": …}`` event (the ``openai`` client raises it as an APIError), still followed by ``[DONE]``.
+While a stream has nothing to send, its reader (``SessionTracker.read``) sends ``: keep-alive`` comment lines, which
+clients ignore and proxies count as traffic.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ from collections.abc import AsyncIterator
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 DONE = "[DONE]"
-PING_SECONDS = 15  # comment lines that keep idle proxies from closing a slow stream
+# sse-starlette's own pings (every 15 s by default, busy or not) are off: the reader sends keep-alives when idle.
+NO_PINGS = 24 * 3600
 
 
-def event_stream(events: AsyncIterator[ServerSentEvent], session_id: str) -> EventSourceResponse:
-    return EventSourceResponse(events, headers={"X-Session-Id": session_id}, ping=PING_SECONDS, sep="\n")
+def event_stream(events: AsyncIterator[ServerSentEvent | bytes], session_id: str) -> EventSourceResponse:
+    return EventSourceResponse(events, headers={"X-Session-Id": session_id}, ping=NO_PINGS, sep="\n")
