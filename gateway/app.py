@@ -87,7 +87,11 @@ async def serve(settings: ServeSettings) -> None:
     census = ReplicaCensus(link, replica, settings.replicas)
     try:
         config = ServingConfig(
-            settings.served_model_name or engine.model_name, settings.default_max_tokens, settings.max_request_bytes
+            settings.served_model_name or engine.model_name,
+            settings.default_max_tokens,
+            settings.max_request_bytes,
+            settings.tool_call_parser,
+            settings.reasoning_parser,
         )
         if link.enabled and await link.probe():
             logger.info("sessions, API keys and quotas in Redis at %s", link.url)
