@@ -15,6 +15,7 @@ from gateway.api.serving_chat import ChatServing
 from gateway.api.serving_common import Disconnected, RequestContext, Stream
 from gateway.api.serving_completions import CompletionServing
 from gateway.api.serving_models import ModelServing
+from gateway.api.serving_responses import ResponsesServing
 from gateway.api.sse import event_stream
 
 
@@ -24,6 +25,7 @@ class Services:
     chat: ChatServing
     models: ModelServing
     sessions: SessionTracker
+    responses: ResponsesServing
 
 
 def services(request: Request) -> Services:
@@ -48,6 +50,13 @@ def _models(request: Request) -> ModelServing:
 CompletionsDep = Annotated[CompletionServing, Depends(_completions)]
 ChatDep = Annotated[ChatServing, Depends(_chat)]
 ModelsDep = Annotated[ModelServing, Depends(_models)]
+
+
+def _responses(request: Request) -> ResponsesServing:
+    return services(request).responses
+
+
+ResponsesDep = Annotated[ResponsesServing, Depends(_responses)]
 
 
 def _sessions(request: Request) -> SessionTracker:
