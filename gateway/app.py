@@ -102,6 +102,8 @@ async def serve(settings: ServeSettings) -> None:
             settings.served_model_name or engine.model_name,
             settings.default_max_tokens,
             settings.max_request_bytes,
+            tool_call_parser=settings.tool_call_parser,
+            reasoning_parser=settings.reasoning_parser,
             responses_ttl=settings.responses_ttl,
             sampling_defaults=engine.sampling_defaults,
         )

@@ -134,3 +134,13 @@ class ServeSettings(EngineSettings, RedisSettings):
         description="max tokens of a chat completion that sets none (or a completion with max_tokens null); 0: the "
         "rest of the context window, OpenAI's default, costly since nodes reserve KV-cache room for all of it up front",
     )
+    tool_call_parser: Literal["auto", "hermes", "llama3_json", "mistral"] = Field(
+        "auto",
+        description="how tool calls are written and parsed: hermes (<tool_call>{json}</tool_call>), llama3_json, "
+        "mistral ([TOOL_CALLS][...]); auto: from the chat template (hermes when it has no tool support)",
+    )
+    reasoning_parser: Literal["auto", "none", "qwen3", "deepseek_r1"] = Field(
+        "auto",
+        description="split <think>...</think> into reasoning_content (qwen3, deepseek_r1: the same tags); auto: when "
+        "the chat template knows </think>; none: never",
+    )

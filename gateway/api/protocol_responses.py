@@ -136,7 +136,22 @@ class FunctionCall(ResponseModel):
     status: ItemStatus = "in_progress"
 
 
-OutputItem = OutputMessage | FunctionCall
+class ReasoningText(ResponseModel):
+    type: Literal["reasoning_text"] = "reasoning_text"
+    text: str
+
+
+class ReasoningItem(ResponseModel):
+    """What a model that thinks in tags (``<think>``) thought before answering (the chat path's reasoning_content)."""
+
+    type: Literal["reasoning"] = "reasoning"
+    id: str = Field(default_factory=lambda: item_id("rs"))
+    summary: list[Any] = Field(default_factory=list)
+    content: list[ReasoningText] = Field(default_factory=list)
+    status: ItemStatus = "in_progress"
+
+
+OutputItem = OutputMessage | FunctionCall | ReasoningItem
 
 
 class InputTokensDetails(ResponseModel):

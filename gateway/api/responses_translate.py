@@ -68,7 +68,9 @@ def chat_request(body: ResponsesRequest, history: list[Message]) -> Translated:
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
-        raise InvalidRequest(f"Invalid request: {first['msg']} (at {where}).", "invalid_value", "input") from None
+        top = str(first["loc"][0]) if first["loc"] else "input"
+        param = {"response_format": "text.format", "tools": "tools", "tool_choice": "tool_choice"}.get(top, "input")
+        raise InvalidRequest(f"Invalid request: {first['msg']} (at {where}).", "invalid_value", param) from None
     return Translated(chat, turn)
 
 

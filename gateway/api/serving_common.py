@@ -34,6 +34,8 @@ class ServingConfig:
     model_name: str  # the id clients send and are answered with
     default_max_tokens: int = 0  # chat requests without max_tokens; 0: the rest of the context window
     max_request_bytes: int = 8 * 1024 * 1024  # larger bodies: 413 before parsing (0: no limit)
+    tool_call_parser: str = "auto"  # hermes | llama3_json | mistral; auto: from the chat template
+    reasoning_parser: str = "auto"  # qwen3 | deepseek_r1 | none; auto: when the chat template knows </think>
     responses_ttl: float = 86400.0  # seconds a stored /v1/responses response is kept after its last change
     # The model's own sampling defaults (generation_config.json: temperature, top_p, top_k, repetition_penalty),
     # used where a request leaves a parameter out.

@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
 from gateway.api.assembler import FinishReason
 from gateway.api.auth import Caller
+from gateway.api.chat_output import ChatOutputParser, OutputDelta
 from gateway.api.choices import ChoiceEvent, ChoiceSpec
 from gateway.api.errors import InvalidRequest, NotFound, SessionCancelled, as_api_error
+from gateway.api.protocol import IGNORED_FIELDS, reject_unsupported
 from gateway.api.protocol_responses import (
     DeletedResponse,
     FunctionCall,
@@ -27,6 +30,7 @@ from gateway.api.protocol_responses import (
     ResponseUsage,
     response_id,
 )
+from gateway.api.reasoning import starts_inside
 from gateway.api.request_log import RequestRecord
 from gateway.api.responses_events import Event, ResponseWriter
 from gateway.api.responses_translate import Message, Translated, assistant_message, chat_request
@@ -34,6 +38,9 @@ from gateway.api.serving_chat import ChatServing
 from gateway.api.serving_common import RequestContext, Stream
 from gateway.generation import PromptScores
 from gateway.sessions.responses_store import ResponseStore, StoredResponse
+
+# Responses fields besides the chat path's ignored ones that cannot change the answer.
+IGNORED_RESPONSES_FIELDS = frozenset({"stream_options", "prompt_cache_retention"})
 
 
 @dataclass
@@ -46,6 +53,7 @@ class _Turn:
     history: list[Message]
     writer: ResponseWriter
     record: RequestRecord
+    parser: ChatOutputParser  # the chat path's: reasoning tags and tool calls out of the text
 
     @property
     def response(self) -> ResponseObject:
@@ -59,6 +67,7 @@ class ResponsesServing:
 
     async def create(self, body: ResponsesRequest, context: RequestContext) -> ResponseObject | Stream:
         self.chat.check_model(body.model)
+        reject_unsupported(body, IGNORED_FIELDS | IGNORED_RESPONSES_FIELDS)
         turn, specs = await self._plan(body, context.caller)
         await self._save(turn)
         if body.stream:
@@ -69,8 +78,7 @@ class ResponsesServing:
             await asyncio.shield(self._end_badly(turn, exc))
             raise
         result = results[0]
-        if result.text:
-            turn.writer.text(result.text)
+        write(turn.writer, joined(turn.parser.feed(result.text), turn.parser.finish()))
         turn.writer.finish(result.finish_reason, self._usage(turn.record))
         await self._save(turn)
         return turn.response
@@ -100,20 +108,20 @@ class ResponsesServing:
     # -- planning ------------------------------------------------------------------------------------------------
 
     async def _plan(self, body: ResponsesRequest, caller: Caller) -> tuple[_Turn, list[ChoiceSpec]]:
+        """The chat path's own steps (tools and format as a grammar, the template, the budget) on the translation."""
         history: list[Message] = []
         if body.previous_response_id is not None:
             history = (await self._visible(body.previous_response_id, caller, "previous_response_id")).messages
         translated = chat_request(body, history)
-        chat = self.chat
-        try:
-            chat._check_options(translated.chat)
-        except InvalidRequest as exc:
-            if exc.param == "response_format":
-                exc.param = "text.format"
-            raise
-        prompt_ids = await chat.prompt_ids(translated.chat.messages)
-        budget = chat.completion_budget(len(prompt_ids), translated.chat.max_completion_tokens, "input")
-        specs = chat._specs(translated.chat, prompt_ids, budget, reuse_scope=caller.scope)
+        chat, request = self.chat, translated.chat
+        with _renamed_params():
+            chat._check_options(request)
+            plan = chat.plan(request)
+        prompt = await chat.render(request.messages, plan.tools.functions, request.chat_template_kwargs)
+        plan = dataclasses.replace(plan, reasoning_inside=plan.reasoning and starts_inside(prompt))
+        prompt_ids = await chat.encode_prompt(prompt)
+        budget = chat.completion_budget(len(prompt_ids), request.max_completion_tokens, "input")
+        specs = chat._specs(request, prompt_ids, budget, caller.scope, plan.grammar)
         response = ResponseObject(
             id=response_id(),
             model=chat.config.model_name,
@@ -131,7 +139,7 @@ class ResponsesServing:
             metadata=body.metadata or {},
         )
         record = RequestRecord(response.id, "responses", 1, len(prompt_ids))
-        return _Turn(body, caller, translated, history, ResponseWriter(response), record), specs
+        return _Turn(body, caller, translated, history, ResponseWriter(response), record, plan.parser()), specs
 
     # -- streaming -----------------------------------------------------------------------------------------------
 
@@ -146,9 +154,11 @@ class ResponsesServing:
                     if isinstance(choice.payload, PromptScores):
                         continue
                     piece = choice.payload
-                    if piece.text:
-                        for event in writer.text(piece.text):
-                            yield _data(event)
+                    out = turn.parser.feed(piece.text)
+                    if piece.finish_reason is not None:
+                        out = joined(out, turn.parser.finish())
+                    for event in write(writer, out):
+                        yield _data(event)
                     if piece.finish_reason is not None:
                         record.completion_tokens += choice.generated
                         record.cached_tokens += choice.cached_tokens
@@ -200,6 +210,33 @@ class ResponsesServing:
     @staticmethod
     def _usage(record: RequestRecord) -> ResponseUsage:
         return ResponseUsage.of(record.prompt_tokens, record.completion_tokens, record.cached_tokens)
+
+
+def write(writer: ResponseWriter, out: OutputDelta) -> list[Event]:
+    """What the chat output parser found, as output items: reasoning, message text, then function calls."""
+    events = writer.reasoning(out.reasoning) if out.reasoning else []
+    if out.content:
+        events += writer.text(out.content)
+    for call in out.calls:
+        if call.id is not None:  # a call's first delta: its id and name
+            events += writer.function_call(call.name or "", call.id)
+        if call.arguments:
+            events += writer.arguments(call.arguments)
+    return events
+
+
+def joined(first: OutputDelta, second: OutputDelta) -> OutputDelta:
+    return OutputDelta(first.reasoning + second.reasoning, first.content + second.content, first.calls + second.calls)
+
+
+@contextlib.contextmanager
+def _renamed_params() -> Iterator[None]:
+    """The chat path's errors name chat fields; a Responses client knows them by their Responses names."""
+    try:
+        yield
+    except InvalidRequest as exc:
+        exc.param = {"response_format": "text.format", "messages": "input"}.get(exc.param or "", exc.param)
+        raise
 
 
 def _data(event: Event) -> str:

@@ -35,6 +35,7 @@ from gateway.generation import (
     TopLogprobs,
 )
 from gateway.model.files import context_length, load_head, load_tokenizer, sampling_defaults, stop_token_ids
+from gateway.model.grammar import GrammarCompiler
 from gateway.model.head import ModelHead
 from gateway.model.head_batcher import HeadBatcher
 from gateway.model.sampling import Sampler, top_logprobs
@@ -84,6 +85,8 @@ class GenerationEngine:
         self._router: Router | None = None
         self._kept: KeptChains | None = None
         self._links: StepLinks | None = None  # every session's decode steps, batched per node
+        self._grammars: GrammarCompiler | None = None  # built on the first constrained request (about a second)
+        self._grammars_lock = asyncio.Lock()
 
     @classmethod
     async def create(cls, settings: EngineSettings) -> GenerationEngine:
@@ -137,6 +140,8 @@ class GenerationEngine:
         if self._kept is not None:  # before the router: closing the chains frees the nodes' room
             await self._kept.close()
         await self.heads.close()
+        if self._grammars is not None:
+            self._grammars.close()
         if self._links is not None:
             await self._links.close()
         if self._router is not None:
@@ -168,7 +173,10 @@ class GenerationEngine:
         new token; stops after max_new_tokens or an EOS token."""
         if request.max_new_tokens == 0 and request.prompt_logprobs is None:
             return  # nothing to compute: no session needed
-        sampler = Sampler(request.sampling, self.head.vocab_size, request.prompt_ids)
+        constraint = None
+        if request.grammar is not None:  # compiled before any node is asked for room: a bad schema costs nothing
+            constraint = await asyncio.to_thread((await self.grammars()).constraint, request.grammar)
+        sampler = Sampler(request.sampling, self.head.vocab_size, request.prompt_ids, constraint)
         chain, output, cached = await self._prefill(request)  # output: [1, T, D] for the prompt's uncached tokens
         held: list[int] | None = None  # once the generation ended well: the ids the nodes' caches hold
         try:
@@ -192,6 +200,14 @@ class GenerationEngine:
                 await self.kept.keep(request.reuse_scope, held, chain)
             else:
                 await chain.close()
+
+    async def grammars(self) -> GrammarCompiler:
+        async with self._grammars_lock:
+            if self._grammars is None:
+                self._grammars = await asyncio.to_thread(
+                    GrammarCompiler, self.tokenizer, self.head.vocab_size, self.stop_ids
+                )
+            return self._grammars
 
     @property
     def kept(self) -> KeptChains:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,7 +13,6 @@ import httpx
 import pytest
 
 from gateway.api.errors import InvalidRequest
-from gateway.api.protocol_chat import ChatCompletionRequest, ChatMessage
 from gateway.api.protocol_responses import ResponseObject, ResponsesRequest, ResponseUsage
 from gateway.api.responses_events import ResponseWriter
 from gateway.api.responses_translate import chat_fields, chat_request
@@ -26,7 +25,7 @@ from tests.helpers.scripted_engine import CharCodec, ScriptedEngine, sse_data
 class TemplateCodec(CharCodec):
     """A chat is its messages' contents, one token per character."""
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+    def render_chat(self, messages: list[dict[str, Any]], *args: Any) -> str:
         return "".join(message["content"] or "" for message in messages)
 
 
@@ -120,22 +119,26 @@ def test_items_instructions_and_history_become_chat_messages() -> None:
     assert "instructions" not in json.dumps(turn)  # instructions are never carried to the next turn
 
 
-def test_tools_are_refused_while_the_chat_path_cannot_serve_them_never_dropped() -> None:
-    body = ResponsesRequest.model_validate(
-        {"model": "m", "input": "hi", "tools": [{"type": "function", "name": "f", "parameters": {}}]}
-    )
-    if "tools" in ChatCompletionRequest.model_fields:
-        assert chat_request(body, []).chat.model_dump()["tools"]
-    else:
-        with pytest.raises(InvalidRequest) as info:
-            chat_request(body, [])
-        assert (info.value.code, info.value.param) == ("unsupported_parameter", "tools")
+def test_the_translation_validates_as_the_chat_paths_request() -> None:
     call = {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}
-    body = ResponsesRequest.model_validate({"model": "m", "input": [call]})
-    if "tool_calls" not in ChatMessage.model_fields:
-        with pytest.raises(InvalidRequest) as info:
-            chat_request(body, [])
-        assert (info.value.code, info.value.param) == ("unsupported_parameter", "input")
+    body = ResponsesRequest.model_validate(
+        {
+            "model": "m",
+            "input": [call, {"type": "function_call_output", "call_id": "c", "output": "1"}],
+            "tools": [{"type": "function", "name": "f", "parameters": {}}],
+            "tool_choice": "required",
+            "parallel_tool_calls": False,
+        }
+    )
+    chat = chat_request(body, []).chat
+    assert chat.tools is not None and chat.tools[0].function.name == "f"
+    assert (chat.tool_choice, chat.parallel_tool_calls) == ("required", False)
+    assert chat.messages[0].tool_calls is not None and chat.messages[0].tool_calls[0].id == "c"
+    assert chat.messages[1].tool_call_id == "c"
+    bad = ResponsesRequest.model_validate({"model": "m", "input": "x", "tools": [{"type": "function", "name": "a b"}]})
+    with pytest.raises(InvalidRequest) as info:
+        chat_request(bad, [])  # the chat path's own rule on function names
+    assert info.value.param == "tools"
 
 
 # -- event assembly -----------------------------------------------------------------------------------------------
@@ -305,17 +308,6 @@ async def test_refusals(fields: dict[str, Any], code: str | None, param: str) ->
         assert error["param"] == param and (code is None or error["code"] == code), error
 
 
-async def test_json_schema_format_reaches_the_chat_path() -> None:
-    """Until the chat path serves json_schema it refuses it, naming the Responses field; then it is served."""
-    fmt = {"type": "json_schema", "name": "o", "schema": {"type": "object"}}
-    async with make_client(engine()) as client:
-        response = await client.post("/v1/responses", json=request(text={"format": fmt}))
-        if response.status_code == 400:
-            assert response.json()["error"]["param"] == "text.format"
-        else:
-            assert response.json()["text"]["format"]["name"] == "o"
-
-
 # -- CORS ---------------------------------------------------------------------------------------------------------
 
 
@@ -337,3 +329,97 @@ async def test_cors_preflight_only_for_allowed_origins() -> None:
         assert "access-control-allow-origin" not in response.headers
         plain = await client.get("/v1/models", headers={"Origin": "https://app.example"})
         assert "access-control-allow-origin" not in plain.headers
+
+
+# -- tools and formats through the chat path --------------------------------------------------------------------------
+
+
+class AsciiCodec(CharCodec):
+    """Token i is chr(i) for printable ASCII; token 0 is EOS. A chat is its messages' contents."""
+
+    vocab_size = 128
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [ord(c) for c in text if 32 <= ord(c) < 127 or c == "\n"]
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return "".join(chr(t) for t in token_ids if t)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return chr(token_id).encode()
+
+    def render_chat(self, messages: list[dict[str, Any]], *args: Any) -> str:
+        return "".join(message.get("content") or "" for message in messages)
+
+
+@dataclass
+class AsciiEngine:
+    """Writes ``script`` then EOS; remembers each request."""
+
+    script: str
+    requests: list[GenerationRequest] = field(default_factory=list)
+    model_name: str = "scripted"
+    context_length: int = 4096
+    codec: AsciiCodec = field(default_factory=AsciiCodec)
+
+    async def stream(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
+        self.requests.append(request)
+        for char in self.script:
+            await asyncio.sleep(0)
+            yield GeneratedToken(ord(char), False, -0.1)
+        yield GeneratedToken(0, True)
+
+    async def missing_blocks(self) -> list[int]:
+        return []
+
+
+TOOL = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+async def test_a_tool_call_is_a_function_call_item_streamed_as_argument_deltas() -> None:
+    scripted = AsciiEngine(CALL)
+    async with make_client(scripted) as client:  # type: ignore[arg-type]
+        body = request(input="weather?", tools=[TOOL])
+        whole = (await client.post("/v1/responses", json=body)).json()
+        (call,) = whole["output"]
+        assert call["type"] == "function_call" and call["name"] == "get_weather" and call["status"] == "completed"
+        assert json.loads(call["arguments"]) == {"city": "Paris"} and call["call_id"]
+        assert whole["status"] == "completed"
+        streamed = await client.post("/v1/responses", json={**body, "stream": True})
+        events = [json.loads(data) for data in sse_data(streamed)[:-1]]
+        kinds = [event["type"] for event in events]
+        assert "response.output_text.delta" not in kinds
+        added = next(event for event in events if event["type"] == "response.output_item.added")
+        assert added["item"]["type"] == "function_call" and added["item"]["name"] == "get_weather"
+        deltas = "".join(e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta")
+        done = next(e for e in events if e["type"] == "response.function_call_arguments.done")
+        assert deltas == done["arguments"] == call["arguments"]
+        assert kinds[-1] == "response.completed"
+        # The tool's result goes back as a function_call_output item, continuing the stored conversation.
+        result = {"type": "function_call_output", "call_id": call["call_id"], "output": "sunny"}
+        follow = {"model": "scripted", "input": [result], "previous_response_id": whole["id"], "tools": [TOOL]}
+        assert (await client.post("/v1/responses", json=follow)).status_code == 200
+        prompt = scripted.codec.decode(scripted.requests[-1].prompt_ids)
+        assert prompt.index('"arguments": {"city": "Paris"}') < prompt.index("sunny")  # the call, then its result
+
+
+async def test_text_format_json_schema_and_forced_tools_become_the_chat_paths_grammar() -> None:
+    scripted = AsciiEngine('{"a": 1}')
+    fmt = {"type": "json_schema", "name": "o", "schema": {"type": "object"}, "strict": True}
+    async with make_client(scripted) as client:  # type: ignore[arg-type]
+        response = await client.post("/v1/responses", json=request(text={"format": fmt}))
+        assert response.json()["output"][0]["content"][0]["text"] == '{"a": 1}'
+        forced = await client.post("/v1/responses", json=request(tools=[TOOL], tool_choice="required"))
+        assert forced.status_code == 200
+    plain_grammar, forced_grammar = (r.grammar for r in scripted.requests)
+    assert plain_grammar is not None and '"type": "object"' in plain_grammar.source.replace('":"', '": "')
+    assert forced_grammar is not None and "get_weather" in forced_grammar.source
+
+
+async def test_fields_that_would_change_the_answer_are_refused_by_name() -> None:
+    async with make_client(engine()) as client:
+        response = await client.post("/v1/responses", json=request(modalities=["audio"]))
+        refused(response, "unsupported_parameter", "modalities")
+        harmless = request(service_tier="auto", prompt_cache_key="k", safety_identifier="s", stream_options={})
+        assert (await client.post("/v1/responses", json=harmless)).status_code == 200

@@ -55,7 +55,7 @@ def test_max_model_len_caps_the_context_window_and_never_exceeds_the_model() -> 
 
 
 class ChatCodec(CharCodec):
-    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+    def render_chat(self, messages: list[dict[str, Any]], *args: Any) -> str:
         return "".join(message["content"] for message in messages)
 
 
