@@ -9,6 +9,7 @@ cancelled from replica B, and CORS preflights are answered for the allowed origi
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,8 +44,10 @@ def replicas(module_swarm: LocalSwarm, smollm2_gguf: Path, redis_server: RedisSe
         for node in nodes:
             module_swarm.wait_serving(node)
         shared = ["--redis-url", redis_server.url, "--conversation-keep-alive", "30", "--default-max-tokens", "64"]
-        a = start_gateway(module_swarm, smollm2_gguf, *shared, "--replica-id", "A", "--allowed-origins", ORIGIN)
-        b = start_gateway(module_swarm, smollm2_gguf, *shared, "--replica-id", "B")
+        a = start_gateway(
+            module_swarm, smollm2_gguf, *shared, "--replica-id", "A", "--allowed-origins", ORIGIN, timeout=600
+        )
+        b = start_gateway(module_swarm, smollm2_gguf, *shared, "--replica-id", "B", timeout=600)
         yield [a, b]
     finally:
         stop_gracefully(module_swarm)
@@ -183,3 +186,69 @@ def test_cors_preflight_is_answered_for_the_allowed_origin_only(replicas: list[G
     assert "access-control-allow-origin" not in other.headers
     with b.http() as http:  # no --allowed-origins: no CORS headers at all
         assert "access-control-allow-origin" not in http.options("/v1/responses", headers=preflight).headers
+
+
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+    "strict": True,
+}
+
+
+def test_a_forced_tool_call_is_a_function_call_whose_streamed_arguments_add_up(replicas: list[Gateway]) -> None:
+    a, _ = replicas
+    client = a.openai()
+    kwargs: dict[str, Any] = {
+        "model": a.model,
+        "input": "What is the weather in Paris?",
+        "tools": [WEATHER],
+        "tool_choice": "required",
+        "temperature": 0,
+        "max_output_tokens": 64,
+    }
+    whole = client.responses.create(**kwargs)
+    calls = [item for item in whole.output if item.type == "function_call"]
+    assert calls and calls[0].name == "get_weather"
+    assert isinstance(json.loads(calls[0].arguments)["city"], str)  # the grammar guarantees the schema
+    events = list(client.responses.create(**kwargs, stream=True))
+    deltas = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    assert deltas == calls[0].arguments
+    # The tool's result continues the conversation (stored) and the model answers in text.
+    result = {"type": "function_call_output", "call_id": calls[0].call_id, "output": "Sunny, 24 C"}
+    answer = client.responses.create(
+        model=a.model,
+        input=[result],  # type: ignore[list-item]
+        previous_response_id=whole.id,
+        tools=[WEATHER],  # type: ignore[list-item]
+        tool_choice="none",
+        temperature=0,
+        max_output_tokens=32,
+    )
+    assert answer.output[0].type == "message" and answer.output_text
+
+
+def test_text_format_json_schema_gives_output_that_validates(replicas: list[Gateway]) -> None:
+    a, _ = replicas
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 24}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    }
+    for temperature in (0, 1):
+        response = a.openai().responses.create(
+            model=a.model,
+            input="Invent a person.",
+            text={"format": {"type": "json_schema", "name": "person", "schema": schema, "strict": True}},
+            temperature=temperature,
+            max_output_tokens=120,
+        )
+        value = json.loads(response.output_text)
+        assert set(value) == {"name", "age"} and isinstance(value["age"], int) and isinstance(value["name"], str)
