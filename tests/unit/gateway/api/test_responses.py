@@ -19,6 +19,7 @@ from gateway.api.responses_translate import chat_fields, chat_request
 from gateway.api.serving_common import ServingConfig
 from gateway.app import create_app
 from gateway.generation import EngineEvent, GeneratedToken, GenerationRequest
+from shared.errors import NodeUnreachable
 from tests.helpers.scripted_engine import CharCodec, ScriptedEngine, sse_data
 
 
@@ -423,3 +424,18 @@ async def test_fields_that_would_change_the_answer_are_refused_by_name() -> None
         refused(response, "unsupported_parameter", "modalities")
         harmless = request(service_tier="auto", prompt_cache_key="k", safety_identifier="s", stream_options={})
         assert (await client.post("/v1/responses", json=harmless)).status_code == 200
+
+
+async def test_a_stream_that_fails_ends_with_error_and_response_failed_and_is_stored_failed() -> None:
+    failing = engine(failure=NodeUnreachable("every node left"), fail_at=3)
+    async with make_client(failing) as client:
+        streamed = await client.post("/v1/responses", json=request(stream=True))
+        data = sse_data(streamed)
+        assert data[-1] == "[DONE]"
+        events = [json.loads(item) for item in data[:-1]]
+        kinds = [event.get("type") for event in events]
+        assert kinds[-3:] == ["error", "response.failed", None]  # then the envelope the openai client raises
+        assert events[-3]["code"] == "swarm_unavailable" and events[-1]["error"]["code"] == "swarm_unavailable"
+        failed = events[-2]["response"]
+        assert failed["status"] == "failed" and failed["error"]["code"] == "swarm_unavailable"
+        assert (await client.get(f"/v1/responses/{failed['id']}")).json()["status"] == "failed"
