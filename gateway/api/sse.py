@@ -15,5 +15,18 @@ DONE = "[DONE]"
 PING_SECONDS = 15  # comment lines that keep idle proxies from closing a slow stream
 
 
-def event_stream(events: AsyncIterator[ServerSentEvent], session_id: str) -> EventSourceResponse:
-    return EventSourceResponse(events, headers={"X-Session-Id": session_id}, ping=PING_SECONDS, sep="\n")
+class _Ping(ServerSentEvent):
+    """A keep-alive comment line without the blank line that would end an event. After an event with an ``id``,
+    the openai client's decoder (which keeps the last id, as the spec says) turns ``: ping`` + blank line into an
+    event with empty data and fails to parse it; the next event's own blank line ends this one instead."""
+
+    def encode(self) -> bytes:
+        return b": ping\n"
+
+
+def event_stream(
+    events: AsyncIterator[ServerSentEvent], session_id: str, ping_seconds: float = PING_SECONDS
+) -> EventSourceResponse:
+    return EventSourceResponse(
+        events, headers={"X-Session-Id": session_id}, ping=ping_seconds, sep="\n", ping_message_factory=_Ping
+    )
