@@ -188,6 +188,8 @@ class GenerationEngine:
             for count in range(1, request.max_new_tokens + 1):
                 pick = functools.partial(self._pick, sampler=sampler, num_logprobs=request.logprobs)
                 token, hidden = await self.heads.score(output[:, -1:], pick, sampler)
+                if constraint is not None:
+                    constraint.prefetch()  # the next mask computes while the nodes run this token
                 yield token
                 if count == request.max_new_tokens or (token.eos and not request.ignore_eos):
                     break  # the last token is never fed: nothing would read its output

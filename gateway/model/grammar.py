@@ -15,9 +15,10 @@ walking each grammar (``bench/bench_grammar.py`` reruns the llguidance figures):
 llguidance has the coverage, a mask far under a millisecond, no dependencies (xgrammar declares triton and a torch
 of its own), and it never raises on a bad token: the matcher enters an error state we turn into "end here".
 
-The mask for the next token is computed in a worker thread right after a token is sampled, so it overlaps the
-nodes' forward of that token; ``apply`` only waits for it (usually already done) and writes -inf over the rest.
-That llguidance drops the GIL while it computes a mask is what lets the overlap run on the CPU.
+The mask for the next token is computed in a worker thread started once a token is sampled (``prefetch``, from the
+engine's loop, not inside the sampling thread: a thread woken there fights it for the GIL, which measured
+milliseconds on this busy 2-core box), so it overlaps the nodes' forward of that token; ``apply`` only takes it
+(usually done) and writes -inf over the rest.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING
 
 import llguidance
 import llguidance.hf
+import numpy
 import torch
 from transformers import PreTrainedTokenizerBase, TokenizersBackend
 
@@ -41,45 +43,46 @@ from gateway.generation import Grammar, InvalidGrammar
 # Masks are a few hundred microseconds each: a couple of threads serve every constrained sequence of the gateway.
 _MASK_THREADS = 2
 
-_BIT_SHIFTS = torch.arange(32, dtype=torch.int32)
-
 # Compact JSON (no free whitespace): a model that likes newlines cannot fill the budget with them.
 _JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False}
 
 
 class Constraint:
-    """One sequence's grammar state: which tokens may come next, computed one token ahead."""
+    """One sequence's grammar state: which tokens may come next.
+
+    ``prefetch`` starts the next mask in a worker thread (the engine calls it once a token is sampled, while the
+    nodes run that token); ``apply`` takes it, or computes it on the spot when nothing was prefetched.
+    """
 
     def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, pool: concurrent.futures.Executor) -> None:
         self._matcher = matcher
         self._pool = pool
         self._vocab_size = vocab_size
-        self._next: concurrent.futures.Future[torch.Tensor] = pool.submit(self._compute)
+        self._next: concurrent.futures.Future[torch.Tensor] | None = None
+        self.prefetch()  # the first mask computes while the prompt is prefilled
 
-    @property
-    def finished(self) -> bool:
-        """The grammar is complete (or broken): nothing but an end-of-sequence token may follow."""
-        return bool(self._matcher.is_stopped())
-
-    @property
-    def accepting(self) -> bool:
-        return bool(self._matcher.is_accepting())
+    def prefetch(self) -> None:
+        if self._next is None:
+            self._next = self._pool.submit(self._compute)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         """logits: [V] -> a copy with every token the grammar forbids next at -inf."""
-        return logits.masked_fill(~self._next.result(), float("-inf"))
+        allowed = self._compute() if self._next is None else self._next.result()
+        return logits.masked_fill(~allowed, float("-inf"))
 
     def advance(self, token: int) -> None:
-        """``token`` was sampled: move the matcher on and start computing the next mask."""
+        """``token`` was sampled: the matcher takes it (tens of microseconds); the next mask is not started here,
+        since a worker thread woken inside the sampling path contends for the GIL with the rest of that path."""
         self._matcher.consume_token(token)
-        self._next = self._pool.submit(self._compute)
+        self._next = None
 
     def _compute(self) -> torch.Tensor:
-        """-> allowed [V] bool. (llguidance.torch is not used: importing it pulls in torch.compile's inductor.)"""
-        words = torch.zeros((self._vocab_size + 31) // 32, dtype=torch.int32)  # [W]: bit j of word i is token 32i+j
-        self._matcher.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * words.element_size())
-        bits = (words.unsqueeze(-1) >> _BIT_SHIFTS) & 1  # [W, 32]
-        return bits.flatten()[: self._vocab_size].bool()
+        """-> allowed [V] bool."""
+        words = numpy.zeros((self._vocab_size + 31) // 32, dtype=numpy.int32)  # [W]: bit j of word i: token 32i+j
+        self._matcher.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
+        # numpy, not torch: a few microseconds, and no torch intra-op thread pool woken from a second thread
+        bits = numpy.unpackbits(words.view(numpy.uint8), bitorder="little")[: self._vocab_size]  # [V] 0/1
+        return torch.from_numpy(bits.astype(numpy.bool_))
 
 
 class GrammarCompiler:

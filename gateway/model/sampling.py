@@ -111,7 +111,7 @@ class Sampler:
             logits = self.constraint.apply(logits)
         token = sample(logits, self.params, self.generator)
         if self.constraint is not None:
-            self.constraint.advance(token)  # the next mask computes while the nodes run this token
+            self.constraint.advance(token)
         self.output_counts[token] += 1
         self.seen[token] = True
         return token
