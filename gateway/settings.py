@@ -15,7 +15,18 @@ class EngineSettings(P2PSettings):
 
     model: str = positional("a local Hugging Face folder, a .gguf file, or a hub repo id (the nodes' MODEL)")
     revision: str | None = Field(None, description="hub revision when MODEL is a repo id")
-    step_timeout: float = Field(30.0, gt=0, description="seconds one remote step may take before it fails")
+    step_timeout: float = Field(
+        30.0,
+        gt=0,
+        description="seconds one remote step may take on a node that still answers pings (a dead or frozen node is"
+        " noticed within seconds by pinging it while a reply is overdue)",
+    )
+    failover_wait: float = Field(
+        120.0,
+        ge=0,
+        description="seconds a session that lost a node waits for another to serve its blocks (one joining, one"
+        " coming back) or for room on a full one, before it fails with missing_blocks",
+    )
     swarm_refresh: float = Field(2.0, gt=0, description="seconds a DHT view of the swarm stays fresh")
     num_threads: int | None = Field(None, gt=0, description="torch CPU threads; default: torch's own choice")
     allowed_peers: list[str] = Field(

@@ -20,6 +20,7 @@ from hivemind.utils import get_dht_time
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shared.membership import owner_subkey, peer_of_subkey
+from shared.reachability import Reachability
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +55,10 @@ class ServerRecord(BaseModel):
     cache_tokens_left: int = Field(0, ge=0)
     queue_depth: int = Field(0, ge=0)  # steps waiting for the compute thread when announced
     next_rtts: dict[str, float] = Field(default_factory=dict)  # seconds to the nodes that serve our `end` block
+    # How peers reach the node (shared.reachability): directly, through a relay (dial relay_addrs first), or not at
+    # all (it announces itself so operators see it, but nobody routes to it).
+    reachability: Reachability = Reachability.DIRECT
+    relay_addrs: list[str] = Field(default_factory=list, max_length=8)
     version: str
     protocol: int
 
@@ -105,20 +110,34 @@ async def fetch_model_record(dht: DHT, model: str) -> ModelRecord | None:
 
 async def fetch_servers(dht: DHT, model: str, num_blocks: int) -> dict[str, ServerRecord]:
     """Every valid, unexpired server record for the model, by peer id."""
+    return (await fetch_announcements(dht, model, num_blocks))[0]
+
+
+async def fetch_announcements(
+    dht: DHT, model: str, num_blocks: int
+) -> tuple[dict[str, ServerRecord], dict[str, float]]:
+    """``fetch_servers``, and each record's expiration time (DHT time): it grows with every announcement, so a
+    reader can tell a node that announced again from the record it saw before."""
     keys = [block_key(model, i) for i in range(num_blocks)]
     found = await dht.run_coroutine(partial(_get_many, keys=keys), return_future=True)
-    return parse_server_entries(found)
+    servers = parse_server_entries([{peer: value for peer, (value, _) in entry.items()} for entry in found])
+    stamps: dict[str, float] = {}
+    for entry in found:
+        for peer, (_, expiration) in entry.items():
+            if peer in servers:
+                stamps[peer] = max(stamps.get(peer, expiration), expiration)
+    return servers, stamps
 
 
-async def _get_many(dht: DHT, node: DHTNode, *, keys: list[str]) -> list[dict[str, Any]]:
+async def _get_many(dht: DHT, node: DHTNode, *, keys: list[str]) -> list[dict[str, tuple[Any, float]]]:
     results = await node.get_many(keys, sufficient_expiration_time=float("inf"))
     entries = []
     for key in keys:
         found = results.get(key)
         values = found.value if found is not None and isinstance(found.value, dict) else {}
-        latest: dict[str, Any] = {}  # a restarted peer may have left a record under its previous owner key
+        latest: dict[str, tuple[Any, float]] = {}  # a restarted peer may have left a record under its old owner key
         for subkey, item in sorted(values.items(), key=lambda pair: pair[1].expiration_time):
-            latest[peer_of_subkey(subkey)] = item.value
+            latest[peer_of_subkey(subkey)] = (item.value, float(item.expiration_time))
         entries.append(latest)
     return entries
 

@@ -15,8 +15,9 @@ the client rebuilds the same exception type from it (``error_from_code``), and o
     │   ├── NodeDraining            retryable: the node accepts no new sessions
     │   └── NodeInternalError       retryable: anything unexpected on the node
     ├── MissingBlocks               no live node covers some blocks
-    ├── NodeUnreachable             the connection to a node failed or closed mid-session
-    ├── StepTimeout                 a remote step took longer than allowed
+    ├── NodeUnreachable             the connection to a node failed or closed, or it answers no ping (dead, frozen)
+    ├── MalformedReply              a node answered something that is no valid reply (wrong shape, NaN, garbage)
+    ├── StepTimeout                 a remote step took longer than allowed while the node still answered pings
     └── ModelLoadError              a model could not be resolved or loaded
 """
 
@@ -90,6 +91,11 @@ class MissingBlocks(SwarmError):
 
 class NodeUnreachable(SwarmError):
     code = "node_unreachable"
+    retryable = True
+
+
+class MalformedReply(SwarmError):
+    code = "malformed_reply"
     retryable = True
 
 

@@ -5,7 +5,8 @@
 A piece carries only text that can no longer change: characters that might begin a stop string are held back until
 the next token settles it, and when a stop string completes, the text is cut where it begins. Each token keeps the
 offset where its text starts, so logprobs travel in the same piece as their text. End-of-sequence tokens count as
-generated but add no text and no logprob entry (OpenAI returns neither).
+generated but add no text and no logprob entry (OpenAI returns neither) — unless the request said ``ignore_eos``:
+then an end token is an ordinary token (its text, usually empty, and its logprob), at any position, the first too.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class Piece:
 class TextAssembler:
     detokenizer: IncrementalDetokenizer
     stops: StopMatcher
+    ignore_eos: bool = False  # end tokens are ordinary tokens: only stop strings and the length end the choice
     text: str = ""  # generated text so far (cut at a stop string once one is found)
     generated: int = 0  # tokens the engine produced, EOS included (the usage count)
     logprob_sum: float = 0.0  # of the emitted tokens, for best_of ranking
@@ -55,7 +57,7 @@ class TextAssembler:
 
     def add(self, token: GeneratedToken) -> Piece:
         self.generated += 1
-        if token.eos:
+        if token.eos and not self.ignore_eos:
             self.finish_reason = "stop"
             return Piece("")
         start = len(self.text)

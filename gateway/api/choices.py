@@ -42,7 +42,7 @@ class ChoiceEvent:
 
 async def run_choice(engine: Engine, spec: ChoiceSpec) -> AsyncIterator[ChoiceEvent]:
     detokenizer = IncrementalDetokenizer(engine.codec, spec.request.prompt_ids)
-    assembler = TextAssembler(detokenizer, StopMatcher(spec.stops))
+    assembler = TextAssembler(detokenizer, StopMatcher(spec.stops), spec.request.ignore_eos)
     timer = current_timer()
     cached, after_eos = 0, False
     async with contextlib.aclosing(engine.stream(spec.request)) as events:
@@ -62,7 +62,7 @@ async def run_choice(engine: Engine, spec: ChoiceSpec) -> AsyncIterator[ChoiceEv
                 yield ChoiceEvent(spec.index, piece)
             if assembler.stopped:
                 # After an EOS the engine ends by itself, and a natural end keeps a chat's node caches for its next
-                # turn; anything else (a stop string) ends it here.
+                # turn; anything else (a stop string) ends it here. With ignore_eos only a stop string gets here.
                 if not event.eos or spec.request.ignore_eos:
                     break  # leaving the ``aclosing`` block ends the generation and its node sessions now
                 after_eos = True

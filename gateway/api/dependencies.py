@@ -10,13 +10,15 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
 from gateway.api.auth import CallerDep
+from gateway.api.errors import ClientDisconnected
 from gateway.api.live_sessions import SessionTracker
 from gateway.api.serving_chat import ChatServing
-from gateway.api.serving_common import Disconnected, RequestContext, Stream
+from gateway.api.serving_common import RequestContext, Stream
 from gateway.api.serving_completions import CompletionServing
 from gateway.api.serving_models import ModelServing
 from gateway.api.serving_responses import ResponsesServing
 from gateway.api.sse import event_stream
+from gateway.api.stop_signals import Signal, when
 
 
 @dataclass(frozen=True)
@@ -67,20 +69,21 @@ SessionsDep = Annotated[SessionTracker, Depends(_sessions)]
 
 
 def _context(request: Request, caller: CallerDep) -> RequestContext:
-    return RequestContext(caller, disconnect_waiter(request))
+    return RequestContext(caller, client_left(request))
 
 
 ContextDep = Annotated[RequestContext, Depends(_context)]
 
 
-def disconnect_waiter(request: Request) -> Disconnected:
-    """Returns when the client disconnects (the body is already read, so the next ASGI message says so)."""
+def client_left(request: Request) -> Signal:
+    """A stop signal that fires when the client disconnects (the body is already read, so the next ASGI message
+    says so)."""
 
-    async def wait() -> None:
+    async def disconnect() -> None:
         while (await request.receive())["type"] != "http.disconnect":
             pass
 
-    return wait
+    return when(disconnect, lambda: ClientDisconnected("the client closed the connection", "client_disconnected"))
 
 
 def respond(result: BaseModel | Stream) -> Response:

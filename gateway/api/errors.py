@@ -8,7 +8,8 @@
     ├── MethodNotAllowed        405     invalid_request_error   method_not_allowed
     ├── SessionCancelled        409     invalid_request_error   session_cancelled (DELETE /v1/sessions/{id})
     ├── RateLimited             429     requests | tokens       rate_limit_exceeded (with Retry-After)
-    ├── ServiceUnavailable      503     service_unavailable     missing_blocks, swarm_unavailable
+    ├── ServiceUnavailable      503     service_unavailable     missing_blocks, swarm_unavailable, draining,
+    │                                                           session_lost (an SSE error event: its replica is gone)
     ├── InternalError           500     server_error            internal_error
     └── ClientDisconnected      499     client_closed_request   client_disconnected (logged, never received)
 
@@ -133,8 +134,10 @@ def as_api_error(exc: BaseException) -> APIError:
     if isinstance(exc, MissingBlocks):
         return ServiceUnavailable(f"The swarm cannot serve this model now: {exc}", "missing_blocks")
     if isinstance(exc, SwarmError) and not isinstance(exc, ModelLoadError):
-        # Typed swarm failures (lost nodes, full caches, refusals) are the swarm's state, not a gateway bug.
-        return ServiceUnavailable(f"The swarm failed to serve the request, try again: {exc}", "swarm_unavailable")
+        # Typed swarm failures (lost nodes, full caches, refusals) are the swarm's state, not a gateway bug. Their
+        # text names peers and libp2p's errors: that goes to the log, the client gets the kind of failure.
+        logger.warning("swarm failure answered 503: %s", exc)
+        return ServiceUnavailable(f"The swarm failed to serve the request ({exc.code}), try again", "swarm_unavailable")
     logger.error("unexpected error while serving a request", exc_info=exc)
     return InternalError()
 

@@ -1,11 +1,18 @@
 """Every generation as a session: its record and SSE events in the store, its quota, its cancellation.
 
 A streamed generation runs in a task of its own (the *producer*) that appends each SSE payload to the session's
-event log; HTTP responses only *read* that log — the first response from event 1, a resuming client
-(``GET /v1/sessions/{id}/events`` with ``Last-Event-ID``, on any replica) from where it left off. So a client that
-drops loses nothing: the producer goes on while someone reads, or for ``resume_grace`` seconds after the last
-reader left, and then stops (freeing the node caches) if nobody came back. Readers on other replicas say they are
-there through a short-lived Redis key.
+event log — in this replica's memory at once, and teed to Redis in the background (no Redis round trip sits between
+a token and its client). HTTP responses *read* that log: the first response from event 1 straight from memory, a
+resuming client (``GET /v1/sessions/{id}/events`` with ``Last-Event-ID``, on any replica) from where it left off.
+So a client that drops loses nothing: the producer goes on while someone reads, or for ``resume_grace`` seconds
+after the last reader left, and then stops (freeing the node caches) if nobody came back. Readers on other replicas
+say they are there through a short-lived Redis key.
+
+Every stream ends with ``[DONE]``: after its last chunk, or after an error event. A running session's record is
+refreshed every ``HEARTBEAT_SECONDS`` by the replica that runs it, whether or not tokens flow (a node may be stalled,
+or failover may be waiting for a replacement); a reader on another replica gives that replica up only when the
+heartbeat has been missing for ``STALE_AFTER`` seconds, and then ends with a ``session_lost`` error event. While a
+stream has nothing to send, its reader sends ``: keep-alive`` comment lines so clients and proxies don't time out.
 
 A cancel (``DELETE /v1/sessions/{id}`` on any replica, relayed by the store's pub/sub) stops the producer, or, for a
 non-streamed request, the wait for its answer: the chain closes and the nodes free their caches.
@@ -18,9 +25,8 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
-from typing import TypeVar
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
+from typing import NoReturn, TypeVar
 
 from sse_starlette import ServerSentEvent
 
@@ -35,34 +41,38 @@ from gateway.api.errors import (
 )
 from gateway.api.request_log import RequestRecord
 from gateway.api.sse import DONE
+from gateway.api.stop_signals import race
 from gateway.sessions.quotas import QuotaExceeded, QuotaLimiter, Ticket
 from gateway.sessions.redis_link import RedisDown
-from gateway.sessions.store import SessionRecord, SessionStatus, SessionStore
+from gateway.sessions.store import STALE_AFTER, SessionRecord, SessionStatus, SessionStore
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-HEARTBEAT_SECONDS = 2.0  # a running session's record is refreshed this often (tokens so far, liveness)
+# A running session's record is refreshed this often by its replica; readers elsewhere wait STALE_AFTER (many
+# missed beats) before they call the replica gone.
+HEARTBEAT_SECONDS = 3.0
+KEEPALIVE_SECONDS = 10.0  # an idle stream sends a comment line this often (proxies close idle ones at 30-60 s)
 READER_KEY_SECONDS = 3  # a remote reader's presence key lives this long unless refreshed
 WATCH_PERIOD = 0.5  # seconds between checks whether anyone still reads an abandoned stream
 RETRY_MS = 1000  # EventSource clients reconnect after this long instead of their default (~3 s)
 CANCEL_WAIT = 5.0  # DELETE waits this long for the owning replica to confirm the cancel
-
-Disconnected = Callable[[], Awaitable[None]]
+# A bare comment line, no blank line after it: the openai client dispatches an empty event at a blank line once an
+# event id was seen, and fails to parse it (a comment alone between two events is ignored by every SSE parser).
+KEEPALIVE_LINE = b": keep-alive\n"
 
 
 def _reader_key(session_id: str) -> str:
     return f"sg:reader:{session_id}"
 
 
-class _Stopped(Exception):
-    """The producer was told to stop (cancelled, or abandoned by every reader)."""
-
-
-@dataclass
-class _Outcome:
-    status: SessionStatus = SessionStatus.FINISHED
+def session_lost(session_id: str) -> ServiceUnavailable:
+    return ServiceUnavailable(
+        f"The gateway replica running session {session_id} stopped answering (no heartbeat for {STALE_AFTER:.0f}s);"
+        " its output ends here.",
+        "session_lost",
+    )
 
 
 class LiveSession:
@@ -74,28 +84,16 @@ class LiveSession:
         self.id = record.id
         self._ticket = ticket
         self._stop = asyncio.Event()
-        self._stop_reason: SessionStatus = SessionStatus.CANCELLED
         self.readers = 0
         self._finished = False
 
     def stop(self) -> None:
         self._stop.set()
 
-    def stop_waiter(self, disconnected: Disconnected) -> Disconnected:
-        """Returns (the client left) or raises ``SessionCancelled`` — whichever happens first."""
-
-        async def wait() -> None:
-            left = asyncio.ensure_future(disconnected())
-            stopped = asyncio.ensure_future(self._stop.wait())
-            try:
-                await asyncio.wait({left, stopped}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                left.cancel()
-                stopped.cancel()
-            if self._stop.is_set():
-                raise SessionCancelled(self.id)
-
-        return wait
+    async def cancelled(self) -> NoReturn:
+        """A stop signal: fires with ``SessionCancelled`` once the session is told to stop."""
+        await self._stop.wait()
+        raise SessionCancelled(self.id)
 
     async def finish_after(self, work: Awaitable[T], on_success: bool = True) -> T:
         """``work``'s result; the session ends with it (or only if it fails, with ``on_success`` False)."""
@@ -111,7 +109,7 @@ class LiveSession:
             await asyncio.shield(self._finish(SessionStatus.FINISHED))
         return result
 
-    def stream(self, chunks: AsyncIterator[str]) -> AsyncIterator[ServerSentEvent]:
+    def stream(self, chunks: AsyncGenerator[str, None]) -> AsyncIterator[ServerSentEvent | bytes]:
         """Start producing ``chunks`` into the event log; the returned iterator reads it from the first event."""
         producer = asyncio.create_task(self._produce(chunks))
         watcher = asyncio.create_task(self._watch_readers(producer))
@@ -120,45 +118,27 @@ class LiveSession:
         watcher.add_done_callback(self.tracker.tasks.discard)
         return self.tracker.read(self.id, 0)
 
-    async def _produce(self, chunks: AsyncIterator[str]) -> None:
-        outcome = _Outcome()
+    async def _produce(self, chunks: AsyncGenerator[str, None]) -> None:
+        """Every chunk into the log, then ``[DONE]``; a cancel or a failure is a final error event before it."""
+        status = SessionStatus.FINISHED
         try:
-            heartbeat = time.monotonic()
-            while True:
-                try:
-                    chunk = await self._next(chunks)
-                except StopAsyncIteration:
-                    break
-                await self.tracker.store.append_event(self.id, chunk)
-                if time.monotonic() - heartbeat > HEARTBEAT_SECONDS:
-                    heartbeat = time.monotonic()
-                    await self.tracker.store.update(self.id, completion_tokens=self.record.completion_tokens)
-        except _Stopped:
-            outcome.status = self._stop_reason
-            await self.tracker.store.append_event(self.id, json.dumps(SessionCancelled(self.id).body()))
+            await race(self._pump(chunks), self.cancelled)
+        except SessionCancelled as exc:
+            status = SessionStatus.CANCELLED
+            await self.tracker.store.append_event(self.id, json.dumps(exc.body()))
         except Exception as exc:
-            outcome.status = SessionStatus.FAILED
+            status = SessionStatus.FAILED
             await self.tracker.store.append_event(self.id, json.dumps(as_api_error(exc).body()))
         finally:
             with contextlib.suppress(Exception):
                 await self.tracker.store.append_event(self.id, DONE)
-            await asyncio.shield(self._finish(outcome.status))
+            await asyncio.shield(self._finish(status))
 
-    async def _next(self, chunks: AsyncIterator[str]) -> str:
-        """The next chunk, unless the session is stopped first (then the generation is cancelled where it is)."""
-        step = asyncio.ensure_future(_anext(chunks))
-        stopped = asyncio.ensure_future(self._stop.wait())
-        try:
-            await asyncio.wait({step, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopped.cancel()
-        if step.done():
-            return step.result()
-        step.cancel()  # the serving generator's own cleanup closes the chain and frees the node caches
-        await asyncio.gather(step, return_exceptions=True)
-        with contextlib.suppress(Exception):
-            await chunks.aclose()  # type: ignore[attr-defined]
-        raise _Stopped
+    async def _pump(self, chunks: AsyncGenerator[str, None]) -> None:
+        # Cancelled by a stop signal: the serving generator's own cleanup closes the chain and frees the node caches.
+        async with contextlib.aclosing(chunks):
+            async for chunk in chunks:
+                await self.tracker.store.append_event(self.id, chunk)
 
     async def _watch_readers(self, producer: asyncio.Task[None]) -> None:
         """Stop the producer once nobody has read the stream for ``resume_grace`` seconds."""
@@ -169,7 +149,6 @@ class LiveSession:
                 last_seen = time.monotonic()
             elif time.monotonic() - last_seen >= self.tracker.resume_grace:
                 logger.info("stream abandoned: no reader for %.1fs, stopping it", self.tracker.resume_grace)
-                self._stop_reason = SessionStatus.CANCELLED
                 self.stop()
                 return
 
@@ -203,16 +182,19 @@ class SessionTracker:
         model: str,
         resume_grace: float,
         max_running: int = 0,
+        keepalive: float = KEEPALIVE_SECONDS,
     ) -> None:
         self.store = store
         self.quotas = quotas
         self.model = model
         self.resume_grace = resume_grace
         self.max_running = max_running  # generations at once on this replica (0: no cap)
+        self.keepalive = keepalive  # seconds between comment lines on a stream that has nothing to send
         self.live: dict[str, LiveSession] = {}
         self.draining = False  # set on shutdown: no new generations, running ones finish
         self._ended = asyncio.Event()  # set whenever a session ends (drain re-checks what is left)
         self.tasks: set[asyncio.Task[None]] = set()
+        self._heartbeat: asyncio.Task[None] | None = None
         store.on_cancel(self._cancelled)
 
     async def open(self, record: RequestRecord, caller: Caller, reserve_tokens: int) -> LiveSession:
@@ -245,6 +227,7 @@ class SessionTracker:
         except BaseException:
             await live._finish(SessionStatus.FAILED)
             raise
+        self._beat()
         return live
 
     def _cancelled(self, session_id: str) -> None:
@@ -253,10 +236,30 @@ class SessionTracker:
             logger.info("session %s cancelled: stopping it", session_id)
             live.stop()
 
+    # -- liveness ----------------------------------------------------------------------------------------------------
+
+    def _beat(self) -> None:
+        """Make sure the heartbeat runs (it stops by itself once no session is left)."""
+        if self._heartbeat is None or self._heartbeat.done():
+            self._heartbeat = asyncio.create_task(self._heartbeats())
+
+    async def _heartbeats(self) -> None:
+        """Refresh every running session's record: its liveness is this, not the chunks it happens to produce."""
+        while self.live:
+            await asyncio.sleep(HEARTBEAT_SECONDS)
+            for live in list(self.live.values()):
+                try:
+                    await self.store.touch(live.id, completion_tokens=live.record.completion_tokens)
+                except Exception:
+                    logger.exception("heartbeat of session %s failed", live.id)
+
     # -- reading -----------------------------------------------------------------------------------------------------
 
-    async def read(self, session_id: str, after: int) -> AsyncIterator[ServerSentEvent]:
-        """The session's events after ``after`` as SSE, then its live tail until it ends (ids are event numbers)."""
+    async def read(self, session_id: str, after: int) -> AsyncIterator[ServerSentEvent | bytes]:
+        """The session's events after ``after`` as SSE, then its live tail until it ends (ids are event numbers).
+
+        Always ends with ``[DONE]``: a session whose replica stopped its heartbeat gets a ``session_lost`` error
+        event first. Comment lines keep an idle stream open."""
         live = self.live.get(session_id)
         gone = asyncio.Event()
         if live is not None:
@@ -266,16 +269,32 @@ class SessionTracker:
             self.tasks.add(presence)
             presence.add_done_callback(self.tasks.discard)
         try:
-            first = True
-            async for number, data in self.store.events_after(session_id, after):
+            first, done = True, False
+            async for item in self.store.events_after(session_id, after, idle=self.keepalive):
+                if item is None:
+                    yield KEEPALIVE_LINE
+                    continue
+                number, data = item
                 yield ServerSentEvent(data=data, id=str(number), retry=RETRY_MS if first else None)
-                first = False
+                first, done = False, done or data == DONE
+            if not done:
+                async for event in self._ending(session_id):
+                    yield event
         finally:
             if live is not None:
                 live.readers -= 1
             # The announcer stops by itself: a cancel() did not reliably reach it from here (the response's
             # generator is finalized inside sse-starlette's task group), and awaiting it could hang the response.
             gone.set()
+
+    async def _ending(self, session_id: str) -> AsyncIterator[ServerSentEvent]:
+        """The end of a log without ``[DONE]``: a session that ended (a non-streamed one has no events) just ends;
+        one whose replica is gone gets an error event first."""
+        record = await self.store.get(session_id)
+        if record is None or not record.ended:
+            logger.warning("session %s: its replica stopped its heartbeat; ending the stream with an error", session_id)
+            yield ServerSentEvent(data=json.dumps(session_lost(session_id).body()))
+        yield ServerSentEvent(data=DONE)
 
     async def _announce_reader(self, session_id: str, gone: asyncio.Event) -> None:
         """Tell the owning replica (through Redis) that someone here still reads its stream, until ``gone``."""
@@ -324,16 +343,18 @@ class SessionTracker:
 
     async def session_ended(self) -> None:
         self._ended.set()
+        if not self.live and self._heartbeat is not None:
+            self._heartbeat.cancel()  # nothing left to keep alive; the next session starts another
+            self._heartbeat = None
 
     async def close(self) -> None:
         for live in list(self.live.values()):
             live.stop()
         if self.tasks:
             await asyncio.wait(set(self.tasks), timeout=10)
-
-
-async def _anext(chunks: AsyncIterator[str]) -> str:
-    return await anext(chunks)
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            await asyncio.gather(self._heartbeat, return_exceptions=True)
 
 
 def _limited(caller: Caller) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -186,7 +186,7 @@ class ChatServing(ServingBase):
 
     async def _chunks(
         self, body: ChatCompletionRequest, plan: ChatPlan, record: RequestRecord, events: AsyncIterator[ChoiceEvent]
-    ) -> AsyncIterator[str]:
+    ) -> AsyncGenerator[str, None]:
         parsers: dict[int, ChatOutputParser] = {}
         called: set[int] = set()  # choices that sent a tool call
         async with record.tracking(), contextlib.aclosing(events):  # type: ignore[type-var]

@@ -1,14 +1,14 @@
 """What both generation endpoints share: model and parameter checks, prompt limits, and running the choices.
 
 Serving classes depend on ``gateway.generation.Engine`` only; they return either a response model or a
-``Stream`` of SSE data strings, and never touch HTTP objects (the router hands them a ``Disconnected`` waiter).
+``Stream`` of SSE data strings, and never touch HTTP objects (the router hands them a ``client_left`` stop signal).
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -17,16 +17,14 @@ from sse_starlette import ServerSentEvent
 from gateway.api.assembler import EmittedToken, FinishReason, Piece
 from gateway.api.auth import Caller
 from gateway.api.choices import ChoiceEvent, ChoiceSpec, merge, prime, run_choice
-from gateway.api.errors import ClientDisconnected, InvalidRequest, model_not_found
+from gateway.api.errors import InvalidRequest, model_not_found
 from gateway.api.live_sessions import LiveSession, SessionTracker
 from gateway.api.protocol import SamplingFields
 from gateway.api.request_log import RequestRecord, failure
+from gateway.api.stop_signals import Signal, race
 from gateway.generation import Engine, PromptScores, SamplingParams
 
 T = TypeVar("T")
-
-# Returns when the client has gone away (the router builds it from the ASGI receive channel).
-Disconnected = Callable[[], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -47,7 +45,7 @@ class RequestContext:
     """Who sent the request, and how to tell that they left."""
 
     caller: Caller
-    disconnected: Disconnected
+    client_left: Signal  # fires with ``ClientDisconnected`` (the router builds it from the ASGI receive channel)
 
 
 @dataclass(frozen=True)
@@ -55,7 +53,7 @@ class Stream:
     """A streamed response: its id (also the X-Session-Id header) and its SSE events (ids are event numbers)."""
 
     id: str
-    events: AsyncIterator[ServerSentEvent]
+    events: AsyncIterator[ServerSentEvent | bytes]  # bytes: keep-alive comment lines
 
 
 @dataclass
@@ -97,22 +95,6 @@ def token_string(raw: bytes) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
         return "bytes:" + "".join(f"\\x{byte:02x}" for byte in raw)
-
-
-async def until_disconnected(work: Awaitable[T], disconnected: Disconnected) -> T:
-    """``work``'s result, or ``ClientDisconnected`` — after cancelling ``work`` — if the client leaves first."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(disconnected())
-    try:
-        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if task in done:
-            return task.result()
-        watcher.result()  # a waiter may end the work for another reason (a cancel): its exception says which
-        raise ClientDisconnected("the client closed the connection", "client_disconnected")
-    finally:
-        task.cancel()
-        watcher.cancel()
-        await asyncio.gather(task, watcher, return_exceptions=True)
 
 
 class ServingBase:
@@ -197,9 +179,7 @@ class ServingBase:
     def events(self, specs: list[ChoiceSpec]) -> AsyncIterator[ChoiceEvent]:
         return merge([run_choice(self.engine, spec) for spec in specs])
 
-    async def collect(
-        self, record: RequestRecord, specs: list[ChoiceSpec], disconnected: Disconnected
-    ) -> list[ChoiceResult]:
+    async def collect(self, record: RequestRecord, specs: list[ChoiceSpec], *stops: Signal) -> list[ChoiceResult]:
         async def gather() -> list[ChoiceResult]:
             results = {spec.index: ChoiceResult(spec.index) for spec in specs}
             async for event in self.events(specs):
@@ -207,7 +187,7 @@ class ServingBase:
             return [results[spec.index] for spec in specs]
 
         async with record.tracking():
-            results = await until_disconnected(gather(), disconnected)
+            results = await race(gather(), *stops)
             record.completion_tokens = sum(result.generated for result in results)
             record.cached_tokens = sum(result.cached_tokens for result in results)
             record.finish_reason = results[-1].finish_reason if results else None
@@ -218,12 +198,12 @@ class ServingBase:
         record: RequestRecord,
         specs: list[ChoiceSpec],
         context: RequestContext,
-        chunks_of: Callable[[AsyncIterator[ChoiceEvent]], AsyncIterator[str]],
+        chunks_of: Callable[[AsyncIterator[ChoiceEvent]], AsyncGenerator[str, None]],
     ) -> Stream:
         """Start the choices as a session whose chunks (``chunks_of`` the choices' events) are its SSE events."""
         live = await self._open_session(record, specs, context)
-        stop = live.stop_waiter(context.disconnected)
-        events = await live.finish_after(self.start(record, specs, stop), on_success=False)
+        start = self.start(record, specs, context.client_left, live.cancelled)
+        events = await live.finish_after(start, on_success=False)
         return Stream(record.id, live.stream(chunks_of(events)))
 
     async def run_collected(
@@ -231,7 +211,7 @@ class ServingBase:
     ) -> list[ChoiceResult]:
         """Run the choices as a session to the end; the client leaving or a cancel stops them."""
         live = await self._open_session(record, specs, context)
-        return await live.finish_after(self.collect(record, specs, live.stop_waiter(context.disconnected)))
+        return await live.finish_after(self.collect(record, specs, context.client_left, live.cancelled))
 
     async def _open_session(
         self, record: RequestRecord, specs: list[ChoiceSpec], context: RequestContext
@@ -240,12 +220,10 @@ class ServingBase:
         reserve = record.prompt_tokens + sum(spec.request.max_new_tokens for spec in specs)
         return await self.sessions.open(record, context.caller, reserve)
 
-    async def start(
-        self, record: RequestRecord, specs: list[ChoiceSpec], disconnected: Disconnected
-    ) -> AsyncIterator[ChoiceEvent]:
+    async def start(self, record: RequestRecord, specs: list[ChoiceSpec], *stops: Signal) -> AsyncIterator[ChoiceEvent]:
         """The choices' events with the first already there (so a failure to start is an HTTP error)."""
         try:
-            return await until_disconnected(prime(self.events(specs)), disconnected)
+            return await race(prime(self.events(specs)), *stops)
         except BaseException as exc:
             record.done(failure(exc))
             raise

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 
 from gateway.api.assembler import EmittedToken
@@ -192,7 +192,7 @@ class CompletionServing(ServingBase):
 
     async def _chunks(
         self, body: CompletionRequest, record: RequestRecord, prompts: list[Prompt], events: AsyncIterator[ChoiceEvent]
-    ) -> AsyncIterator[str]:
+    ) -> AsyncGenerator[str, None]:
         n = body.n or 1
         started: set[int] = set()
         async with record.tracking(), contextlib.aclosing(events):  # type: ignore[type-var]

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from dataclasses import dataclass
 
 from gateway.api.assembler import FinishReason
@@ -143,7 +143,7 @@ class ResponsesServing:
 
     # -- streaming -----------------------------------------------------------------------------------------------
 
-    async def _events(self, turn: _Turn, events: AsyncIterator[ChoiceEvent]) -> AsyncIterator[str]:
+    async def _events(self, turn: _Turn, events: AsyncIterator[ChoiceEvent]) -> AsyncGenerator[str, None]:
         writer, record = turn.writer, turn.record
         finish: FinishReason = "length"
         async with record.tracking(), contextlib.aclosing(events):  # type: ignore[type-var]

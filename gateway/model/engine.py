@@ -113,7 +113,6 @@ class GenerationEngine:
     async def start(self, dht: DHT) -> None:
         self._dht = dht
         self._p2p = await self._dht.replicate_p2p()
-        self._links = StepLinks(self._p2p, self.settings.step_timeout)
         self._monitor = SwarmMonitor(
             self._dht, self.model_name, self.config.num_hidden_layers, self.settings.swarm_refresh
         )
@@ -125,6 +124,7 @@ class GenerationEngine:
             allowed_peers=frozenset(self.settings.allowed_peers) or None,
         )
         self._router.start()
+        self._links = StepLinks(self._p2p, self.settings.step_timeout, self._router.liveness)
         self._kept = KeptChains(
             self._router.view, self.settings.conversation_keep_alive, self.settings.conversation_max_kept
         )
@@ -159,7 +159,14 @@ class GenerationEngine:
 
     async def swarm_report(self) -> dict[str, Any]:
         view = await self.swarm_view()
-        return swarm_report(self.model_name, view, dict(self.router.rtts), self.router.bans, self.router.stats)
+        return swarm_report(
+            self.model_name,
+            view,
+            dict(self.router.rtts),
+            self.router.bans,
+            self.router.stats,
+            dict(self.router.waiting),
+        )
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[int]:
         """Yield new token ids one by one; stops at max_new_tokens or an end-of-sequence token (yielded)."""
@@ -229,7 +236,14 @@ class GenerationEngine:
                 output = await self._resume(taken, request.prompt_ids, max_length)
                 if output is not None:
                     return taken.item.chain, output, taken.prefix
-        chain = ChainSession(self._p2p, self.router, max_length, self.settings.step_timeout, links=self._links)
+        chain = ChainSession(
+            self._p2p,
+            self.router,
+            max_length,
+            self.settings.step_timeout,
+            links=self._links,
+            failover_wait=self.settings.failover_wait,
+        )
         await chain.open()
         try:
             return chain, await chain.step(await asyncio.to_thread(self._embed, request.prompt_ids), 0), 0

@@ -7,8 +7,10 @@ Keys (``sg:`` prefix):
     sg:events:{id}         Redis stream of the session's SSE payloads; entry ids ``0-N`` where N is the SSE event id
     sg:cancel              pub/sub channel: a session id published there is cancelled by whichever replica runs it
 
-This replica keeps every record and event it writes for its running sessions in memory too; while Redis is down
-that copy serves reads, and everything written meanwhile is written through when Redis is back.
+This replica keeps every record and event it writes for its running sessions in memory too: its own readers read
+that copy (no Redis round trip between a chunk and its client), events reach Redis through a background *tee* (in
+order, batched), and a record that says "ended" is written only once every event is in Redis. While Redis is down
+the copy serves every read, and everything written meanwhile is written through when Redis is back.
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ logger = logging.getLogger(__name__)
 CANCEL_CHANNEL = "sg:cancel"
 EVENTS_KEPT = 100_000  # per session: far more than any generation's chunks
 TAIL_BLOCK_MS = 300  # below the link's socket timeout (0.5 s), or a quiet tail would read as Redis down
-STALE_AFTER = 30.0  # seconds without an update after which a running record's replica is presumed dead
+# Seconds without a heartbeat (the owning replica refreshes a running record every few seconds, tokens or not) after
+# which that replica is presumed dead.
+STALE_AFTER = 30.0
 
 
 class SessionStatus(StrEnum):
@@ -88,6 +92,7 @@ class SessionStore:
         self._unsynced_records: set[str] = set()
         self._write_locks: dict[str, asyncio.Lock] = {}
         self._stored_events: dict[str, int] = {}  # session id -> events Redis holds (as far as we know)
+        self._tees: dict[str, asyncio.Task[None]] = {}  # session id -> its writer of events Redis lacks
         self._unsynced_events: dict[str, int] = {}  # session id -> first event number not yet in Redis
         # Set (and replaced) on every change: waiters hold the event of their time. Not an asyncio.Condition:
         # Python 3.11's wait_for() on Condition.wait() can time out mid-reacquire and leave the lock broken,
@@ -114,6 +119,8 @@ class SessionStore:
     async def save(self, record: SessionRecord) -> None:
         self._prune(record.updated_at)
         self._records[record.id] = record
+        if record.ended:  # readers elsewhere take "ended" to mean every event is in Redis
+            await self._flush_events(record.id)
         try:
             await self._write_latest(record.id)
         except RedisDown:
@@ -127,6 +134,12 @@ class SessionStore:
         updated = record.model_copy(update={**changes, "updated_at": time.time()})
         await self.save(updated)
         return updated
+
+    async def touch(self, session_id: str, **changes: object) -> None:
+        """The heartbeat: refresh a running session this replica holds (a no-op once it ended or was forgotten)."""
+        record = self._records.get(session_id)
+        if record is not None and not record.ended:
+            await self.save(record.model_copy(update={**changes, "updated_at": time.time()}))
 
     async def _write_latest(self, session_id: str) -> None:
         """Write the session's newest record. One write per session at a time, each taking the newest version when
@@ -181,36 +194,71 @@ class SessionStore:
     # -- events ----------------------------------------------------------------------------------------------------
 
     async def append_event(self, session_id: str, data: str) -> int:
-        """Store one SSE payload; returns its event id (1, 2, ...)."""
+        """Store one SSE payload (in memory now, in Redis soon after); returns its event id (1, 2, ...)."""
         events = self._events.setdefault(session_id, [])
         number = len(events) + 1
         events.append((number, data))
-        if session_id not in self._unsynced_events:
-            try:
-                async with self._write_lock(session_id):  # ids must reach Redis in order, write-through or not
-                    if self._stored_events.get(session_id, 0) < number:  # a write-through may have sent it
-                        await self.link.run(lambda r: r.xadd(_events_key(session_id), {"data": data}, id=f"0-{number}"))
-                        self._stored_events[session_id] = number
-            except RedisDown:
-                self._unsynced_events.setdefault(session_id, number)
         self._notify()
+        if session_id in self._unsynced_events:
+            pass  # the write-through after Redis recovers sends it
+        elif not self.link.up:
+            self._unsynced_events[session_id] = number
+        elif session_id not in self._tees:
+            self._tees[session_id] = asyncio.create_task(self._tee(session_id))
         return number
 
-    async def events_after(self, session_id: str, last_event: int) -> AsyncIterator[tuple[int, str]]:
-        """Every event after ``last_event``, then the live tail until the session ends."""
+    async def _tee(self, session_id: str) -> None:
+        """Write the session's events Redis lacks, in order and in batches, until it has them all."""
+        try:
+            while True:
+                async with self._write_lock(session_id):  # ids must reach Redis in order, write-through or not
+                    stored = self._stored_events.get(session_id, 0)
+                    pending = self._events.get(session_id, [])[stored:]
+                    if not pending:
+                        self._tees.pop(session_id, None)  # before any await: a later append starts a new tee
+                        return
+                    await self.link.run(lambda r, batch=pending: _add_events(r, session_id, batch))  # type: ignore[misc]
+                    self._stored_events[session_id] = pending[-1][0]
+        except RedisDown:
+            self._unsynced_events.setdefault(session_id, self._stored_events.get(session_id, 0) + 1)
+        finally:
+            self._tees.pop(session_id, None)
+
+    async def _flush_events(self, session_id: str) -> None:
+        tee = self._tees.get(session_id)
+        if tee is not None:
+            await asyncio.gather(asyncio.shield(tee), return_exceptions=True)
+
+    async def events_after(
+        self, session_id: str, last_event: int, idle: float | None = None
+    ) -> AsyncIterator[tuple[int, str] | None]:
+        """Every event after ``last_event``, then the live tail until the session ends (or its replica is gone);
+        with ``idle``, a ``None`` whenever that many seconds passed without an event (a keep-alive's cue)."""
+        quiet_since = time.monotonic()
         while True:
             batch = await self._read_events(session_id, last_event)
             for number, data in batch:
                 yield number, data
                 last_event = number
             if batch:
+                quiet_since = time.monotonic()
                 continue
-            record = await self.get(session_id)
-            if record is None or record.ended or record.stale(time.time()):
+            if await self._tail_ended(session_id):
                 for number, data in await self._read_events(session_id, last_event):
                     yield number, data  # anything written between the last read and the end
                 return
+            if idle is not None and time.monotonic() - quiet_since >= idle:
+                quiet_since = time.monotonic()
+                yield None
             await self._wait_for_change(session_id, last_event)
+
+    async def _tail_ended(self, session_id: str) -> bool:
+        """Whether no event will follow: the session ended, or (run elsewhere) its replica stopped its heartbeat."""
+        if session_id in self._events:  # run here: this replica's own record says, no Redis read needed
+            local = self._records.get(session_id)
+            return local is None or local.ended
+        record = await self.get(session_id)
+        return record is None or record.ended or record.stale(time.time())
 
     async def _read_events(self, session_id: str, last_event: int) -> list[tuple[int, str]]:
         local = self._events.get(session_id)
@@ -245,11 +293,12 @@ class SessionStore:
                 self._unsynced_records.discard(session_id)
                 self._unsynced_events.pop(session_id, None)
                 self._write_locks.pop(session_id, None)
-            self._stored_events.pop(session_id, None)
+                self._stored_events.pop(session_id, None)
 
     def forget(self, session_id: str) -> None:
         """Drop this replica's copy of an ended session once Redis holds it."""
-        if session_id not in self._unsynced_records and session_id not in self._unsynced_events:
+        synced = session_id not in self._unsynced_records and session_id not in self._unsynced_events
+        if synced and session_id not in self._tees:
             self._records.pop(session_id, None)
             self._events.pop(session_id, None)
             self._write_locks.pop(session_id, None)
@@ -284,6 +333,8 @@ class SessionStore:
                 await asyncio.sleep(1.0)  # Redis is down: resubscribe when it is back
 
     async def close(self) -> None:
+        if self._tees:
+            await asyncio.wait(set(self._tees.values()), timeout=5)
         if self._listener is not None:
             self._listener.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -306,6 +357,13 @@ class SessionStore:
                 # The record after its events: an ended record's write also sets the events' expiry.
                 await self._write_latest_locked(session_id)
                 self._unsynced_records.discard(session_id)
+
+
+async def _add_events(client: aioredis.Redis, session_id: str, events: list[tuple[int, str]]) -> None:
+    async with client.pipeline(transaction=False) as pipe:
+        for number, data in events:
+            pipe.xadd(_events_key(session_id), {"data": data}, id=f"0-{number}")
+        await pipe.execute()
 
 
 def _parse(raw: str) -> SessionRecord | None:

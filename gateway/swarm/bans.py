@@ -1,7 +1,10 @@
-"""Nodes that failed are avoided for a while: 15·2^k seconds after k earlier consecutive failures.
+"""Nodes that failed are avoided for a while: 15·2^k seconds after k earlier consecutive failures, capped at
+``max_seconds`` (5 minutes by default: a node that misbehaved an hour ago deserves another chance, and a burst of
+failures in one second must not bench it for a day).
 
-A success resets a node's count. Routing ignores bans for a block whose every server is banned (see routing.py),
-so a swarm that only has flaky nodes left still serves.
+Only faults ban (see recovery.py): a node saying it is full or draining is healthy. A success resets a node's count.
+Routing ignores bans for a block whose every server is banned (see routing.py), so a swarm that only has flaky nodes
+left still serves.
 """
 
 from __future__ import annotations
@@ -9,6 +12,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+MAX_BAN_SECONDS = 300.0
 
 
 @dataclass(frozen=True)
@@ -18,8 +23,14 @@ class BanStatus:
 
 
 class BanList:
-    def __init__(self, base_seconds: float = 15.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        base_seconds: float = 15.0,
+        clock: Callable[[], float] = time.monotonic,
+        max_seconds: float = MAX_BAN_SECONDS,
+    ) -> None:
         self._base = base_seconds
+        self._max = max_seconds
         self._clock = clock
         self._failures: dict[str, int] = {}
         self._until: dict[str, float] = {}
@@ -27,7 +38,7 @@ class BanList:
     def record_failure(self, peer_id: str) -> float:
         """Ban ``peer_id``; returns the ban's length in seconds."""
         earlier = self._failures.get(peer_id, 0)
-        duration = self._base * 2**earlier
+        duration = min(self._max, self._base * 2 ** min(earlier, 32))  # the exponent is capped too: no overflow
         self._failures[peer_id] = earlier + 1
         self._until[peer_id] = self._clock() + duration
         return duration

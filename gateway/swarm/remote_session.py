@@ -1,10 +1,10 @@
-"""Sessions on remote nodes: one inference stream per hop, and a chain of them that carries hidden states.
+"""A session through every block: a chain of node sessions that carries hidden states, and its failover.
 
-Each ``NodeSession`` owns one hivemind stream: requests go through a queue the stream reads, every reply is awaited
-under the step timeout, and transport failures surface as ``NodeUnreachable`` / ``StepTimeout`` (typed node
-errors are rebuilt from their codes). Decode steps (one token) go through the gateway's ``StepLinks`` instead when it
-has them, batched with other sessions' steps to the same node. Closing is idempotent and always releases the node's
-cache room.
+When a node fails, ``recovery`` says what that teaches the router (ban, out until it announces again, or nothing for
+a full node) and whether the chain goes on: only the failed node's block range is routed again, the new nodes are
+replayed the exact inputs the lost node had received, and the step goes on. When no live node serves the range, the
+chain waits for one (``failover_wait`` seconds, counted in the router's ``waiting`` and logged); when only full nodes
+do, it waits on one for room. The caller never notices beyond the delay.
 """
 
 from __future__ import annotations
@@ -12,181 +12,35 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+import time
 from dataclasses import dataclass, field
 from types import TracebackType
 
 import torch
-from hivemind.p2p import P2P, PeerID
-from hivemind.proto import runtime_pb2
-from pydantic import BaseModel
+from hivemind.p2p import P2P
 
 from gateway.metrics import chain_opened
+from gateway.swarm.node_session import NodeSession
+from gateway.swarm.recovery import Recovery, recovery_for
 from gateway.swarm.router import Router
 from gateway.swarm.routing import Hop
 from gateway.swarm.step_links import StepLinks
-from shared.errors import NodeUnreachable, RemoteError, StepTimeout
-from shared.membership import CallAuth
-from shared.protocol import (
-    INFERENCE_HANDLER,
-    PROTOCOL_VERSION,
-    CloseSession,
-    ErrorReply,
-    OpenSession,
-    ResizeSession,
-    ServerMessage,
-    SessionOpened,
-    SessionResized,
-    Step,
-    StepResult,
-    decode_server_message,
-    encode_request,
-)
+from shared.errors import MissingBlocks, NodeUnreachable, format_block_ranges
+
+__all__ = ["ChainSession", "NodeSession", "Segment"]
 
 logger = logging.getLogger(__name__)
 
-_CLOSED = None  # sentinel that ends the request stream
+WAIT_POLL = 1.0  # seconds between looks at the swarm while waiting for a node to serve a lost range
+ROOM_WAIT = 10.0  # seconds a full node is asked to hold an open until it has room (then the chain asks again)
+DEFAULT_FAILOVER_WAIT = 120.0
 
 
-class NodeSession:
-    """An inference session on one node for blocks [hop.start, hop.end)."""
-
-    def __init__(
-        self,
-        p2p: P2P,
-        hop: Hop,
-        max_length: int,
-        step_timeout: float,
-        auth: CallAuth | None = None,
-        links: StepLinks | None = None,
-    ) -> None:
+class _ReplacementFailed(Exception):
+    def __init__(self, hop: Hop, error: BaseException) -> None:
+        super().__init__(str(error))
         self.hop = hop
-        self._links = links
-        self._session_id: str | None = None  # the node's name for it, once opened
-        self._auth = auth
-        self.max_length = max_length
-        self._p2p = p2p
-        self._timeout = step_timeout
-        self._outbox: asyncio.Queue[runtime_pb2.ExpertRequest | None] = asyncio.Queue()
-        self._replies: AsyncIterator[runtime_pb2.ExpertResponse] | None = None
-        self.closed = False
-
-    async def open(self) -> None:
-        try:
-            self._replies = await asyncio.wait_for(
-                self._p2p.iterate_protobuf_handler(
-                    PeerID.from_base58(self.hop.peer_id),
-                    INFERENCE_HANDLER,
-                    self._requests(),
-                    runtime_pb2.ExpertResponse,
-                ),
-                self._timeout,
-            )
-        except TimeoutError:
-            raise StepTimeout(f"node {self.hop.peer_id} did not accept a stream in {self._timeout}s") from None
-        except Exception as exc:
-            raise NodeUnreachable(f"cannot reach node {self.hop.peer_id}: {exc}") from exc
-        opened = OpenSession(
-            protocol=PROTOCOL_VERSION,
-            start=self.hop.start,
-            end=self.hop.end,
-            max_length=self.max_length,
-            auth=self._auth.token_for(self.hop.peer_id) if self._auth else None,
-        )
-        reply, _ = await self._exchange(opened)
-        if not isinstance(reply, SessionOpened):
-            raise NodeUnreachable(f"node {self.hop.peer_id} answered {reply.type!r} to open")
-        self._session_id = reply.session_id
-
-    async def step(self, hidden: torch.Tensor, position: int) -> torch.Tensor:
-        """hidden: [1, T, D] at positions position... -> the hop's output [1, T, D]."""
-        if hidden.shape[1] == 1 and self._links is not None and self._session_id is not None:
-            if self.closed:
-                raise NodeUnreachable(f"session on {self.hop.peer_id} is closed")
-            output = await self._links.step(self.hop.peer_id, self._session_id, hidden, position)
-            return self._checked_output(output, hidden)
-        reply, tensors = await self._exchange(Step(position=position), (hidden,))
-        return self._checked(reply, tensors, hidden)
-
-    def _checked(self, reply: ServerMessage, tensors: list[torch.Tensor], sent: torch.Tensor) -> torch.Tensor:
-        if not isinstance(reply, StepResult) or len(tensors) != 1:
-            raise NodeUnreachable(f"node {self.hop.peer_id} sent a malformed step result")
-        return self._checked_output(tensors[0], sent)
-
-    def _checked_output(self, output: torch.Tensor, sent: torch.Tensor) -> torch.Tensor:
-        """The step's output if it is one: the shape and dtype of what was sent, every value finite. A node that
-        answers anything else is broken (or lying): failing here bans it and routes around it, and none of its
-        garbage reaches a sampled token."""
-        if output.shape != sent.shape or output.dtype != sent.dtype:
-            raise NodeUnreachable(
-                f"node {self.hop.peer_id} sent {tuple(output.shape)} {output.dtype}"
-                f" for {tuple(sent.shape)} {sent.dtype}"
-            )
-        if not bool(torch.isfinite(output).all()):
-            raise NodeUnreachable(f"node {self.hop.peer_id} sent non-finite hidden states")
-        return output
-
-    async def resize(self, max_length: int) -> None:
-        """Grow or shrink the node's room for this session; its stored tokens stay."""
-        reply, _ = await self._exchange(ResizeSession(max_length=max_length))
-        if not isinstance(reply, SessionResized) or reply.max_length != max_length:
-            raise NodeUnreachable(f"node {self.hop.peer_id} sent a malformed resize reply")
-        self.max_length = max_length
-
-    async def replay(self, chunks: list[tuple[int, torch.Tensor]]) -> list[tuple[int, torch.Tensor]]:
-        """Send past inputs in their original chunks, pipelined (all sent, then all read): the node computes exactly
-        what the lost node had, at one round trip's cost. Returns the outputs with their positions."""
-        if self.closed or self._replies is None:
-            raise NodeUnreachable(f"session on {self.hop.peer_id} is closed")
-        for position, hidden in chunks:
-            self._outbox.put_nowait(encode_request(Step(position=position), (hidden,)))
-        outputs = []
-        for position, hidden in chunks:
-            reply, tensors = await self._receive()
-            outputs.append((position, self._checked(reply, tensors, hidden)))
-        return outputs
-
-    async def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        self._outbox.put_nowait(encode_request(CloseSession()))
-        self._outbox.put_nowait(_CLOSED)
-        if self._replies is not None:
-            aclose = getattr(self._replies, "aclose", None)
-            if aclose is not None:
-                with contextlib.suppress(Exception):
-                    await aclose()
-
-    async def _requests(self) -> AsyncIterator[runtime_pb2.ExpertRequest]:
-        while (request := await self._outbox.get()) is not _CLOSED:
-            yield request
-
-    async def _exchange(
-        self, message: BaseModel, tensors: tuple[torch.Tensor, ...] = ()
-    ) -> tuple[ServerMessage, list[torch.Tensor]]:
-        if self.closed or self._replies is None:
-            raise NodeUnreachable(f"session on {self.hop.peer_id} is closed")
-        self._outbox.put_nowait(encode_request(message, tensors))
-        return await self._receive()
-
-    async def _receive(self) -> tuple[ServerMessage, list[torch.Tensor]]:
-        assert self._replies is not None  # opened before anything is sent
-        try:
-            response = await asyncio.wait_for(anext(self._replies), self._timeout)
-        except TimeoutError:
-            raise StepTimeout(f"node {self.hop.peer_id} did not answer within {self._timeout}s") from None
-        except StopAsyncIteration:
-            raise NodeUnreachable(f"node {self.hop.peer_id} closed the session") from None
-        except Exception as exc:
-            raise NodeUnreachable(f"lost node {self.hop.peer_id}: {exc}") from exc
-        try:
-            reply, out = decode_server_message(response)
-        except RemoteError as exc:
-            raise NodeUnreachable(f"node {self.hop.peer_id} sent an unreadable reply: {exc}") from None
-        if isinstance(reply, ErrorReply):
-            raise reply.to_exception()
-        return reply, out
+        self.error = error
 
 
 @dataclass
@@ -210,9 +64,7 @@ class Segment:
 class ChainSession:
     """A session through every block: hidden states go in at block 0 and come out after the last block.
 
-    When a node fails (dies, stalls past the step timeout, or refuses), only its block range is routed again, the new
-    nodes are replayed the exact inputs the lost node had received, and the step goes on — the caller never notices
-    beyond the delay. After ``max_failovers`` replacements in one session the last error is raised.
+    After ``max_failovers`` node failures (capacity refusals and waits do not count) the last error is raised.
     """
 
     def __init__(
@@ -223,6 +75,7 @@ class ChainSession:
         step_timeout: float,
         max_failovers: int = 5,
         links: StepLinks | None = None,
+        failover_wait: float = DEFAULT_FAILOVER_WAIT,
     ) -> None:
         self._p2p = p2p
         self._links = links
@@ -230,6 +83,7 @@ class ChainSession:
         self._max_length = max_length
         self._timeout = step_timeout
         self._failovers_left = max_failovers
+        self._failover_wait = failover_wait
         self._segments: list[Segment] = []
         self.failovers = 0
         self.closed = False
@@ -265,11 +119,11 @@ class ChainSession:
         try:
             hops = await self._router.route(self._max_length)
             self._segments = [Segment(self._new_session(hop)) for hop in hops]
-            for index, result in enumerate(
-                await asyncio.gather(*(s.session.open() for s in self._segments), return_exceptions=True)
-            ):
+            opening = list(self._segments)  # a failover may replace one segment by several
+            results = await asyncio.gather(*(s.session.open() for s in opening), return_exceptions=True)
+            for segment, result in zip(opening, results, strict=True):
                 if isinstance(result, BaseException):
-                    await self._fail_over(self._segments[index], result)
+                    await self._fail_over(segment, result)
         except BaseException:
             await self.close()
             raise
@@ -301,7 +155,7 @@ class ChainSession:
         # Shielded: a cancelled request must still release every node's cache room.
         self.closed = True
         sessions = [segment.session for segment in self._segments]
-        self._router.release(s.hop for s in sessions)
+        self._router.release(s.hop for s in sessions if not s.closed)  # a dropped segment was released already
         self._segments = []
         await asyncio.shield(asyncio.gather(*(s.close() for s in sessions), return_exceptions=True))
 
@@ -310,53 +164,98 @@ class ChainSession:
             raise NodeUnreachable("the chain session is closed")
 
     def _new_session(self, hop: Hop) -> NodeSession:
-        return NodeSession(self._p2p, hop, self._max_length, self._timeout, self._router.auth, self._links)
+        router = self._router
+        return NodeSession(self._p2p, hop, self._max_length, self._timeout, router.auth, self._links, router.liveness)
 
     async def _fail_over(self, failed: Segment, error: BaseException) -> None:
         """Replace ``failed`` by new segments over the same blocks, replayed up to where it was."""
-        culprit = failed
-        while True:
-            if not _recoverable(error) or self._failovers_left <= 0:
-                raise error
-            self._failovers_left -= 1
-            self.failovers += 1
-            self._router.stats.failovers += 1
-            hop = culprit.session.hop
-            logger.warning("node %s failed (%s); re-routing blocks %d:%d", hop.peer_id, error, hop.start, hop.end)
-            self._router.record_failure(hop.peer_id)
-            await self._drop(culprit)
-            replacement, culprit_or_none, error_or_none = await self._build_replacement(failed)
-            if culprit_or_none is None:
-                index = self._segments.index(failed)
-                self._segments[index : index + 1] = replacement
-                return
-            culprit, error = culprit_or_none, error_or_none or error
-            await asyncio.gather(*(self._drop(s) for s in replacement if s is not culprit))
-
-    async def _build_replacement(self, failed: Segment) -> tuple[list[Segment], Segment | None, BaseException | None]:
-        """New segments for ``failed``'s blocks with its history replayed; or the segment that failed and why."""
+        deadline = time.monotonic() + self._failover_wait
+        busy: set[str] = set()  # nodes that refused for want of room during this failover: waited on, never banned
         hop = failed.session.hop
-        hops = await self._router.route(self._max_length, hop.start, hop.end, fresh=True)
+        await self._drop(failed)
+        while True:
+            await self._learn(hop, error, busy, deadline)
+            try:
+                replacement = await self._build_replacement(failed, busy, deadline)
+            except _ReplacementFailed as failure:
+                hop, error = failure.hop, failure.error
+                continue
+            index = self._segments.index(failed)
+            self._segments[index : index + 1] = replacement
+            return
+
+    async def _learn(self, hop: Hop, error: BaseException, busy: set[str], deadline: float) -> None:
+        """Tell the router what ``hop``'s failure means (``recovery``); raises ``error`` when the chain gives up."""
+        recovery = recovery_for(error)
+        if recovery is Recovery.FAIL or (recovery is not Recovery.BUSY and self._failovers_left <= 0):
+            raise error
+        if time.monotonic() >= deadline:
+            raise error
+        self._router.record_failure(hop.peer_id, recovery)
+        blocks = f"{hop.start}:{hop.end}"
+        if recovery is Recovery.BUSY:
+            if hop.peer_id in busy:  # refused twice in a row even with a wait: do not spin on it
+                await asyncio.sleep(min(WAIT_POLL, max(0.0, deadline - time.monotonic())))
+            busy.add(hop.peer_id)
+            logger.info("node %s has no room for blocks %s (%s): elsewhere, or wait", hop.peer_id, blocks, error)
+            return
+        self._failovers_left -= 1
+        self.failovers += 1
+        self._router.stats.failovers += 1
+        logger.warning("node %s failed (%s: %s); re-routing blocks %s", hop.peer_id, recovery.value, error, blocks)
+
+    async def _build_replacement(self, failed: Segment, busy: set[str], deadline: float) -> list[Segment]:
+        """New segments for ``failed``'s blocks with its history replayed; ``_ReplacementFailed`` names the hop that
+        failed (every new segment is closed then)."""
+        hop = failed.session.hop
+        hops = await self._route_or_wait(hop.start, hop.end, frozenset(busy), deadline)
         segments = [Segment(self._new_session(h)) for h in hops]
         inputs = failed.history
         for segment in segments:
+            peer = segment.session.hop.peer_id
+            room_wait = min(ROOM_WAIT, max(0.0, deadline - time.monotonic())) if peer in busy else 0.0
             try:
-                await segment.session.open()
+                await segment.session.open(room_wait)
                 outputs = await segment.session.replay(inputs)
-                self._router.stats.record_replay(sum(chunk.shape[1] for _, chunk in inputs))
             except Exception as error:
-                return segments, segment, error
+                await asyncio.gather(*(self._drop(s) for s in segments))
+                raise _ReplacementFailed(segment.session.hop, error) from error
+            self._router.stats.record_replay(sum(chunk.shape[1] for _, chunk in inputs))
             segment.history = inputs
             inputs = outputs
-        return segments, None, None
+        return segments
+
+    async def _route_or_wait(self, start: int, end: int, busy: frozenset[str], deadline: float) -> list[Hop]:
+        """Hops over [start, end); while no live node serves them, waits for one (up to ``deadline``)."""
+        with contextlib.ExitStack() as waiting:
+            first = True
+            while True:
+                try:
+                    hops = await self._router.route(
+                        self._max_length, start, end, fresh=first, avoid=busy, max_age=WAIT_POLL / 2
+                    )
+                except MissingBlocks as missing:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        logger.error("no node came to serve blocks %s", format_block_ranges(missing.blocks))
+                        raise
+                    if first:
+                        waiting.enter_context(self._router.waiting_for(start, end))
+                        logger.warning(
+                            "no live node serves blocks %s: waiting up to %.0fs for one to join or come back",
+                            format_block_ranges(missing.blocks),
+                            left,
+                        )
+                    first = False
+                    await asyncio.sleep(min(WAIT_POLL, left))
+                    continue
+                if not first:
+                    logger.info("blocks %d:%d are served again: resuming", start, end)
+                return hops
 
     async def _drop(self, segment: Segment) -> None:
+        if segment.session.closed:
+            return
         self._router.release([segment.session.hop])
         with contextlib.suppress(Exception):
             await segment.session.close()
-
-
-def _recoverable(error: BaseException) -> bool:
-    if isinstance(error, NodeUnreachable | StepTimeout):
-        return True
-    return isinstance(error, RemoteError) and error.retryable

@@ -1,5 +1,8 @@
 """The gateway's router: the swarm view, measured round-trip times, bans and its own load, fed to ``routing``.
 
+It also keeps what failures taught it (``recovery`` says which failure teaches what): bans for faults, departed
+nodes hidden until they announce again, the liveness watch on nodes, and who waits for which blocks.
+
 RTTs are probed with the node's info RPC (an exponential moving average, refreshed in the background and measured
 on demand for nodes never seen before). The load counts sessions this gateway has open on each node, so
 ``max_throughput`` spreads concurrent sessions even before the nodes' announcements catch up.
@@ -11,16 +14,20 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from hivemind.p2p import P2P
 
 from gateway.swarm.bans import BanList
+from gateway.swarm.departures import Departures
+from gateway.swarm.liveness import Liveness
+from gateway.swarm.recovery import Recovery
 from gateway.swarm.routing import Hop, RouteRequest, RoutingMode, plan_route
 from gateway.swarm.view import SwarmMonitor, SwarmView
-from shared.errors import SwarmError
+from shared.errors import SwarmError, format_block_ranges
 from shared.membership import CallAuth
+from shared.reachability import open_paths
 from shared.rpc_client import fetch_info
 
 logger = logging.getLogger(__name__)
@@ -37,6 +44,8 @@ class RouterStats:
     prefix_replays: int = 0  # replacement node sessions that were replayed the lost node's inputs
     replayed_tokens: int = 0
     bans: int = 0
+    departures: int = 0  # nodes taken out of routing until they announce again (dead, frozen, draining, moved)
+    capacity_refusals: int = 0  # opens a full node refused (never a ban)
 
     def record_replay(self, tokens: int) -> None:
         if tokens:  # a session lost before its first step has nothing to replay
@@ -69,6 +78,9 @@ class Router:
         self._p2p = p2p
         self._probe_period = probe_period
         self._prober: asyncio.Task[None] | None = None
+        self.departures = Departures()
+        self.liveness = Liveness(p2p, self.auth)
+        self.waiting: Counter[str] = Counter()  # sessions waiting for a node, by block range ("15:30")
 
     def start(self) -> None:
         self._prober = asyncio.create_task(self._probe_forever())
@@ -86,13 +98,16 @@ class Router:
         end: int | None = None,
         mode: RoutingMode | None = None,
         fresh: bool = False,
+        avoid: frozenset[str] = frozenset(),
+        max_age: float | None = None,
     ) -> list[Hop]:
-        """Plan hops over blocks [start, end) and count them as this gateway's load until ``release``."""
-        view = self._allowed(await self.monitor.view(fresh=fresh))
-        await self._probe([s.peer_id for s in view.online() if s.peer_id not in self.rtts])
-        request = RouteRequest(
-            max_length, start, end, rtts=dict(self.rtts), banned=self.bans.banned(), load=dict(self.load)
-        )
+        """Plan hops over blocks [start, end) and count them as this gateway's load until ``release``.
+
+        ``avoid``: nodes to pass over like banned ones (used only where nothing else serves a block)."""
+        view = await self.view(fresh, max_age)
+        await self._probe(view, [s.peer_id for s in view.online() if s.peer_id not in self.rtts])
+        avoided = self.bans.banned() | avoid
+        request = RouteRequest(max_length, start, end, rtts=dict(self.rtts), banned=avoided, load=dict(self.load))
         hops = plan_route(view, request, mode or self.mode)
         self.load.update(hop.peer_id for hop in hops)
         return hops
@@ -101,25 +116,47 @@ class Router:
         self.load.subtract(hop.peer_id for hop in hops)
         self.load = +self.load  # drop zero counts
 
-    def record_failure(self, peer_id: str) -> None:
-        duration = self.bans.record_failure(peer_id)
-        self.stats.bans += 1
-        logger.warning("banning node %s for %.0fs", peer_id, duration)
+    def record_failure(self, peer_id: str, recovery: Recovery = Recovery.FAULT) -> None:
+        """What a node's failure teaches routing, by its recovery (see recovery.py)."""
+        if recovery.until_announced:
+            self.departures.depart(peer_id)
+            self.stats.departures += 1
+            logger.warning("node %s is out of routing until it announces again (%s)", peer_id, recovery.value)
+        if recovery.bans:
+            duration = self.bans.record_failure(peer_id)
+            self.stats.bans += 1
+            logger.warning("banning node %s for %.0fs", peer_id, duration)
+        if recovery is Recovery.BUSY:
+            self.stats.capacity_refusals += 1
 
     def record_success(self, peer_id: str) -> None:
         self.bans.record_success(peer_id)
 
-    async def view(self, fresh: bool = False) -> SwarmView:
-        return self._allowed(await self.monitor.view(fresh=fresh))
+    @contextlib.contextmanager
+    def waiting_for(self, start: int, end: int) -> Iterator[None]:
+        """Count a session as waiting for a node to serve blocks [start, end) while in the block."""
+        label = format_block_ranges(list(range(start, end)))
+        self.waiting[label] += 1
+        try:
+            yield
+        finally:
+            self.waiting[label] -= 1
+            self.waiting = +self.waiting
+
+    async def view(self, fresh: bool = False, max_age: float | None = None) -> SwarmView:
+        """What routing sees: the DHT's records, less nodes outside the allowlist and departed nodes."""
+        return self.departures.filter(self._allowed(await self.monitor.view(fresh=fresh, max_age=max_age)))
 
     def _allowed(self, view: SwarmView) -> SwarmView:
         if self.allowed_peers is None:
             return view
         servers = {peer: s for peer, s in view.servers.items() if peer in self.allowed_peers}
-        return SwarmView(view.num_blocks, servers, view.fetched_at)
+        return SwarmView(view.num_blocks, servers, view.fetched_at, view.announced)
 
-    async def _probe(self, peer_ids: Sequence[str]) -> None:
+    async def _probe(self, view: SwarmView, peer_ids: Sequence[str]) -> None:
         if peer_ids:
+            # p2pd reaches a relayed node only once it has dialled the node's circuit; then it keeps the connection.
+            await open_paths(self._p2p, {p: view.servers[p].relay_addrs for p in peer_ids if p in view.servers})
             await asyncio.gather(*(self._probe_one(peer) for peer in peer_ids))
 
     async def _probe_one(self, peer_id: str) -> None:
@@ -135,6 +172,6 @@ class Router:
             await asyncio.sleep(self._probe_period)
             try:
                 view = await self.view()
-                await self._probe([s.peer_id for s in view.online()])
+                await self._probe(view, [s.peer_id for s in view.online()])
             except Exception:
                 logger.warning("RTT probing failed", exc_info=True)

@@ -7,8 +7,9 @@ waits for the last of the B before it runs the forward. Here every step that rea
 the event loop leaves in one ``BatchStep`` on one stream per node, and all come back in one reply: a node batch's rows
 travel together from the head to the last node and back.
 
-A row's failure is its own (the node names it); a broken or stalled stream fails every row it carries, each of which
-then fails over like a failed step on a session's own stream.
+A row's failure is its own (the node names it); a broken or stalled stream — or a node that fails the liveness
+watch (liveness.py) while rows wait on it — fails every row it carries, each of which then fails over like a failed
+step on a session's own stream.
 """
 
 from __future__ import annotations
@@ -23,17 +24,17 @@ import torch
 from hivemind.p2p import P2P, PeerID
 from hivemind.proto import runtime_pb2
 
-from shared.errors import NodeUnreachable, RemoteError, StepTimeout
+from gateway.swarm.liveness import Liveness
+from shared.errors import MalformedReply, NodeUnreachable, SwarmError
 from shared.protocol import (
     BATCH_HANDLER,
     MAX_BATCH_ROWS,
     BatchRow,
     BatchStep,
     BatchStepResult,
-    ErrorReply,
-    decode_server_message,
     encode_request,
 )
+from shared.rpc_client import decode_reply, over_transport
 
 
 @dataclass
@@ -42,6 +43,7 @@ class _Row:
     position: int
     hidden: torch.Tensor  # [1, 1, D]
     future: asyncio.Future[torch.Tensor]
+    stream: _Stream | None = None  # the stream it was sent on
 
 
 class _Stream:
@@ -78,22 +80,17 @@ class _Stream:
     async def _serve(self, p2p: P2P, open_seconds: float) -> None:
         error: Exception = NodeUnreachable(f"node {self.peer_id} closed the batch stream")
         try:
-            replies = await asyncio.wait_for(
-                p2p.iterate_protobuf_handler(
-                    PeerID.from_base58(self.peer_id), BATCH_HANDLER, self._requests(), runtime_pb2.ExpertResponse
-                ),
-                open_seconds,
+            stream = p2p.iterate_protobuf_handler(
+                PeerID.from_base58(self.peer_id), BATCH_HANDLER, self._requests(), runtime_pb2.ExpertResponse
             )
-            async for response in replies:
+            replies = await over_transport(self.peer_id, "accept a batch stream", stream, open_seconds)
+            while True:  # no limit here: each row's waiter watches its own deadline and the node's liveness
+                response = await over_transport(self.peer_id, "answer a batch step", anext(replies), None)
                 if not self._sent:
-                    raise NodeUnreachable(f"node {self.peer_id} answered a batch step nobody sent")
+                    raise MalformedReply(f"node {self.peer_id} answered a batch step nobody sent")
                 _answer(self._sent.popleft(), response, self.peer_id)
-        except TimeoutError:
-            error = StepTimeout(f"node {self.peer_id} did not accept a batch stream in {open_seconds}s")
-        except NodeUnreachable as exc:
+        except SwarmError as exc:
             error = exc
-        except Exception as exc:
-            error = NodeUnreachable(f"lost node {self.peer_id}: {exc}")
         finally:
             self._fail_sent(error)
 
@@ -111,22 +108,20 @@ class _Stream:
 def _answer(rows: list[_Row], response: runtime_pb2.ExpertResponse, peer_id: str) -> None:
     """Resolve each row from its reply: its output row, or its own error."""
     try:
-        reply, tensors = decode_server_message(response)
-    except RemoteError as exc:
+        reply, tensors = decode_reply(response, peer_id)
+    except SwarmError as exc:  # the node's error for the whole batch, or garbage
         reply, tensors = None, []
-        failure: Exception | None = NodeUnreachable(f"node {peer_id} sent an unreadable batch reply: {exc}")
+        failure: Exception | None = exc
     else:
         failure = None
-    if isinstance(reply, ErrorReply):
-        failure = reply.to_exception()
-    elif failure is None and not (
+    if failure is None and not (
         isinstance(reply, BatchStepResult)
         and len(reply.errors) == len(rows)
         and len(tensors) == 1
         and tensors[0].ndim == 3
         and tensors[0].shape[0] == len(rows)
     ):
-        failure = NodeUnreachable(f"node {peer_id} sent a malformed batch reply")
+        failure = MalformedReply(f"node {peer_id} sent a malformed batch reply")
     for index, row in enumerate(rows):
         if row.future.done():  # the session gave up on this step (cancelled, timed out)
             continue
@@ -141,9 +136,10 @@ def _answer(rows: list[_Row], response: runtime_pb2.ExpertResponse, peer_id: str
 class StepLinks:
     """Batched decode steps to every node this gateway steps sessions on (one stream per node, opened on demand)."""
 
-    def __init__(self, p2p: P2P, step_timeout: float) -> None:
+    def __init__(self, p2p: P2P, step_timeout: float, liveness: Liveness | None = None) -> None:
         self._p2p = p2p
         self._timeout = step_timeout
+        self._liveness = liveness or Liveness(p2p)
         self._streams: dict[str, _Stream] = {}
         self._waiting: dict[str, list[_Row]] = {}  # rows not sent yet, by node
         self.messages = 0  # batch steps sent (tests, benchmarks)
@@ -151,20 +147,26 @@ class StepLinks:
 
     async def step(self, peer_id: str, session_id: str, hidden: torch.Tensor, position: int) -> torch.Tensor:
         """One decode step of the node's session ``session_id``: hidden [1, 1, D] at ``position`` -> its output row
-        (checked by the caller). Raises the node's typed error for this row, or ``NodeUnreachable``/``StepTimeout``."""
+        (checked by the caller). Raises the node's typed error for this row, or ``NodeUnreachable``/``StepTimeout``
+        (then every row on its stream fails too: replies come in order, everything behind a lost one is lost)."""
         loop = asyncio.get_running_loop()
         row = _Row(session_id, position, hidden, loop.create_future())
         waiting = self._waiting.setdefault(peer_id, [])
         if not waiting:  # the first row this turn: send once every session released with it has added its own
             loop.call_soon(self._flush, peer_id)
         waiting.append(row)
-        try:  # cancelled or timed out, wait_for cancels the row's future: its reply, when it comes, is dropped
-            return await asyncio.wait_for(row.future, self._timeout)
-        except TimeoutError:
-            stream = self._streams.pop(peer_id, None)
-            if stream is not None:  # replies come in order: everything behind the stalled one is stuck too
-                stream.fail(StepTimeout(f"node {peer_id} did not answer a batch step within {self._timeout}s"))
-            raise StepTimeout(f"node {peer_id} did not answer within {self._timeout}s") from None
+        try:  # cancelled or timed out, the wait cancels the row's future: its reply, when it comes, is dropped
+            return await self._liveness.wait(peer_id, "answer a batch step", row.future, self._timeout)
+        except SwarmError as error:
+            if not row.future.done() or row.future.cancelled():  # not the row's own answer: a stall or a dead node
+                self._abandon(peer_id, row.stream, error)
+            raise
+
+    def _abandon(self, peer_id: str, stream: _Stream | None, error: Exception) -> None:
+        """Replies come in order: everything sent behind a lost one on ``stream`` is lost too, so fail it all now."""
+        if stream is not None and self._streams.get(peer_id) is stream:
+            del self._streams[peer_id]
+            stream.fail(error)
 
     def _flush(self, peer_id: str) -> None:
         rows = [row for row in self._waiting.pop(peer_id, []) if not row.future.done()]
@@ -175,6 +177,8 @@ class StepLinks:
             stream = self._streams[peer_id] = _Stream(self._p2p, peer_id, self._timeout)
         for first in range(0, len(rows), MAX_BATCH_ROWS):
             chunk = rows[first : first + MAX_BATCH_ROWS]
+            for row in chunk:
+                row.stream = stream
             try:
                 stream.send(chunk)
             except Exception as exc:  # never expected: fail the rows rather than leave them to the step timeout

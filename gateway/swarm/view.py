@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 
 from hivemind import DHT
 
-from shared.dht_records import NodeState, ServerRecord, fetch_servers
+from shared.dht_records import NodeState, ServerRecord, fetch_announcements
+from shared.reachability import Reachability
 
 
 @dataclass(frozen=True)
@@ -16,9 +17,16 @@ class SwarmView:
     num_blocks: int
     servers: dict[str, ServerRecord]
     fetched_at: float = field(default_factory=time.monotonic)
+    announced: dict[str, float] = field(default_factory=dict)  # peer -> its record's expiration (grows per announce)
 
     def online(self) -> list[ServerRecord]:
-        return [s for s in self.servers.values() if s.state is NodeState.ONLINE]
+        """Nodes that serve and that peers can dial (directly or through a relay): a record of a node nobody can
+        dial is not coverage."""
+        return [
+            s
+            for s in self.servers.values()
+            if s.state is NodeState.ONLINE and s.reachability is not Reachability.UNREACHABLE
+        ]
 
     def servers_for(self, block: int) -> list[ServerRecord]:
         return [s for s in self.online() if s.start <= block < s.end]
@@ -38,11 +46,14 @@ class SwarmMonitor:
         self._view: SwarmView | None = None
         self._lock = asyncio.Lock()
 
-    async def view(self, fresh: bool = False) -> SwarmView:
+    async def view(self, fresh: bool = False, max_age: float | None = None) -> SwarmView:
+        """A view at most ``max_age`` seconds old (default: the monitor's), or a new one if ``fresh``."""
         async with self._lock:
-            stale = self._view is None or time.monotonic() - self._view.fetched_at > self._max_age
+            limit = self._max_age if max_age is None else max_age
+            stale = self._view is None or time.monotonic() - self._view.fetched_at > limit
             if fresh or stale:
-                servers = await fetch_servers(self._dht, self._model, self._num_blocks)
-                self._view = SwarmView(self._num_blocks, servers)
+                began = time.monotonic()  # the records may be older than the fetch's end, not than its start
+                servers, announced = await fetch_announcements(self._dht, self._model, self._num_blocks)
+                self._view = SwarmView(self._num_blocks, servers, began, announced)
             assert self._view is not None  # set just above when missing
             return self._view

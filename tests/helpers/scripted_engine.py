@@ -48,11 +48,16 @@ class CharCodec:
 
 @dataclass
 class ScriptedEngine:
-    """Generates ``script`` (as text) for every request; ``fail_at`` raises ``failure`` before that token."""
+    """Generates ``script`` (as text) for every request; ``fail_at`` raises ``failure`` before that token. A ``<``
+    in the script is an EOS token, which ends the generation unless the request says ``ignore_eos`` (as the real
+    engine does). ``stall_seconds`` > 0: the engine produces nothing for that long before token ``stall_at`` (a
+    frozen node, a failover waiting for a replacement)."""
 
     script: str = "hello world"
     failure: Exception | None = None
     fail_at: int = 0
+    stall_at: int = 0
+    stall_seconds: float = 0.0
     model_name: str = "scripted"
     context_length: int = 64
     codec: CharCodec = field(default_factory=CharCodec)
@@ -68,8 +73,11 @@ class ScriptedEngine:
             for produced, char in enumerate(self.script[: request.max_new_tokens]):
                 if self.failure is not None and produced == self.fail_at:
                     raise self.failure
-                await asyncio.sleep(0.001)  # the other choices get their turn, as with remote steps
-                yield GeneratedToken(ALPHABET.index(char), False, -0.1)
+                await asyncio.sleep(self.stall_seconds if produced == self.stall_at else 0.001)  # others get turns
+                token = ALPHABET.index(char)
+                yield GeneratedToken(token, token == 0, -0.1)
+                if token == 0 and not request.ignore_eos:
+                    break
         finally:
             self.active -= 1
             if produced + 1 < min(len(self.script), request.max_new_tokens):

@@ -13,7 +13,7 @@ import pytest
 import torch
 from hivemind.p2p import P2P
 
-from gateway import step_links
+from gateway.swarm import step_links
 from gateway.swarm.remote_session import NodeSession
 from gateway.swarm.routing import Hop
 from gateway.swarm.step_links import StepLinks

@@ -14,10 +14,14 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import httpx
+import openai
 import pytest
 import redis
 from hivemind.p2p import P2P
@@ -134,6 +138,99 @@ def test_a_dropped_stream_resumes_on_the_other_replica_with_every_token_exactly_
     # A client may also replay a whole ended session from the start, on either replica.
     with a.http(headers=bearer(ADMIN)) as client, client.stream("GET", f"/v1/sessions/{session_id}/events") as replay:
         assert [event.data for event in sse_events(replay)] == [event.data for event in every]
+
+
+STALL_SECONDS = 36  # longer than the stale window (30 s) and the keep-alive period (10 s)
+
+
+@dataclass
+class StreamEnd:
+    """How a streamed response ended: its text, whether an error event came, keep-alive comments, [DONE] last."""
+
+    text: str = ""
+    error: str | None = None
+    keepalives: int = 0
+    done_last: bool = False
+
+    def read(self, lines: Iterable[str], started: threading.Event | None = None) -> StreamEnd:
+        data: list[str] = []
+        for line in lines:
+            self.keepalives += line == ": keep-alive"
+            if line.startswith("data: "):
+                data.append(line.removeprefix("data: "))
+                if started is not None:
+                    started.set()
+        self.done_last = bool(data) and data[-1] == "[DONE]"
+        for chunk in data[:-1]:
+            parsed = json.loads(chunk)
+            if "error" in parsed:
+                self.error = parsed["error"]["code"]
+            self.text += "".join(choice["text"] for choice in parsed.get("choices", []))
+        return self
+
+
+def test_a_stream_stalled_past_every_timeout_ends_with_its_whole_text_or_an_error_then_done(
+    replicas: list[Gateway], module_swarm: LocalSwarm, chat_model: TinyModel, redis_server: RedisServer
+) -> None:
+    """A node's process frozen for longer than the stale window: three clients (raw SSE and the openai client on
+    the replica running the stream, a follower on the other replica) each get the whole text or an error event,
+    then [DONE], with keep-alive comments meanwhile — never a silent end."""
+    _, b = replicas
+    flags = ["--redis-url", redis_server.url, "--api-keys", ADMIN, "--replica-id", "C"]
+    c = start_gateway(module_swarm, chat_model.folder, *flags, "--step-timeout", str(STALL_SECONDS + 60))
+    node = next(p for p in module_swarm.processes if p.name.startswith("node-0-3"))
+    try:
+        body = completion(c, max_tokens=40)
+        with c.http(headers=bearer(ADMIN)) as client:
+            expected = client.post("/v1/completions", json=body).json()["choices"][0]["text"]
+            ends = [StreamEnd(), StreamEnd()]
+            with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as response:
+                lines = response.iter_lines()
+                head = [next(lines) for _ in range(4)]  # the first event: id, retry, data, blank
+                session_id = response.headers["x-session-id"]
+                with ThreadPoolExecutor(2) as pool:
+                    started = [threading.Event(), threading.Event()]
+                    follower = pool.submit(_follow, b, session_id, ends[1], started[0])
+                    openai_text = pool.submit(_openai_stream, c, started[1])
+                    assert all(event.wait(60) for event in started)  # both under way before the freeze
+                    node.popen.send_signal(signal.SIGSTOP)  # the process only: its p2pd keeps the connections
+                    try:
+                        time.sleep(STALL_SECONDS)  # the stall under test
+                    finally:
+                        node.popen.send_signal(signal.SIGCONT)
+                    ends[0] = StreamEnd().read([*head, *lines])
+                    ends[1] = follower.result(timeout=120)
+                    via_openai = openai_text.result(timeout=120)
+    finally:
+        c.process.stop()
+    logs = f"C:\n{c.log_text()[-3000:]}"
+    for end in ends:
+        assert end.done_last, (end, logs)
+        assert end.keepalives >= 2, (end, logs)
+        assert end.error is not None or end.text == expected, (end, expected, logs)
+    assert via_openai in (expected, "error"), (via_openai, expected, logs)
+
+
+def _follow(gateway: Gateway, session_id: str, end: StreamEnd, started: threading.Event) -> StreamEnd:
+    with gateway.http(headers=bearer(ADMIN)) as client, client.stream("GET", f"/v1/sessions/{session_id}/events") as r:
+        return end.read(r.iter_lines(), started)
+
+
+def _openai_stream(gateway: Gateway, started: threading.Event) -> str:
+    """The whole text the openai client streams (it must skip keep-alive comments), or "error" for an error event."""
+    client = gateway.openai(ADMIN)
+    extra = {"ignore_eos": True}
+    try:
+        stream = client.completions.create(
+            model=gateway.model, prompt=PROMPT, max_tokens=40, temperature=0, stream=True, extra_body=extra
+        )
+        text = ""
+        for chunk in stream:
+            started.set()
+            text += "".join(choice.text for choice in chunk.choices)
+        return text
+    except openai.APIError:
+        return "error"
 
 
 def test_api_keys_authenticate_own_their_sessions_and_never_reach_redis_in_plaintext(

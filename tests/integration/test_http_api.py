@@ -38,8 +38,9 @@ def gateway(module_swarm: LocalSwarm, chat_model: TinyModel) -> Iterator[Gateway
     """The gateway starts before any node: it must answer 503 until the blocks are covered."""
     try:
         module_swarm.start_dht()
-        # A short step timeout: the last test kills a node, and a silent dead peer is noticed by the timeout.
-        gateway = start_gateway(module_swarm, chat_model.folder, "--step-timeout", "10", wait_ready=False)
+        # The last test kills the sole node of 3:6: a short failover wait gets its error event without a long wait.
+        args = ("--step-timeout", "10", "--failover-wait", "3")
+        gateway = start_gateway(module_swarm, chat_model.folder, *args, wait_ready=False)
         with gateway.http() as client:
             _assert_error(client.get("/ready"), 503, "missing_blocks")
             body = {"model": gateway.model, "prompt": "t1 t2", "max_tokens": 2}

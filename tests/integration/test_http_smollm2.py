@@ -77,6 +77,25 @@ def test_greedy_completion_and_chat_equal_transformers(swarm_and_reference: tupl
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == result.choices[0].message.content
 
 
+def test_ignore_eos_generates_through_an_end_token_even_at_the_first_position(
+    swarm_and_reference: tuple[Gateway, Reference],
+) -> None:
+    """Issue 16's case: this prompt as a completion makes SmolLM2 end at once; ignore_eos must not."""
+    gateway, _ = swarm_and_reference
+    prompt = "Write a long story about a lighthouse keeper."
+    client = gateway.openai()
+    kwargs = {"model": gateway.model, "prompt": prompt, "max_tokens": 8, "temperature": 0, "seed": 1}
+    plain = client.completions.create(**kwargs)  # type: ignore[call-overload]
+    ignored = client.completions.create(**kwargs, extra_body={"ignore_eos": True})  # type: ignore[call-overload]
+    assert ignored.usage.completion_tokens == 8 and ignored.choices[0].finish_reason == "length"
+    if plain.choices[0].finish_reason == "stop":  # it did end on an end token: ignore_eos went on from there
+        assert ignored.choices[0].text.startswith(plain.choices[0].text)
+    streamed = client.completions.create(**kwargs, stream=True, extra_body={"ignore_eos": True})  # type: ignore[call-overload]
+    chunks = list(streamed)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == ignored.choices[0].text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+
+
 async def test_eight_concurrent_greedy_streams_equal_transformers_token_for_token(
     swarm_and_reference: tuple[Gateway, Reference],
 ) -> None:

@@ -1,0 +1,172 @@
+"""A session on one remote node: one hivemind inference stream for blocks [hop.start, hop.end).
+
+Requests go through a queue the stream reads; every reply is awaited under the step timeout and the liveness watch
+(a dead or frozen node fails the wait in about a second, see liveness.py); transport failures and the node's own
+errors come out typed (``shared.rpc_client``). Decode steps (one token) go through the gateway's ``StepLinks``
+instead when it has them, batched with other sessions' steps to the same node. Closing is idempotent and always
+releases the node's cache room.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable
+from typing import TypeVar
+
+import torch
+from hivemind.p2p import P2P, PeerID
+from hivemind.proto import runtime_pb2
+from pydantic import BaseModel
+
+from gateway.swarm.liveness import Liveness
+from gateway.swarm.routing import Hop
+from gateway.swarm.step_links import StepLinks
+from shared.errors import MalformedReply, NodeUnreachable
+from shared.membership import CallAuth
+from shared.protocol import (
+    INFERENCE_HANDLER,
+    PROTOCOL_VERSION,
+    CloseSession,
+    OpenSession,
+    ResizeSession,
+    ServerMessage,
+    SessionOpened,
+    SessionResized,
+    Step,
+    StepResult,
+    encode_request,
+)
+from shared.rpc_client import decode_reply, over_transport
+
+T = TypeVar("T")
+
+_CLOSED = None  # sentinel that ends the request stream
+
+
+class NodeSession:
+    """An inference session on one node for blocks [hop.start, hop.end)."""
+
+    def __init__(
+        self,
+        p2p: P2P,
+        hop: Hop,
+        max_length: int,
+        step_timeout: float,
+        auth: CallAuth | None = None,
+        links: StepLinks | None = None,
+        liveness: Liveness | None = None,
+    ) -> None:
+        self.hop = hop
+        self._links = links
+        self._liveness = liveness
+        self._session_id: str | None = None  # the node's name for it, once opened
+        self._auth = auth
+        self.max_length = max_length
+        self._p2p = p2p
+        self._timeout = step_timeout
+        self._outbox: asyncio.Queue[runtime_pb2.ExpertRequest | None] = asyncio.Queue()
+        self._replies: AsyncIterator[runtime_pb2.ExpertResponse] | None = None
+        self.closed = False
+
+    async def open(self, alloc_timeout: float = 0.0) -> None:
+        """Open the session; ``alloc_timeout``: seconds the node may wait for cache room before refusing."""
+        stream = self._p2p.iterate_protobuf_handler(
+            PeerID.from_base58(self.hop.peer_id), INFERENCE_HANDLER, self._requests(), runtime_pb2.ExpertResponse
+        )
+        self._replies = await over_transport(self.hop.peer_id, "accept a stream", stream, self._timeout)
+        opened = OpenSession(
+            protocol=PROTOCOL_VERSION,
+            start=self.hop.start,
+            end=self.hop.end,
+            max_length=self.max_length,
+            alloc_timeout=alloc_timeout,
+            auth=self._auth.token_for(self.hop.peer_id) if self._auth else None,
+        )
+        reply, _ = await self._exchange(opened, extra_wait=alloc_timeout)
+        if not isinstance(reply, SessionOpened):
+            raise MalformedReply(f"node {self.hop.peer_id} answered {reply.type!r} to open")
+        self._session_id = reply.session_id
+
+    async def step(self, hidden: torch.Tensor, position: int) -> torch.Tensor:
+        """hidden: [1, T, D] at positions position... -> the hop's output [1, T, D]."""
+        if hidden.shape[1] == 1 and self._links is not None and self._session_id is not None:
+            if self.closed:
+                raise NodeUnreachable(f"session on {self.hop.peer_id} is closed")
+            output = await self._links.step(self.hop.peer_id, self._session_id, hidden, position)
+            return self._checked_output(output, hidden)
+        reply, tensors = await self._exchange(Step(position=position), (hidden,))
+        return self._checked(reply, tensors, hidden)
+
+    def _checked(self, reply: ServerMessage, tensors: list[torch.Tensor], sent: torch.Tensor) -> torch.Tensor:
+        if not isinstance(reply, StepResult) or len(tensors) != 1:
+            raise MalformedReply(f"node {self.hop.peer_id} sent a malformed step result")
+        return self._checked_output(tensors[0], sent)
+
+    def _checked_output(self, output: torch.Tensor, sent: torch.Tensor) -> torch.Tensor:
+        """The step's output if it is one: the shape and dtype of what was sent, every value finite. A node that
+        answers anything else is broken (or lying): failing here bans it and routes around it, and none of its
+        garbage reaches a sampled token."""
+        if output.shape != sent.shape or output.dtype != sent.dtype:
+            raise MalformedReply(
+                f"node {self.hop.peer_id} sent {tuple(output.shape)} {output.dtype}"
+                f" for {tuple(sent.shape)} {sent.dtype}"
+            )
+        if not bool(torch.isfinite(output).all()):
+            raise MalformedReply(f"node {self.hop.peer_id} sent non-finite hidden states")
+        return output
+
+    async def resize(self, max_length: int) -> None:
+        """Grow or shrink the node's room for this session; its stored tokens stay."""
+        reply, _ = await self._exchange(ResizeSession(max_length=max_length))
+        if not isinstance(reply, SessionResized) or reply.max_length != max_length:
+            raise MalformedReply(f"node {self.hop.peer_id} sent a malformed resize reply")
+        self.max_length = max_length
+
+    async def replay(self, chunks: list[tuple[int, torch.Tensor]]) -> list[tuple[int, torch.Tensor]]:
+        """Send past inputs in their original chunks, pipelined (all sent, then all read): the node computes exactly
+        what the lost node had, at one round trip's cost. Returns the outputs with their positions."""
+        if self.closed or self._replies is None:
+            raise NodeUnreachable(f"session on {self.hop.peer_id} is closed")
+        for position, hidden in chunks:
+            self._outbox.put_nowait(encode_request(Step(position=position), (hidden,)))
+        outputs = []
+        for position, hidden in chunks:
+            reply, tensors = await self._receive()
+            outputs.append((position, self._checked(reply, tensors, hidden)))
+        return outputs
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._outbox.put_nowait(encode_request(CloseSession()))
+        self._outbox.put_nowait(_CLOSED)
+        if self._replies is not None:
+            aclose = getattr(self._replies, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
+
+    async def _requests(self) -> AsyncIterator[runtime_pb2.ExpertRequest]:
+        while (request := await self._outbox.get()) is not _CLOSED:
+            yield request
+
+    async def _exchange(
+        self, message: BaseModel, tensors: tuple[torch.Tensor, ...] = (), extra_wait: float = 0.0
+    ) -> tuple[ServerMessage, list[torch.Tensor]]:
+        if self.closed or self._replies is None:
+            raise NodeUnreachable(f"session on {self.hop.peer_id} is closed")
+        self._outbox.put_nowait(encode_request(message, tensors))
+        return await self._receive(extra_wait)
+
+    async def _receive(self, extra_wait: float = 0.0) -> tuple[ServerMessage, list[torch.Tensor]]:
+        if self._replies is None:
+            raise NodeUnreachable(f"session on {self.hop.peer_id} is not open")
+        response = await self._watched("answer", anext(self._replies), self._timeout + extra_wait)
+        return decode_reply(response, self.hop.peer_id)
+
+    async def _watched(self, what: str, work: Awaitable[T], limit: float) -> T:
+        if self._liveness is None:
+            return await over_transport(self.hop.peer_id, what, work, limit)
+        return await self._liveness.wait(self.hop.peer_id, what, work, limit)
