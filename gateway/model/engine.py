@@ -34,7 +34,7 @@ from gateway.generation import (
     PromptScores,
     TopLogprobs,
 )
-from gateway.model.files import load_head, load_tokenizer, stop_token_ids
+from gateway.model.files import load_head, load_tokenizer, model_len, sampling_defaults, stop_token_ids
 from gateway.model.grammar import GrammarCompiler
 from gateway.model.head import ModelHead
 from gateway.model.head_batcher import HeadBatcher
@@ -51,7 +51,6 @@ from gateway.swarm.step_links import StepLinks
 from gateway.swarm.view import SwarmMonitor, SwarmView
 from shared.dht_process import start_dht
 from shared.dht_records import fetch_announced_models
-from shared.families import context_length
 from shared.membership import CallAuth
 from shared.model_source import ModelSource, load_config, resolve_model
 
@@ -77,7 +76,8 @@ class GenerationEngine:
         self.tokenizer = tokenizer
         self.head = head
         self.stop_ids = stop_token_ids(config, tokenizer)
-        self.context_length = context_length(config)
+        self.context_length = model_len(config, settings.max_model_len)
+        self.sampling_defaults: dict[str, float] = {}  # from generation_config.json (``create`` reads it)
         self.codec = HFTokenCodec(tokenizer, head.vocab_size)
         self.heads = HeadBatcher(head.logits)  # every session's next-token scoring, batched
         self._dht: DHT | None = None
@@ -97,10 +97,13 @@ class GenerationEngine:
             torch.set_num_threads(settings.num_threads)
         source = resolve_model(settings.model, settings.revision)
         config = await asyncio.to_thread(load_config, source)
-        tokenizer, head = await asyncio.gather(
-            asyncio.to_thread(load_tokenizer, source), asyncio.to_thread(load_head, source, config)
+        tokenizer, head, defaults = await asyncio.gather(
+            asyncio.to_thread(load_tokenizer, source, settings.chat_template),
+            asyncio.to_thread(load_head, source, config),
+            asyncio.to_thread(sampling_defaults, source),
         )
         engine = cls(settings, source, config, tokenizer, head)
+        engine.sampling_defaults = defaults
         await engine.start(dht)
         return engine
 

@@ -113,6 +113,7 @@ def test_streams_and_their_resumption_match_the_documented_events() -> None:
             "top_logprobs": 2,
             "stream_options": {"include_usage": True},
         },
+        "/v1/responses": {"model": "scripted", "input": "hi", "max_output_tokens": 5, "stream": True},
     }
     for path, body in bodies.items():
         response = schema[path]["POST"].Case(body=body).call_and_validate()
