@@ -78,16 +78,23 @@ def _read_norm(reader: WeightReader, prefix: str, norm: nn.Module, dtype: torch.
     return {local: tensors[name].to(dtype) for local, name in names.items()}
 
 
-def build_head(config: PretrainedConfig, reader: WeightReader, dtype: torch.dtype = torch.float32) -> ModelHead:
+def build_head(
+    config: PretrainedConfig,
+    reader: WeightReader,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> ModelHead:
+    """The head on ``device``: its LM head takes oneDNN's packed layout only on the CPU, so it is built where it runs
+    (a packed CPU head cannot move to CUDA)."""
     family = family_of(config)
     layout = family.layout
     available = reader.names()
     tied = bool(getattr(config, "tie_word_embeddings", False)) or layout.lm_head not in available
     names = [layout.embed] + ([] if tied else [layout.lm_head])
-    tensors = {name: t.to(dtype) for name, t in reader.read(names).items()}
+    tensors = {name: t.to(device=device, dtype=dtype) for name, t in reader.read(names).items()}
     norm = _read_norm(reader, layout.final_norm, family.final_norm(config), dtype)
     embed_norm = None
     if layout.embed_norm is not None:
         embed_norm = _read_norm(reader, layout.embed_norm, family.final_norm(config), dtype)
     lm_head = tensors[layout.embed] if tied else tensors[layout.lm_head]
-    return ModelHead(config, tensors[layout.embed], norm, lm_head, embed_norm).eval()
+    return ModelHead(config, tensors[layout.embed], norm, lm_head, embed_norm).to(device).eval()
