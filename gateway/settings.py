@@ -33,6 +33,16 @@ class EngineSettings(P2PSettings):
     allowed_peers: list[str] = Field(
         default_factory=list, description="if given, route only through these node peer ids (an allowlist)"
     )
+    push: bool = Field(
+        True,
+        description="decode steps go node to node (gateway → A → B → gateway) rather than back through the gateway",
+    )
+    push_min_rtt: float = Field(
+        0.005,
+        ge=0,
+        description="push only when a later node of the chain is at least this far (round trip, seconds) from the"
+        " gateway: at home the node-to-node messages cost more than the half round trip they save",
+    )
     routing: Literal["min_latency", "max_throughput"] = Field(
         "min_latency", description="default route choice: lowest latency, or spread sessions for throughput"
     )

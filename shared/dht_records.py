@@ -21,6 +21,7 @@ from hivemind.utils import get_dht_time
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shared.membership import owner_subkey, peer_of_subkey
+from shared.reachability import Reachability
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,10 @@ class ServerRecord(BaseModel):
     cache_tokens_left: int = Field(0, ge=0)
     queue_depth: int = Field(0, ge=0)  # steps waiting for the compute thread when announced
     next_rtts: dict[str, float] = Field(default_factory=dict)  # seconds to the nodes that serve our `end` block
+    # How peers reach the node (shared.reachability): directly, through a relay (dial relay_addrs first), or not at
+    # all (it announces itself so operators see it, but nobody routes to it).
+    reachability: Reachability = Reachability.DIRECT
+    relay_addrs: list[str] = Field(default_factory=list, max_length=8)
     version: str
     protocol: int
 

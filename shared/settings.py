@@ -53,6 +53,18 @@ class P2PSettings(ProcessSettings):
         None, description="shared secret of a private swarm (>= 16 bytes); peers without it are ignored"
     )
     swarm_secret_file: str | None = Field(None, description="file holding the swarm secret (wins over --swarm-secret)")
+    relay_hop: bool = Field(
+        False,
+        description="relay connections for peers that cannot be dialled (behind NAT), within the --relay-max-* limits",
+    )
+    relay_max_circuits: int = Field(16, gt=0, description="with --relay-hop: open relayed connections per peer")
+    relay_max_reservations: int = Field(128, gt=0, description="with --relay-hop: peers holding a relay slot here")
+    relay_data_limit: int = Field(
+        1 << 30, gt=0, description="with --relay-hop: bytes relayed per connection and direction before it is reset"
+    )
+    relay_time_limit: int = Field(
+        3600, gt=0, description="with --relay-hop: seconds a relayed connection lasts before it is reset (redialled)"
+    )
 
     @field_validator("initial_peers", "host_maddrs", "announce_maddrs")
     @classmethod
@@ -83,11 +95,28 @@ class P2PSettings(ProcessSettings):
         }
         if self.announce_maddrs:
             kwargs["announce_maddrs"] = self.announce_maddrs
+        kwargs["daemon_flags"] = self.relay_service_flags(self.relay_hop)
         # One RSA key is both the libp2p identity and the records' signing key (see shared.identity).
         identity = load_identity(self.identity_path) if self.identity_path else new_identity()
         kwargs["identity"] = identity
         kwargs["record_validators"] = record_validators(self.secret(), (ServerRecord, ModelRecord), identity.key)
         return kwargs
+
+    def relay_service_flags(self, serve: bool) -> dict[str, Any]:
+        """p2pd's relay-service flags (it relays for anyone by default, with generous limits: we set ours)."""
+        if not serve:
+            return {"relayService": False}
+        return {
+            "relayService": True,
+            "relayMaxCircuits": self.relay_max_circuits,
+            "relayMaxReservations": self.relay_max_reservations,
+            "relayDataLimit": self.relay_data_limit,
+            "relayTimeLimit": f"{self.relay_time_limit}s",
+        }
+
+    def relay_client_kwargs(self) -> dict[str, Any]:
+        """A peer nobody can dial: reserve a slot on the initial peers (our trusted relays) at once."""
+        return {"use_auto_relay": True, "force_reachability": "private", "trusted_relays": self.initial_peers}
 
 
 S = TypeVar("S", bound=BaseModel)

@@ -28,10 +28,11 @@ import shared
 from shared.dht_process import start_dht
 from shared.dht_records import ModelRecord, NodeState, ServerRecord, announce, fetch_servers
 from shared.errors import SwarmError
-from shared.families import family_of
+from shared.families import context_length, family_of
 from shared.membership import CallAuth, ReplayGuard
 from shared.model_source import ModelSource, load_config, resolve_model
 from shared.protocol import PROTOCOL_VERSION
+from shared.reachability import DialBackService, Reachability, open_paths
 from shared.rpc_client import fetch_info
 from shared.weights import open_weights
 from swarm_node.backend import SpanBackend
@@ -41,6 +42,7 @@ from swarm_node.capacity import default_cache_tokens
 from swarm_node.handlers import NodeStatus, SpanHandlers
 from swarm_node.metrics import NodeGauges, NodeMetrics
 from swarm_node.quantize import block_transform, resolve_quant
+from swarm_node.reach import settle_reachability
 from swarm_node.settings import ServeSettings
 from swarm_node.span import build_span
 from swarm_node.span_choice import block_throughputs, choose_new_start, choose_start
@@ -103,6 +105,8 @@ class SpanServer:
         self.start, self.end = span or (0, 0)
         self.announced: NodeState | None = None  # the state of the last announcement that reached the DHT
         self.next_rtts: dict[str, float] = {}
+        self.reachability = Reachability.DIRECT
+        self.relay_addrs: list[str] = []
         self.auth = CallAuth(None, "")
         self.dht: DHT | None = None
         self.handlers: SpanHandlers | None = None
@@ -135,7 +139,7 @@ class SpanServer:
         )
 
     def _max_session_length(self) -> int:
-        return self.settings.max_session_length or int(self.config.max_position_embeddings)
+        return self.settings.max_session_length or context_length(self.config)
 
     @property
     def model_record(self) -> ModelRecord:
@@ -147,16 +151,22 @@ class SpanServer:
         )
 
     async def run(self, stop: asyncio.Event) -> None:
-        # The DHT forks its own process: start it before torch spins up thread pools, which a fork must not copy.
-        self.dht = start_dht(**self.settings.dht_kwargs())
-        if self.settings.num_threads:
-            torch.set_num_threads(self.settings.num_threads)
+        # The DHT forks its own process (twice when the node turns relay client): start it, and settle how peers
+        # reach us, before torch spins up thread pools and before any thread starts, which a fork must not copy.
+        dht_kwargs = self.settings.dht_kwargs()
+        self.dht = start_dht(**dht_kwargs)
         backend: SpanBackend | None = None
         exporter = None
-        if self.metrics is not None and self.settings.metrics_port is not None:
-            exporter = self.metrics.serve(self.settings.metrics_host, self.settings.metrics_port, self.readiness)
         try:
+            reach = await settle_reachability(self.dht, self.settings, dht_kwargs)
+            self.dht, self.reachability = reach.dht, reach.verdict
+            if self.settings.num_threads:
+                torch.set_num_threads(self.settings.num_threads)
+            if self.metrics is not None and self.settings.metrics_port is not None:
+                exporter = self.metrics.serve(self.settings.metrics_host, self.settings.metrics_port, self.readiness)
             p2p = await self.dht.replicate_p2p()
+            if self.reachability is Reachability.DIRECT:
+                await DialBackService(p2p).register()  # we can tell joining nodes whether they can be dialled
             self.status.peer_id = self.dht.peer_id.to_base58()
             secret = self.settings.secret()
             if secret is not None:
@@ -170,6 +180,8 @@ class SpanServer:
             self.handlers = SpanHandlers(backend, self.pool, self.status)
             await self.handlers.register(p2p)
             self.speed = await block_speed(backend, self.cache_path, self.speed_key)
+            reach = await reach.settled()
+            self.reachability, self.relay_addrs = reach.verdict, reach.relay_addrs
             self.status.state = NodeState.ONLINE
             logger.info("serving blocks %d:%d as %s", self.start, self.end, self.dht.peer_id)
             tasks = [asyncio.create_task(self._announce_forever(p2p))]
@@ -240,6 +252,8 @@ class SpanServer:
             cache_tokens_left=self.pool.tokens_left,
             queue_depth=self.handlers.backend.queue_depth if self.handlers else 0,
             next_rtts=self.next_rtts,
+            reachability=self.reachability,
+            relay_addrs=self.relay_addrs,
             version=shared.__version__,
             protocol=PROTOCOL_VERSION,
         )
@@ -254,9 +268,12 @@ class SpanServer:
             return
         servers = await fetch_servers(self.dht, self.source.name, self.num_model_blocks)
         me = self.dht.peer_id.to_base58()
-        peers = [s.peer_id for s in servers.values() if s.start <= self.end < s.end and s.peer_id != me]
+        nexts = sorted(
+            (s for s in servers.values() if s.start <= self.end < s.end and s.peer_id != me), key=lambda s: s.peer_id
+        )[:NEXT_HOPS_PROBED]
+        await open_paths(p2p, {s.peer_id: s.relay_addrs for s in nexts})
         rtts: dict[str, float] = {}
-        for peer in sorted(peers)[:NEXT_HOPS_PROBED]:
+        for peer in (s.peer_id for s in nexts):
             with contextlib.suppress(SwarmError):
                 rtts[peer] = (await fetch_info(p2p, peer, PROBE_TIMEOUT, self.auth))[1]
         self.next_rtts = rtts

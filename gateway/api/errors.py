@@ -133,8 +133,10 @@ def as_api_error(exc: BaseException) -> APIError:
     if isinstance(exc, MissingBlocks):
         return ServiceUnavailable(f"The swarm cannot serve this model now: {exc}", "missing_blocks")
     if isinstance(exc, SwarmError) and not isinstance(exc, ModelLoadError):
-        # Typed swarm failures (lost nodes, full caches, refusals) are the swarm's state, not a gateway bug.
-        return ServiceUnavailable(f"The swarm failed to serve the request, try again: {exc}", "swarm_unavailable")
+        # Typed swarm failures (lost nodes, full caches, refusals) are the swarm's state, not a gateway bug. Their
+        # text names peers and libp2p's errors: that goes to the log, the client gets the kind of failure.
+        logger.warning("swarm failure answered 503: %s", exc)
+        return ServiceUnavailable(f"The swarm failed to serve the request ({exc.code}), try again", "swarm_unavailable")
     logger.error("unexpected error while serving a request", exc_info=exc)
     return InternalError()
 

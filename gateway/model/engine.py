@@ -50,6 +50,7 @@ from gateway.swarm.step_links import StepLinks
 from gateway.swarm.view import SwarmMonitor, SwarmView
 from shared.dht_process import start_dht
 from shared.dht_records import fetch_announced_models
+from shared.families import context_length
 from shared.membership import CallAuth
 from shared.model_source import ModelSource, load_config, resolve_model
 
@@ -75,7 +76,7 @@ class GenerationEngine:
         self.tokenizer = tokenizer
         self.head = head
         self.stop_ids = stop_token_ids(config, tokenizer)
-        self.context_length = int(config.max_position_embeddings)
+        self.context_length = context_length(config)
         self.codec = HFTokenCodec(tokenizer, head.vocab_size)
         self.heads = HeadBatcher(head.logits)  # every session's next-token scoring, batched
         self._dht: DHT | None = None
@@ -225,6 +226,8 @@ class GenerationEngine:
             self.settings.step_timeout,
             links=self._links,
             failover_wait=self.settings.failover_wait,
+            push=self.settings.push,
+            push_min_rtt=self.settings.push_min_rtt,
         )
         await chain.open()
         try:

@@ -2,24 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from transformers import AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
 from gateway.model.head import ModelHead, build_head
-from shared.errors import ModelLoadError
 from shared.model_source import ModelSource
 from shared.weights import open_weights
 
 
 def load_tokenizer(source: ModelSource) -> PreTrainedTokenizerBase:
-    try:
-        if source.kind == "gguf":
-            path = Path(source.location)
-            return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        return AutoTokenizer.from_pretrained(source.location, revision=source.revision)
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"cannot load the tokenizer of {source.location}: {exc}") from exc
+    tokenizer: PreTrainedTokenizerBase = source.load(AutoTokenizer.from_pretrained, "the tokenizer")
+    return tokenizer
 
 
 def load_head(source: ModelSource, config: PretrainedConfig) -> ModelHead:

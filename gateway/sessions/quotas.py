@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
@@ -65,8 +66,15 @@ def _window_of(counter: str) -> int | None:
 
 
 class QuotaLimiter:
-    def __init__(self, link: RedisLink, replicas: int = 1, census: ReplicaCensus | None = None) -> None:
+    def __init__(
+        self,
+        link: RedisLink,
+        replicas: int = 1,
+        census: ReplicaCensus | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.link = link
+        self.clock = clock  # wall-clock seconds: the windows are calendar minutes, shared by every replica
         self.configured_replicas = max(1, replicas)
         self.census = census
         self._admit = link.client.register_script(_ADMIT)
@@ -74,7 +82,7 @@ class QuotaLimiter:
 
     async def admit(self, key_id: str, limits: KeyLimits, tokens: int) -> Ticket:
         """Take one request, ``tokens`` tokens and one stream from the key's quotas, or raise ``QuotaExceeded``."""
-        window = int(time.time()) // WINDOW
+        window = int(self.clock()) // WINDOW
         args = [limits.requests_per_minute or 0, limits.tokens_per_minute or 0, limits.concurrent_streams or 0]
         try:
             verdict = await self.link.run(
@@ -108,11 +116,10 @@ class QuotaLimiter:
         self._local.update({requests: 1, token_count: tokens, streams: 1})
         return 0
 
-    @staticmethod
-    def _retry_after(code: int) -> int:
+    def _retry_after(self, code: int) -> int:
         if code == 3:
             return 1  # a stream may end any moment
-        return WINDOW - int(time.time()) % WINDOW  # the next minute's window
+        return WINDOW - int(self.clock()) % WINDOW  # the next minute's window
 
     async def release(self, ticket: Ticket, used_tokens: int) -> None:
         """The request ended: free its stream and give back the tokens it reserved but did not use."""

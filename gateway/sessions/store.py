@@ -118,6 +118,9 @@ class SessionStore:
 
     async def save(self, record: SessionRecord) -> None:
         self._prune(record.updated_at)
+        await self._put(record)
+
+    async def _put(self, record: SessionRecord) -> None:
         self._records[record.id] = record
         if record.ended:  # readers elsewhere take "ended" to mean every event is in Redis
             await self._flush_events(record.id)
@@ -139,7 +142,7 @@ class SessionStore:
         """The heartbeat: refresh a running session this replica holds (a no-op once it ended or was forgotten)."""
         record = self._records.get(session_id)
         if record is not None and not record.ended:
-            await self.save(record.model_copy(update={**changes, "updated_at": time.time()}))
+            await self._put(record.model_copy(update={**changes, "updated_at": time.time()}))  # no prune: it's O(n)
 
     async def _write_latest(self, session_id: str) -> None:
         """Write the session's newest record. One write per session at a time, each taking the newest version when

@@ -13,33 +13,23 @@ from pathlib import Path
 import pytest
 import torch
 from hivemind.p2p import P2P
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from gateway.api.detokenizer import IncrementalDetokenizer
 from gateway.model.tokens import HFTokenCodec
 from tests.helpers.gateway import Gateway, start_gateway, stop_gracefully
 from tests.helpers.node_info import node_infos, wait_all_free
 from tests.helpers.processes import LocalSwarm
+from tests.helpers.smollm2 import Reference, start_smollm2_swarm
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
-
-Reference = tuple[PreTrainedModel, PreTrainedTokenizerBase]
 
 
 @pytest.fixture(scope="module")
 def swarm_and_reference(module_swarm: LocalSwarm, smollm2_gguf: Path) -> Iterator[tuple[Gateway, Reference]]:
     try:
-        module_swarm.start_dht()
-        nodes = [module_swarm.start_node(smollm2_gguf, span) for span in ("0:15", "15:30")]
-        # The reference loads while the nodes do.
-        model = AutoModelForCausalLM.from_pretrained(
-            str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name, dtype=torch.float32
-        ).eval()
-        tokenizer = AutoTokenizer.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name)
-        for node in nodes:
-            module_swarm.wait_serving(node)
+        reference = start_smollm2_swarm(module_swarm, smollm2_gguf)
         gateway = start_gateway(module_swarm, smollm2_gguf, "--conversation-keep-alive", "5")
-        yield gateway, (model, tokenizer)
+        yield gateway, reference
     finally:
         stop_gracefully(module_swarm)
 
@@ -87,9 +77,10 @@ def test_ignore_eos_generates_through_an_end_token_even_at_the_first_position(
     kwargs = {"model": gateway.model, "prompt": prompt, "max_tokens": 8, "temperature": 0, "seed": 1}
     plain = client.completions.create(**kwargs)  # type: ignore[call-overload]
     ignored = client.completions.create(**kwargs, extra_body={"ignore_eos": True})  # type: ignore[call-overload]
+    # Greedy, SmolLM2's first token here is <|im_end|> (transformers agrees): the end token at the first position.
+    assert (plain.usage.completion_tokens, plain.choices[0].finish_reason, plain.choices[0].text) == (1, "stop", "")
     assert ignored.usage.completion_tokens == 8 and ignored.choices[0].finish_reason == "length"
-    if plain.choices[0].finish_reason == "stop":  # it did end on an end token: ignore_eos went on from there
-        assert ignored.choices[0].text.startswith(plain.choices[0].text)
+    assert ignored.choices[0].text.strip()  # it went on past the end token and wrote something
     streamed = client.completions.create(**kwargs, stream=True, extra_body={"ignore_eos": True})  # type: ignore[call-overload]
     chunks = list(streamed)
     assert "".join(c.choices[0].text for c in chunks if c.choices) == ignored.choices[0].text
