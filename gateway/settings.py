@@ -55,6 +55,15 @@ class EngineSettings(P2PSettings):
     conversation_max_kept: int = Field(
         8, ge=0, description="most chats kept at once by this gateway; beyond it the least recently used is closed"
     )
+    chat_template: Path | None = Field(
+        None, description="a Jinja chat template file used instead of the tokenizer's own (as vLLM's --chat-template)"
+    )
+    max_model_len: int | None = Field(
+        None,
+        gt=0,
+        description="longest prompt + completion in tokens; longer requests get 400 context_length_exceeded;"
+        " default: the model's max_position_embeddings (a larger value is refused at start)",
+    )
 
 
 class GenerateSettings(EngineSettings):
@@ -143,11 +152,29 @@ class ServeSettings(EngineSettings, RedisSettings):
         description="seconds a stream keeps generating after its client disconnects, so the client can resume it"
         " (GET /v1/sessions/{id}/events with Last-Event-ID); a resumed reader keeps it going; 0: stop at once",
     )
+    allowed_origins: list[str] = Field(
+        default_factory=list,
+        description="browser origins allowed to call the API (CORS), e.g. https://app.example.com or * (env: a JSON"
+        " list); default none: no CORS headers",
+    )
+    responses_ttl: float = Field(
+        86400.0, gt=0, description="seconds a stored /v1/responses response (store: true) is kept after it ends"
+    )
     default_max_tokens: int = Field(
         1024,
         ge=0,
         description="max tokens of a chat completion that sets none (or a completion with max_tokens null); 0: the "
         "rest of the context window, OpenAI's default, costly since nodes reserve KV-cache room for all of it up front",
+    )
+    tool_call_parser: Literal["auto", "hermes", "llama3_json", "mistral"] = Field(
+        "auto",
+        description="how tool calls are written and parsed: hermes (<tool_call>{json}</tool_call>), llama3_json, "
+        "mistral ([TOOL_CALLS][...]); auto: from the chat template (hermes when it has no tool support)",
+    )
+    reasoning_parser: Literal["auto", "none", "qwen3", "deepseek_r1"] = Field(
+        "auto",
+        description="split <think>...</think> into reasoning_content (qwen3, deepseek_r1: the same tags); auto: when "
+        "the chat template knows </think>; none: never",
     )
 
     @model_validator(mode="after")

@@ -31,7 +31,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.api.protocol import ErrorInfo, ErrorResponse
+from gateway.api.protocol import ErrorInfo, ErrorResponse, UnsupportedParameter
 from gateway.generation import InvalidPrompt
 from shared.errors import MissingBlocks, ModelLoadError, SwarmError
 
@@ -128,8 +128,10 @@ def as_api_error(exc: BaseException) -> APIError:
     """The client-facing error for anything raised while serving; unexpected ones are logged here, once."""
     if isinstance(exc, APIError):
         return exc
+    if isinstance(exc, UnsupportedParameter):
+        return InvalidRequest(str(exc), "unsupported_parameter", exc.param)
     if isinstance(exc, InvalidPrompt):
-        return InvalidRequest(str(exc), "invalid_value", "messages")
+        return InvalidRequest(str(exc), "invalid_value", getattr(exc, "param", "messages"))
     if isinstance(exc, MissingBlocks):
         return ServiceUnavailable(f"The swarm cannot serve this model now: {exc}", "missing_blocks")
     if isinstance(exc, SwarmError) and not isinstance(exc, ModelLoadError):
