@@ -163,7 +163,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> list[Row]:
                 await asyncio.sleep(0.5)  # the proxy polls its control file every 0.2 s
                 for engine in engines.values():  # routers' RTT averages catch up (push decides by them)
                     for _ in range(4):
-                        await engine.router._probe(list(engine.router.rtts))  # noqa: SLF001
+                        peers = list(engine.router.rtts)
+                        await asyncio.gather(*(engine.router._probe_one(p) for p in peers))  # noqa: SLF001
                 for mode, engine in engines.items():
                     rows.append(await measure_rtt(engine, prompts, mode, rtt, args))
             return rows
