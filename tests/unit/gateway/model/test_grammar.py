@@ -38,9 +38,10 @@ _CLOSERS: dict[int, torch.Tensor] = {}
 
 
 def _closers(tokenizer: PreTrainedTokenizerBase) -> torch.Tensor:
-    """Tokens that end things (quotes, brackets, digits, EOS): a random 'model' that favours them finishes its JSON."""
+    """Tokens that end things (quotes, closing brackets, short values, EOS): a random 'model' that favours them
+    finishes its JSON. No opening brackets: favoured, they nest free objects without end."""
     if id(tokenizer) not in _CLOSERS:
-        wanted = {'"', "}", "]", ",", ":", "0", "1", "true", "null", "{", "["}
+        wanted = {'"', "}", "]", ",", ":", "0", "1", "true", "null"}
         vocab = tokenizer.get_vocab()
         _CLOSERS[id(tokenizer)] = torch.tensor([vocab[token] for token in wanted if token in vocab] + [EOS])
     return _CLOSERS[id(tokenizer)]
