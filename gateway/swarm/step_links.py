@@ -19,15 +19,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from hivemind.p2p import P2P, PeerID
 from hivemind.proto import runtime_pb2
 
 from gateway.swarm.liveness import Liveness
+from shared.batching import Batcher, Job
 from shared.errors import MalformedReply, NodeUnreachable, SwarmError
 from shared.protocol import (
     BATCH_HANDLER,
@@ -46,10 +48,13 @@ class _Row:
     session_id: str
     position: int
     hidden: torch.Tensor | None  # [1, 1, D]; None: pushed to the node by the previous one
-    future: asyncio.Future[tuple[torch.Tensor, torch.Tensor]]  # (input, output), each [1, 1, D]
     next: tuple[NextHop, ...] = ()  # where the node pushes the output on
     wait: float = 0.0  # a pushed row: seconds the node waits for the push
     stream: _Stream | None = None  # the stream it was sent on
+    future: asyncio.Future[_Output] = field(init=False)  # (input, output); the batcher's, set when queued
+
+
+_Output = tuple[torch.Tensor, torch.Tensor]  # a row's (input, output), each [1, 1, D]
 
 
 class _Stream:
@@ -153,7 +158,9 @@ class StepLinks:
         self._timeout = step_timeout
         self._liveness = liveness or Liveness(p2p)
         self._streams: dict[str, _Stream] = {}
-        self._waiting: dict[tuple[str, bool], list[_Row]] = {}  # rows not sent yet, by node and kind (pushed)
+        # Rows not sent yet, by node and kind (pushed or not). No rhythm: a link's worker sends, one turn of the loop
+        # after the first row, every row queued by then (all the sessions the head released with it).
+        self._batchers: dict[tuple[str, bool], Batcher[_Row, _Output]] = {}
         self.messages = 0  # batch steps sent (tests, benchmarks)
         self.rows = 0  # session steps they carried
 
@@ -164,7 +171,7 @@ class StepLinks:
         (checked by the caller); the node pushes the output on to ``next[0]`` too. Raises the node's typed error for
         this row, or ``NodeUnreachable``/``StepTimeout`` (then every row on its stream fails too: replies come in
         order, everything behind a lost one is lost)."""
-        row = _Row(session_id, position, hidden, asyncio.get_running_loop().create_future(), tuple(next))
+        row = _Row(session_id, position, hidden, tuple(next))
         _, output = await self._submit(peer_id, row, self._timeout)
         return output
 
@@ -173,15 +180,16 @@ class StepLinks:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(input, output) of the step at ``position`` that the previous node pushes to ``session_id``; the node
         answers ``PushMissing`` when no input came within ``wait`` seconds."""
-        row = _Row(session_id, position, None, asyncio.get_running_loop().create_future(), wait=wait)
+        row = _Row(session_id, position, None, wait=wait)
         return await self._submit(peer_id, row, wait + self._timeout)
 
     async def _submit(self, peer_id: str, row: _Row, seconds: float) -> tuple[torch.Tensor, torch.Tensor]:
         key = (peer_id, row.hidden is None)
-        waiting = self._waiting.setdefault(key, [])
-        if not waiting:  # the first row this turn: send once every session released with it has added its own
-            asyncio.get_running_loop().call_soon(self._flush, key)
-        waiting.append(row)
+        batcher = self._batchers.get(key)
+        if batcher is None:
+            run = functools.partial(self._send, peer_id)
+            batcher = self._batchers[key] = Batcher(run, name=f"step-link-{peer_id}", max_items=MAX_BATCH_ROWS)
+        row.future = batcher.enqueue(row)
         try:  # cancelled or timed out, the wait cancels the row's future: its reply, when it comes, is dropped
             return await self._liveness.wait(peer_id, "answer a batch step", row.future, seconds)
         except SwarmError as error:
@@ -195,27 +203,24 @@ class StepLinks:
             del self._streams[peer_id]
             stream.fail(error)
 
-    def _flush(self, key: tuple[str, bool]) -> None:
-        peer_id = key[0]
-        rows = [row for row in self._waiting.pop(key, []) if not row.future.done()]
-        if not rows:
-            return
+    async def _send(self, peer_id: str, jobs: list[Job[_Row, _Output]]) -> None:
+        """Hand a run's rows (at most ``MAX_BATCH_ROWS``, callers that left already dropped) to the node's stream in
+        one message: their replies settle them. Raising fails them all."""
+        rows = [job.item for job in jobs]
         stream = self._streams.get(peer_id)
         if stream is None or not stream.alive:
             stream = self._streams[peer_id] = _Stream(self._p2p, peer_id, self._timeout)
-        for first in range(0, len(rows), MAX_BATCH_ROWS):
-            chunk = rows[first : first + MAX_BATCH_ROWS]
-            for row in chunk:
-                row.stream = stream
-            try:
-                stream.send(chunk)
-            except Exception as exc:  # never expected: fail the rows rather than leave them to the step timeout
-                for row in chunk:
-                    row.future.set_exception(NodeUnreachable(f"cannot send a batch step to {peer_id}: {exc}"))
-                continue
-            self.messages += 1
-            self.rows += len(chunk)
+        for row in rows:
+            row.stream = stream
+        try:
+            stream.send(rows)
+        except Exception as exc:  # never expected: fail the rows rather than leave them to the step timeout
+            raise NodeUnreachable(f"cannot send a batch step to {peer_id}: {exc}") from exc
+        self.messages += 1
+        self.rows += len(rows)
 
     async def close(self) -> None:
+        batchers, self._batchers = list(self._batchers.values()), {}
+        await asyncio.gather(*(batcher.close() for batcher in batchers), return_exceptions=True)
         streams, self._streams = list(self._streams.values()), {}
         await asyncio.gather(*(stream.close() for stream in streams), return_exceptions=True)
