@@ -6,7 +6,7 @@ The real engine over real nodes is exercised in tests/integration/; this fake ne
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,8 +19,17 @@ from gateway.generation import ChatTemplateMissing, EngineEvent, GeneratedToken,
 ALPHABET = "<abcdefghijklmnopqrstuvwxyz "  # token i is character i; token 0 ("<") is EOS
 
 
+def content_of(message: dict[str, Any]) -> str:
+    return str(message["content"])
+
+
 class CharCodec:
+    """One token per character of ``ALPHABET``. Chat: none unless a subclass sets ``chat_message`` (how one message is
+    spelled; ``chat_sep`` joins them), a trivial template that lets chat requests reach the engine."""
+
     vocab_size = len(ALPHABET)
+    chat_message: Callable[[dict[str, Any]], str] | None = None
+    chat_sep = ""
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return [ALPHABET.index(c) for c in text if c in ALPHABET]
@@ -40,7 +49,9 @@ class CharCodec:
         tools: list[dict[str, Any]] | None = None,
         template_kwargs: dict[str, Any] | None = None,
     ) -> str:
-        raise ChatTemplateMissing("this model's tokenizer has no chat template")
+        if self.chat_message is None:
+            raise ChatTemplateMissing("this model's tokenizer has no chat template")
+        return self.chat_sep.join(self.chat_message(message) for message in messages)
 
     def fim_ids(self) -> tuple[int, int, int] | None:
         return None

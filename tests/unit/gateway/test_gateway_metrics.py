@@ -19,7 +19,7 @@ from gateway.api.serving_common import ServingConfig
 from gateway.app import create_app
 from gateway.metrics import GatewayMetrics, current_metrics
 from shared.errors import MissingBlocks, NodeUnreachable
-from tests.helpers.scripted_engine import CharCodec, ScriptedEngine
+from tests.helpers.scripted_engine import CharCodec, ScriptedEngine, content_of
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -27,16 +27,8 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 class ChatCharCodec(CharCodec):
     """The scripted codec with a trivial chat template (chat requests reach the engine)."""
 
-    def chat_template(self) -> str | None:
-        return None
-
-    def render_chat(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None = None,
-        template_kwargs: dict[str, Any] | None = None,
-    ) -> str:
-        return " ".join(str(m["content"]) for m in messages)
+    chat_message = staticmethod(content_of)
+    chat_sep = " "
 
 
 REPORT: dict[str, Any] = {

@@ -8,14 +8,13 @@ ranges, and the non-finite numbers Python's json reads (``NaN``, ``Infinity``).
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import httpx
 import pytest
 
 from gateway.api.serving_common import ServingConfig
 from gateway.app import create_app
-from tests.helpers.scripted_engine import CharCodec, ScriptedEngine
+from tests.helpers.scripted_engine import CharCodec, ScriptedEngine, content_of
 
 LIMIT = 64  # the scripted engine's context window, in tokens (one per character)
 MB = 1024 * 1024
@@ -24,16 +23,7 @@ MB = 1024 * 1024
 class TemplateCodec(CharCodec):
     """Renders a chat as its contents, one token per character: ``[user "abc"]`` is 3 prompt tokens."""
 
-    def chat_template(self) -> str | None:
-        return None
-
-    def render_chat(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None = None,
-        template_kwargs: dict[str, Any] | None = None,
-    ) -> str:
-        return "".join(message["content"] for message in messages)
+    chat_message = staticmethod(content_of)
 
 
 def make_client(max_bytes: int = 8 * MB) -> tuple[ScriptedEngine, httpx.AsyncClient]:

@@ -42,16 +42,7 @@ class FuzzedCodec(CharCodec):
     def token_bytes(self, token_id: int) -> bytes:
         return (ALPHABET[token_id] if token_id < len(ALPHABET) else f"<{token_id}>").encode()
 
-    def chat_template(self) -> str | None:
-        return None
-
-    def render_chat(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None = None,
-        template_kwargs: dict[str, Any] | None = None,
-    ) -> str:
-        return "".join(f"{message['role']} {message['content']} " for message in messages)
+    chat_message = staticmethod(lambda message: f"{message['role']} {message['content']} ")
 
 
 class FuzzedEngine(ScriptedEngine):

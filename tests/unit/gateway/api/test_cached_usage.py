@@ -11,12 +11,16 @@ from gateway.api.assembler import Piece
 from gateway.api.choices import ChoiceEvent, ChoiceSpec, run_choice
 from gateway.api.protocol import Usage
 from gateway.generation import EngineEvent, GeneratedToken, GenerationRequest, PromptCached
+from tests.helpers.scripted_engine import CharCodec, content_of
 
 ALPHABET = "<abc"  # token 0 is EOS
 
 
-class Codec:
+class Codec(CharCodec):
+    """The scripted codec over a four-token alphabet; a chat is its contents."""
+
     vocab_size = len(ALPHABET)
+    chat_message = staticmethod(content_of)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return [ALPHABET.index(c) for c in text]
@@ -26,20 +30,6 @@ class Codec:
 
     def token_bytes(self, token_id: int) -> bytes:
         return ALPHABET[token_id].encode()
-
-    def chat_template(self) -> str | None:
-        return None
-
-    def render_chat(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None = None,
-        template_kwargs: dict[str, Any] | None = None,
-    ) -> str:
-        return "".join(m["content"] for m in messages)
-
-    def fim_ids(self) -> tuple[int, int, int] | None:
-        return None
 
 
 @dataclass

@@ -45,12 +45,7 @@ class AsciiCodec:
     def chat_template(self) -> str | None:
         return self.template
 
-    def render_chat(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None = None,
-        template_kwargs: dict[str, Any] | None = None,
-    ) -> str:
+    def render_chat(self, messages: list[dict[str, Any]], tools: Any = None, template_kwargs: Any = None) -> str:
         self.rendered.append((messages, tools, template_kwargs))
         return "".join(str(m["content"]) for m in messages) or "x"
 

@@ -12,7 +12,7 @@ from transformers import GenerationConfig, LlamaConfig
 
 from gateway.api.serving_common import ServingConfig
 from gateway.app import create_app
-from gateway.model.files import context_length, load_tokenizer, sampling_defaults
+from gateway.model.files import load_tokenizer, model_len, sampling_defaults
 from gateway.model.tokens import HFTokenCodec
 from gateway.settings import ServeSettings
 from shared.errors import ModelLoadError
@@ -48,10 +48,10 @@ def test_sampling_defaults_are_what_generation_config_sets(tmp_path: Path) -> No
 
 def test_max_model_len_caps_the_context_window_and_never_exceeds_the_model() -> None:
     config = LlamaConfig(max_position_embeddings=128)
-    assert context_length(config, None) == 128
-    assert context_length(config, 64) == 64
+    assert model_len(config, None) == 128
+    assert model_len(config, 64) == 64
     with pytest.raises(ModelLoadError, match="over the model's context window"):
-        context_length(config, 256)
+        model_len(config, 256)
 
 
 class ChatCodec(CharCodec):
