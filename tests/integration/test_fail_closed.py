@@ -19,7 +19,7 @@ import pytest
 
 from tests.helpers.gateway import Gateway, start_gateway, stop_gracefully
 from tests.helpers.processes import LocalSwarm, ManagedProcess
-from tests.helpers.redis_server import RedisServer, free_port
+from tests.helpers.redis_server import RedisServer, free_port, running_redis
 from tests.tiny_models import NUM_LAYERS, TinyModel
 
 pytestmark = pytest.mark.timeout(900)
@@ -29,11 +29,8 @@ ADMIN = "sk-operator-from-a-secret-0123456789"
 
 @pytest.fixture(scope="module")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
-    try:
+    with running_redis(tmp_path_factory.mktemp("redis")) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,7 @@ from tests.helpers.gateway import Gateway, start_gateway, stop_gracefully
 from tests.helpers.node_info import wait_all_free
 from tests.helpers.polling import wait_until
 from tests.helpers.processes import LocalSwarm
-from tests.helpers.redis_server import RedisServer
+from tests.helpers.redis_server import RedisServer, running_redis
 from tests.helpers.sse import Event, sse_events
 from tests.integration.conftest import CONTEXT
 from tests.tiny_models import TinyModel
@@ -43,11 +43,8 @@ PROMPT = [5, 17, 99, 3, 42, 8, 1]
 
 @pytest.fixture(scope="module")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
-    try:
+    with running_redis(tmp_path_factory.mktemp("redis")) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

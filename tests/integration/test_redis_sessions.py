@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import pytest
 
@@ -16,24 +14,6 @@ from tests.helpers.polling import eventually
 from tests.helpers.redis_server import RedisServer
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path).start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-async def link(redis_server: RedisServer) -> AsyncIterator[RedisLink]:
-    link = RedisLink(redis_server.url)
-    try:
-        yield link
-    finally:
-        await link.close()
 
 
 async def test_records_are_listed_per_key_and_expire_after_the_end(link: RedisLink) -> None:

@@ -20,7 +20,7 @@ import pytest
 
 from tests.helpers.gateway import Gateway, start_gateway, stop_gracefully
 from tests.helpers.processes import LocalSwarm
-from tests.helpers.redis_server import RedisServer
+from tests.helpers.redis_server import RedisServer, running_redis
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -29,11 +29,8 @@ ORIGIN = "http://localhost:3000"
 
 @pytest.fixture(scope="module")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
-    try:
+    with running_redis(tmp_path_factory.mktemp("redis")) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

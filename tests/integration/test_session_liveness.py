@@ -10,8 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -29,15 +28,6 @@ from tests.helpers.scripted_engine import ScriptedEngine, completion, sse_data
 pytestmark = pytest.mark.timeout(120)
 
 LONG = "the quick brown fox jumps over the lazy dog"
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path).start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 class Replica:

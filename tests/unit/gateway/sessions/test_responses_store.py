@@ -2,23 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
-
 from gateway.sessions.redis_link import RedisLink
 from gateway.sessions.responses_store import ResponseStore, StoredResponse
 from tests.helpers.redis_server import RedisServer
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path).start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def stored(text: str) -> StoredResponse:
