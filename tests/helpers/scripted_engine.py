@@ -43,12 +43,7 @@ class CharCodec:
     def chat_template(self) -> str | None:
         return None
 
-    def render_chat(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None = None,
-        template_kwargs: dict[str, Any] | None = None,
-    ) -> str:
+    def render_chat(self, messages: list[dict[str, Any]], tools: Any = None, template_kwargs: Any = None) -> str:
         if self.chat_message is None:
             raise ChatTemplateMissing("this model's tokenizer has no chat template")
         return self.chat_sep.join(self.chat_message(message) for message in messages)
