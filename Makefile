@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint demo bench bench-load
+.PHONY: test test-fast lint demo bench bench-load bench-wan gpu-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,10 @@ $(BROWSER_STAMP): scripts/install-browser.sh
 test: $(STAMP) $(TOOLS_STAMP) $(BROWSER_STAMP)
 	$(BIN)/python -m pytest tests/
 
+# The edit loop: unit tests only, without the slow, deploy and browser groups (a minute or two on a laptop).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest tests/unit -m "not slow and not deploy and not browser"
+
 # A DHT, two nodes (blocks 0:15 and 15:30) of the bundled SmolLM2-135M-Instruct and the gateway on 127.0.0.1:8000;
 # prints a curl line once the swarm is ready, stops everything on Ctrl-C.
 demo: $(STAMP)
@@ -55,6 +59,20 @@ bench: $(BENCH_STAMP)
 bench-load: $(BENCH_STAMP)
 	$(BIN)/python -m bench.load --users 100 --duration 60
 	$(BIN)/python -m bench.load --users 100 --duration 60 --churn
+
+# Wide area (bench/wan.py): SmolLM2 through two nodes that everyone reaches only through a latency-adding proxy
+# (bench/latency_proxy.py); RTT 0/20/50/100 ms, push against relay, 1 and 8 streams, round trips per token and the
+# floor lines; writes bench/results/wan.{md,png} (about 10 minutes).
+bench-wan: $(BENCH_STAMP)
+	$(BIN)/python -m bench.wan
+
+# GPU readiness (bench/gpu_check.py): every family's span in bfloat16 and nf4 against transformers on CUDA, greedy
+# equality in float32, decode tokens/s at 1/8/32 streams (a few minutes). Runs with the machine's own Python, which
+# has torch with CUDA, transformers, bitsandbytes and hivemind: our venv pins the CPU build of torch. Without CUDA it
+# says so and exits 0.
+GPU_PYTHON ?= python3
+gpu-check:
+	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m bench.gpu_check
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

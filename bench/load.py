@@ -61,7 +61,7 @@ def start_gateway(swarm: LocalSwarm, model: Path, redis_url: str, extra: list[st
         time.sleep(0.2)
     model_id, url = match.group(1), match.group(2)
     with httpx.Client(base_url=url, trust_env=False) as client:
-        while client.get("/ready").status_code != 200:
+        while client.get("/ready", params={"swarm": "complete"}).status_code != 200:
             if time.monotonic() > deadline:
                 raise SystemExit("the gateway never became ready")
             time.sleep(0.3)

@@ -3,8 +3,9 @@
 
 One image runs the gateway, swarm nodes and the DHT bootstrap, so the check looks at the container's main command
 (/proc/1/cmdline, through `docker run --init`'s tini too): for `gateway serve` it asks GET /health on the gateway's
-port; for `swarm_node` it opens a TCP connection to the fixed port of its first --host-maddrs, if it has one. Any
-other command counts as healthy. Flags win over SWARMGATE_* env vars, as in the commands themselves.
+port; for `swarm_node serve --metrics-port P` GET /health on P (the node's own liveness endpoint); otherwise for
+`swarm_node` it opens a TCP connection to the fixed port of its first --host-maddrs, if it has one. Any other command
+counts as healthy. Flags win over SWARMGATE_* env vars, as in the commands themselves.
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ def plan(argv: Sequence[str], env: Mapping[str, str]) -> tuple[str, int] | None:
     if "gateway" in names and "serve" in names:
         port = flag_values(argv, "--port")
         return "http", int(port[0] if port else env.get("SWARMGATE_PORT", "8000"))
+    if "swarm_node" in names and "serve" in names:
+        metrics = flag_values(argv, "--metrics-port")
+        metrics_port = int(metrics[0] if metrics else env.get("SWARMGATE_METRICS_PORT", "0") or "0")
+        if metrics_port:
+            return "http", metrics_port
     if "swarm_node" in names:
         maddrs = flag_values(argv, "--host-maddrs")
         if maddrs is None:

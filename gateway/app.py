@@ -14,10 +14,11 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import uvicorn
 from fastapi import Depends, FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 
 from gateway.api.auth import Authenticator, authenticate
 from gateway.api.body_limit import BodyLimitMiddleware
@@ -27,18 +28,21 @@ from gateway.api.live_sessions import SessionTracker
 from gateway.api.metrics_http import install_metrics
 from gateway.api.openapi_docs import install_openapi
 from gateway.api.request_log import install_request_ids
-from gateway.api.routes import chat, completions, health, metrics, models, page, tokenize
+from gateway.api.routes import chat, completions, health, metrics, models, page, responses, tokenize
 from gateway.api.routes import sessions as session_routes
 from gateway.api.serving_chat import ChatServing
 from gateway.api.serving_common import ServingConfig
 from gateway.api.serving_completions import CompletionServing
 from gateway.api.serving_models import ModelServing
+from gateway.api.serving_responses import ResponsesServing
 from gateway.generation import Engine
 from gateway.sessions.api_keys import KeyStore
 from gateway.sessions.quotas import QuotaLimiter
 from gateway.sessions.redis_link import RedisLink
+from gateway.sessions.replicas import ReplicaCensus
+from gateway.sessions.responses_store import ResponseStore
 from gateway.sessions.store import SessionStore
-from gateway.settings import ServeSettings
+from gateway.settings import ServeSettings, is_loopback
 
 logger = logging.getLogger(__name__)
 
@@ -50,24 +54,36 @@ def create_app(
     config: ServingConfig,
     sessions: SessionTracker | None = None,
     authenticator: Authenticator | None = None,
+    allowed_origins: Sequence[str] = (),
 ) -> FastAPI:
-    """The API over ``engine``; without ``sessions`` they live in memory only, without ``authenticator`` it is open."""
+    """The API over ``engine``; without ``sessions`` they live in memory only, without ``authenticator`` it is open;
+    browsers on ``allowed_origins`` (``*``: any) may call it (CORS), others get no CORS headers."""
     app = FastAPI(title="swarmgate", summary="An OpenAI-compatible API in front of a swarm of transformer blocks")
     if sessions is None:
         sessions = SessionTracker(SessionStore(RedisLink(None), "local"), None, config.model_name, resume_grace=0.0)
-    app.state.authenticator = authenticator or Authenticator([], None, required=False)
+    app.state.authenticator = authenticator or Authenticator([], None, enabled=False)
+    chat_serving = ChatServing(engine, config, sessions)
     app.state.services = Services(
         completions=CompletionServing(engine, config, sessions),
-        chat=ChatServing(engine, config, sessions),
+        chat=chat_serving,
         models=ModelServing(engine, config, sessions),
         sessions=sessions,
+        responses=ResponsesServing(chat_serving, ResponseStore(sessions.store.link, config.responses_ttl)),
     )
     install_error_handlers(app)
     install_openapi(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_request_bytes)
     install_metrics(app, engine)
+    if allowed_origins:  # outermost, so that errors (401, 413, ...) carry the CORS headers a browser needs to read them
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(allowed_origins),
+            allow_methods=["*"],
+            allow_headers=["*"],
+            expose_headers=["X-Session-Id", "Retry-After"],
+        )
     authenticated = [Depends(authenticate)]  # every /v1 route but the swarm view (the page and probes read it)
-    for module in (completions, chat, models, tokenize, session_routes):
+    for module in (completions, chat, responses, models, tokenize, session_routes):
         app.include_router(module.router, dependencies=authenticated)
     for module in (health, metrics, page):  # probes, Prometheus and the swarm page need no API key
         app.include_router(module.router)
@@ -81,24 +97,34 @@ async def serve(settings: ServeSettings) -> None:
     install_request_ids()
     engine = await GenerationEngine.create(settings)
     link = RedisLink(settings.redis_url or None)
-    store = SessionStore(link, settings.replica_id or f"{socket.gethostname()}:{os.getpid()}", settings.session_ttl)
+    replica = settings.replica_id or f"{socket.gethostname()}:{os.getpid()}"
+    store = SessionStore(link, replica, settings.session_ttl)
+    census = ReplicaCensus(link, replica, settings.replicas)
     try:
         config = ServingConfig(
-            settings.served_model_name or engine.model_name, settings.default_max_tokens, settings.max_request_bytes
+            settings.served_model_name or engine.model_name,
+            settings.default_max_tokens,
+            settings.max_request_bytes,
+            tool_call_parser=settings.tool_call_parser,
+            reasoning_parser=settings.reasoning_parser,
+            responses_ttl=settings.responses_ttl,
+            sampling_defaults=engine.sampling_defaults,
         )
+        if engine.sampling_defaults:
+            logger.info("sampling defaults from generation_config.json: %s", engine.sampling_defaults)
         if link.enabled and await link.probe():
             logger.info("sessions, API keys and quotas in Redis at %s", link.url)
         store.start()
+        census.start()
         sessions = SessionTracker(
             store,
-            QuotaLimiter(link, settings.replicas),
+            QuotaLimiter(link, settings.replicas, census),
             config.model_name,
             settings.resume_grace,
             settings.max_concurrent_generations,
         )
-        static_keys = [key.get_secret_value() for key in settings.api_keys]
-        authenticator = Authenticator(static_keys, KeyStore(link) if link.enabled else None, settings.require_api_key)
-        app = create_app(engine, config, sessions, authenticator)
+        authenticator = _authenticator(settings, link)
+        app = create_app(engine, config, sessions, authenticator, settings.allowed_origins)
         listener = _bind(settings.host, settings.port)
         host, port = listener.getsockname()[:2]
         server = _Server(
@@ -112,12 +138,49 @@ async def serve(settings: ServeSettings) -> None:
             settings.drain_timeout,
         )
         logger.info("serving %s on http://%s:%d/v1", config.model_name, host, port)
-        await server.serve(sockets=[listener])
+        watcher = asyncio.create_task(_watch_coverage(app.state.services.models))
+        try:
+            await server.serve(sockets=[listener])
+        finally:
+            watcher.cancel()
         await sessions.close()
     finally:
+        await census.close()
         await store.close()
         await link.close()
         await engine.close()
+
+
+COVERAGE_CHECK_PERIOD = 10.0  # seconds between checks that log a gap in the swarm (each change once)
+
+
+async def _watch_coverage(models: ModelServing) -> None:
+    """Log swarm gaps as they appear, e.g. "no node announces model X; nodes announce Y", probed or not."""
+    while True:
+        await asyncio.sleep(COVERAGE_CHECK_PERIOD)
+        try:
+            await models.swarm_coverage()
+        except Exception:
+            logger.warning("swarm coverage check failed", exc_info=True)
+
+
+def _authenticator(settings: ServeSettings, link: RedisLink) -> Authenticator:
+    """Authentication as the operator set it (``--auth``), fixed for the process's life."""
+    mode, operator_keys = settings.auth_mode(), settings.operator_keys()
+    if mode == "none":
+        if not is_loopback(settings.host):
+            logger.warning("authentication is off (--auth none) on %s: anyone who reaches it is admin", settings.host)
+        else:
+            logger.info("authentication off (--auth none): every caller is admin")
+        return Authenticator([], None, enabled=False)
+    if not operator_keys and not link.enabled:
+        logger.warning("authentication on with neither an operator key nor Redis: every request will be refused")
+    logger.info(
+        "authentication on: %d operator key(s)%s",
+        len(operator_keys),
+        ", and keys in Redis" if link.enabled else "; no Redis, so no other keys",
+    )
+    return Authenticator(operator_keys, KeyStore(link) if link.enabled else None, enabled=True)
 
 
 def _bind(host: str, port: int) -> socket.socket:

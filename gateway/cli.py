@@ -17,16 +17,16 @@ from gateway.settings import (
     ServeSettings,
 )
 from shared.logging_setup import configure_logging
-from shared.settings import add_settings_arguments, build_settings
+from shared.settings import add_settings_arguments, settings_or_exit
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="gateway", description="The swarmgate gateway.")
     commands = parser.add_subparsers(dest="command", required=True)
+    parsers: dict[str, argparse.ArgumentParser] = {}
     for name, settings_cls in (("serve", ServeSettings), ("generate", GenerateSettings)):
-        add_settings_arguments(
-            commands.add_parser(name, help=settings_cls.__doc__, description=settings_cls.__doc__), settings_cls
-        )
+        parsers[name] = commands.add_parser(name, help=settings_cls.__doc__, description=settings_cls.__doc__)
+        add_settings_arguments(parsers[name], settings_cls)
     keys = commands.add_parser("keys", help="manage API keys", description="Manage the gateways' API keys.")
     key_commands = keys.add_subparsers(dest="keys_command", required=True)
     key_settings: dict[str, type[RedisSettings]] = {
@@ -35,24 +35,28 @@ def main(argv: Sequence[str] | None = None) -> None:
         "revoke": KeyRevokeSettings,
     }
     for name, key_cls in key_settings.items():
-        add_settings_arguments(
-            key_commands.add_parser(name, help=key_cls.__doc__, description=key_cls.__doc__), key_cls
-        )
+        parsers[f"keys {name}"] = key_commands.add_parser(name, help=key_cls.__doc__, description=key_cls.__doc__)
+        add_settings_arguments(parsers[f"keys {name}"], key_cls)
     args = parser.parse_args(argv)
-    configure_logging()
     if args.command == "serve":
+        serve_settings = settings_or_exit(parsers["serve"], ServeSettings, args)
+        configure_logging()
         from gateway.app import serve
 
-        asyncio.run(serve(build_settings(ServeSettings, args)))
+        asyncio.run(serve(serve_settings))
     elif args.command == "keys":
+        keys_settings = settings_or_exit(parsers[f"keys {args.keys_command}"], key_settings[args.keys_command], args)
+        configure_logging()
         from gateway.keys_cli import KeysCommandError, run
 
         try:
-            asyncio.run(run(build_settings(key_settings[args.keys_command], args)))
+            asyncio.run(run(keys_settings))
         except KeysCommandError as exc:
             parser.exit(1, f"gateway keys: {exc}\n")
     else:
-        asyncio.run(_generate(build_settings(GenerateSettings, args)))
+        generate_settings = settings_or_exit(parsers["generate"], GenerateSettings, args)
+        configure_logging()
+        asyncio.run(_generate(generate_settings))
 
 
 async def _generate(settings: GenerateSettings) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 # (token id, logprob) pairs, most likely first.
 TopLogprobs = tuple[tuple[int, float], ...]
@@ -43,6 +43,20 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
+class Grammar:
+    """What the generated text must match, as plain data: the serving layer writes it, the engine compiles it.
+
+    ``json_schema``: a JSON schema (as JSON text); ``lark``: a Lark grammar in llguidance's dialect (which embeds
+    schemas with ``%json {...}``); ``regex``: a regular expression. ``param`` names the request field it came from,
+    for the 400 a grammar that does not compile earns.
+    """
+
+    kind: Literal["json_schema", "lark", "regex"]
+    source: str
+    param: str = "response_format"
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     prompt_ids: list[int]
     max_new_tokens: int
@@ -53,6 +67,7 @@ class GenerationRequest:
     # Whose conversation this is (an API key's id): a generation that ends well keeps its node caches for a later
     # request of the same scope that continues its tokens (a chat's next turn). None: nothing is kept or reused.
     reuse_scope: str | None = None
+    grammar: Grammar | None = None  # constrained decoding: only tokens that keep the text within it are sampled
 
 
 @dataclass(frozen=True)
@@ -85,6 +100,14 @@ class InvalidPrompt(ValueError):
     """The prompt cannot be built from what the client sent (the client's error, not the server's)."""
 
 
+class InvalidGrammar(InvalidPrompt):
+    """A response format or tool schema that cannot be compiled into a grammar."""
+
+    def __init__(self, message: str, param: str = "response_format") -> None:
+        super().__init__(message)
+        self.param = param
+
+
 class ChatTemplateMissing(InvalidPrompt):
     """The model's tokenizer has no chat template."""
 
@@ -105,8 +128,20 @@ class TokenCodec(Protocol):
         """The raw bytes one token stands for (may be part of a multi-byte character)."""
         ...
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> str:
-        """The conversation as a prompt, with the model's chat template; raises ``ChatTemplateMissing``."""
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
+        """The conversation as a prompt, with the model's chat template; raises ``ChatTemplateMissing``.
+
+        ``tools``: OpenAI-style tool definitions for the template's ``tools`` variable; ``template_kwargs``: further
+        template variables (``enable_thinking``)."""
+        ...
+
+    def chat_template(self) -> str | None:
+        """The chat template's source (what tool-call and reasoning formats are guessed from), or None."""
         ...
 
     def fim_ids(self) -> tuple[int, int, int] | None:
@@ -136,6 +171,10 @@ class Engine(Protocol):
 
     async def missing_blocks(self) -> list[int]:
         """Blocks no live node serves now (empty: every request can be routed)."""
+        ...
+
+    async def announced_models(self) -> list[str]:
+        """Names of the models nodes announce now (to tell an operator whose model name matches no node)."""
         ...
 
     async def swarm_report(self) -> dict[str, Any]:

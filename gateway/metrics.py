@@ -33,6 +33,7 @@ from prometheus_client.registry import Collector
 logger = logging.getLogger(__name__)
 
 NODE_STATES = ("joining", "online", "draining", "offline")
+REACHABILITIES = ("direct", "relayed", "unreachable")
 
 # Bucket bounds in seconds: a swarm on CPUs or across the internet is slower than one GPU, so they reach further.
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0)
@@ -171,6 +172,14 @@ def swarm_metrics(report: dict[str, Any]) -> Iterable[Metric]:
     for state in NODE_STATES:
         states.add_metric([state], sum(1 for node in nodes if node.get("state") == state))
     yield states
+    reached = GaugeMetricFamily(
+        "swarmgate_swarm_nodes_reachability",
+        "nodes announcing themselves, by how peers reach them (direct, relayed, unreachable)",
+        labels=["reachability"],
+    )
+    for how in REACHABILITIES:
+        reached.add_metric([how], sum(1 for node in nodes if node.get("reachability") == how))
+    yield reached
     yield _gauge(
         "swarmgate_swarm_nodes_banned", "nodes this gateway avoids now", sum(bool(n.get("banned")) for n in nodes)
     )
@@ -190,6 +199,8 @@ def swarm_metrics(report: dict[str, Any]) -> Iterable[Metric]:
         ("bans", "times a node was banned after a fault (never for being full or draining)"),
         ("departures", "nodes taken out of routing until they announce again (dead, frozen, draining, moved)"),
         ("capacity_refusals", "session opens a full node refused (waited on or routed around, never banned)"),
+        ("relayed_hops", "decode steps whose hidden states the gateway sent to a node"),
+        ("pushed_hops", "decode steps whose hidden states went node to node (push)"),
     ):
         yield CounterMetricFamily(f"swarmgate_{name}", help_text, value=counters.get(name, 0))
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import ipaddress
+from pathlib import Path
+from typing import Literal, Self
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 
 from shared.settings import P2PSettings, ProcessSettings, positional
 
@@ -31,6 +33,16 @@ class EngineSettings(P2PSettings):
     allowed_peers: list[str] = Field(
         default_factory=list, description="if given, route only through these node peer ids (an allowlist)"
     )
+    push: bool = Field(
+        True,
+        description="decode steps go node to node (gateway → A → B → gateway) rather than back through the gateway",
+    )
+    push_min_rtt: float = Field(
+        0.005,
+        ge=0,
+        description="push only when a later node of the chain is at least this far (round trip, seconds) from the"
+        " gateway: at home the node-to-node messages cost more than the half round trip they save",
+    )
     routing: Literal["min_latency", "max_throughput"] = Field(
         "min_latency", description="default route choice: lowest latency, or spread sessions for throughput"
     )
@@ -42,6 +54,15 @@ class EngineSettings(P2PSettings):
     )
     conversation_max_kept: int = Field(
         8, ge=0, description="most chats kept at once by this gateway; beyond it the least recently used is closed"
+    )
+    chat_template: Path | None = Field(
+        None, description="a Jinja chat template file used instead of the tokenizer's own (as vLLM's --chat-template)"
+    )
+    max_model_len: int | None = Field(
+        None,
+        gt=0,
+        description="longest prompt + completion in tokens; longer requests get 400 context_length_exceeded;"
+        " default: the model's max_position_embeddings (a larger value is refused at start)",
     )
 
 
@@ -97,14 +118,24 @@ class ServeSettings(EngineSettings, RedisSettings):
     replicas: int = Field(
         1, ge=1, description="gateway replicas sharing Redis: while Redis is down each enforces 1/replicas of a quota"
     )
+    auth: Literal["keys", "none"] | None = Field(
+        None,
+        description="keys: every /v1 request needs a valid API key; none: open, every caller is the admin. Default:"
+        " keys when --host is beyond loopback or an operator key is given, none on loopback (the local demo)."
+        " Never changes at run time: an empty or unreachable Redis refuses keys, it never opens the gateway",
+    )
+    admin_key: SecretStr | None = Field(
+        None, description="an operator (admin, unlimited) API key, valid without Redis (e.g. a fresh cluster's first)"
+    )
+    admin_key_file: str | None = Field(
+        None, description="file holding an operator API key (a mounted Secret); valid without Redis like --admin-key"
+    )
     api_keys: list[SecretStr] = Field(
         default_factory=list,
-        description="admin API keys accepted besides those made by `gateway keys create` (env: a JSON list);"
-        " any key turns authentication on",
+        description="more operator API keys, admins valid without Redis, besides those made by `gateway keys create`"
+        " (env: a JSON list)",
     )
-    require_api_key: bool = Field(
-        False, description="require a valid API key even while none exists (off: open until a key is created)"
-    )
+    require_api_key: bool = Field(False, description="the same as --auth keys (kept for older deployments)")
     drain_timeout: float = Field(
         30.0, ge=0, description="on SIGTERM: seconds running generations get to finish (new ones get 503 draining)"
     )
@@ -121,9 +152,66 @@ class ServeSettings(EngineSettings, RedisSettings):
         description="seconds a stream keeps generating after its client disconnects, so the client can resume it"
         " (GET /v1/sessions/{id}/events with Last-Event-ID); a resumed reader keeps it going; 0: stop at once",
     )
+    allowed_origins: list[str] = Field(
+        default_factory=list,
+        description="browser origins allowed to call the API (CORS), e.g. https://app.example.com or * (env: a JSON"
+        " list); default none: no CORS headers",
+    )
+    responses_ttl: float = Field(
+        86400.0, gt=0, description="seconds a stored /v1/responses response (store: true) is kept after it ends"
+    )
     default_max_tokens: int = Field(
         1024,
         ge=0,
         description="max tokens of a chat completion that sets none (or a completion with max_tokens null); 0: the "
         "rest of the context window, OpenAI's default, costly since nodes reserve KV-cache room for all of it up front",
     )
+    tool_call_parser: Literal["auto", "hermes", "llama3_json", "mistral"] = Field(
+        "auto",
+        description="how tool calls are written and parsed: hermes (<tool_call>{json}</tool_call>), llama3_json, "
+        "mistral ([TOOL_CALLS][...]); auto: from the chat template (hermes when it has no tool support)",
+    )
+    reasoning_parser: Literal["auto", "none", "qwen3", "deepseek_r1"] = Field(
+        "auto",
+        description="split <think>...</think> into reasoning_content (qwen3, deepseek_r1: the same tags); auto: when "
+        "the chat template knows </think>; none: never",
+    )
+
+    @model_validator(mode="after")
+    def _check_auth(self) -> Self:
+        operator_keys = self.operator_keys()  # an unreadable --admin-key-file fails here, at start
+        if self.auth == "none" and (self.require_api_key or operator_keys):
+            raise ValueError("--auth none contradicts the operator keys or --require-api-key given: drop one side")
+        return self
+
+    def operator_keys(self) -> list[str]:
+        """Admin keys that need no Redis: --admin-key, --admin-key-file, --api-keys (read once, at start)."""
+        keys = [key.get_secret_value() for key in self.api_keys]
+        if self.admin_key is not None:
+            keys.append(self.admin_key.get_secret_value())
+        if self.admin_key_file:
+            try:
+                text = Path(self.admin_key_file).read_text(encoding="utf-8").strip()
+            except OSError as exc:
+                raise ValueError(f"cannot read --admin-key-file {self.admin_key_file}: {exc.strerror}") from None
+            if not text:
+                raise ValueError(f"--admin-key-file {self.admin_key_file} is empty")
+            keys.append(text)
+        return [key for key in keys if key]
+
+    def auth_mode(self) -> Literal["keys", "none"]:
+        if self.auth is not None:
+            return self.auth
+        if self.require_api_key or self.operator_keys() or not is_loopback(self.host):
+            return "keys"
+        return "none"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` only accepts connections from this machine (0.0.0.0 and names other than localhost don't)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

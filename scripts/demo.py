@@ -105,7 +105,7 @@ _LOCAL = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 def ready(url: str) -> bool:
     try:
-        with _LOCAL.open(f"{url}/ready", timeout=2) as response:
+        with _LOCAL.open(f"{url}/ready?swarm=complete", timeout=2) as response:
             return bool(response.status == 200)
     except (urllib.error.URLError, OSError):
         return False

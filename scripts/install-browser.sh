@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs Debian's chromium, which tests/integration/test_swarm_page.py drives headless (the swarm page, GET /).
+# Installs Debian's chromium, which the page test of tests/integration/test_observability.py drives headless
+# (the swarm page, GET /; marker `browser`).
 # From Debian's apt only, as root (CI runs as root); a no-op when `chromium` is already on PATH. Without it the
 # page test skips and says why.
 set -euo pipefail

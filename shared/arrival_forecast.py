@@ -1,16 +1,15 @@
 """When each running session's next request is expected, from the rhythm of its previous ones.
 
-Both batchers of a decode step use it — the node's (one forward of the span for many sessions) and the gateway's LM
-head (one matmul for many sessions): a batch that opens waits only for the sessions that are *due* before a short
-deadline, never for ones that are elsewhere in the chain for longer, and a lone stream never waits.
+The batching primitive (``shared.batching``) reads it under the node's decode batcher (one forward of the span for
+many sessions) and the gateway's LM head (one matmul for many sessions): a batch that opens waits only for the
+sessions that are *due* before a short deadline, never for ones that are elsewhere in the chain for longer, and a
+lone stream never waits.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import weakref
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -63,12 +62,3 @@ class ArrivalForecast(Generic[Key]):
     @staticmethod
     def _running(rhythm: _Rhythm, now: float) -> bool:
         return now - rhythm.last <= max(ACTIVE_HORIZON, 2 * (rhythm.interval or 0.0))
-
-
-async def wait_for_arrivals(arrival: asyncio.Event, count: Callable[[], int], wanted: int, deadline: float) -> None:
-    """Until ``count()`` reaches ``wanted`` or the loop's clock passes ``deadline``; ``arrival`` is set on each one."""
-    loop = asyncio.get_running_loop()
-    while count() < wanted and (remaining := deadline - loop.time()) > 0:
-        arrival.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(arrival.wait(), remaining)

@@ -1,9 +1,10 @@
 """What nodes announce in the DHT, and how readers get it back.
 
 Keys: ``{model}.model`` holds a ``ModelRecord`` (subkey: the announcing peer); ``{model}.block.{i}`` holds one
-``ServerRecord`` per peer serving block ``i`` (subkey: peer id). Every record expires; nodes re-announce
-periodically, and announce ``OFFLINE`` with a short expiration when they stop. Records that fail validation are
-dropped on read, never trusted.
+``ServerRecord`` per peer serving block ``i`` (subkey: peer id); ``swarmgate.models`` holds every node's
+``ModelRecord`` again, so a gateway whose model nobody serves can say which models the nodes do serve. Every
+record expires; nodes re-announce periodically, and announce ``OFFLINE`` with a short expiration when they stop.
+Records that fail validation are dropped on read, never trusted.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from hivemind.utils import get_dht_time
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shared.membership import owner_subkey, peer_of_subkey
+from shared.reachability import Reachability
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +56,10 @@ class ServerRecord(BaseModel):
     cache_tokens_left: int = Field(0, ge=0)
     queue_depth: int = Field(0, ge=0)  # steps waiting for the compute thread when announced
     next_rtts: dict[str, float] = Field(default_factory=dict)  # seconds to the nodes that serve our `end` block
+    # How peers reach the node (shared.reachability): directly, through a relay (dial relay_addrs first), or not at
+    # all (it announces itself so operators see it, but nobody routes to it).
+    reachability: Reachability = Reachability.DIRECT
+    relay_addrs: list[str] = Field(default_factory=list, max_length=8)
     version: str
     protocol: int
 
@@ -67,6 +73,9 @@ class ServerRecord(BaseModel):
         return range(self.start, self.end)
 
 
+MODELS_KEY = "swarmgate.models"
+
+
 def model_key(model: str) -> str:
     return f"{model}.model"
 
@@ -77,8 +86,8 @@ def block_key(model: str, block: int) -> str:
 
 async def announce(dht: DHT, model: ModelRecord, server: ServerRecord, expiration: float) -> None:
     """Store ``server`` under each of its blocks and the model record, all expiring in ``expiration`` seconds."""
-    keys = [model_key(model.name)] + [block_key(model.name, i) for i in server.blocks]
-    values: list[Any] = [model.model_dump(mode="json")] + [server.model_dump(mode="json")] * len(server.blocks)
+    keys = [model_key(model.name), MODELS_KEY] + [block_key(model.name, i) for i in server.blocks]
+    values: list[Any] = [model.model_dump(mode="json")] * 2 + [server.model_dump(mode="json")] * len(server.blocks)
     await dht.run_coroutine(
         partial(_store_many, keys=keys, values=values, subkey=owner_subkey(server.peer_id), expiration=expiration),
         return_future=True,
@@ -101,6 +110,19 @@ async def fetch_model_record(dht: DHT, model: str) -> ModelRecord | None:
         except ValidationError:
             continue
     return None
+
+
+async def fetch_announced_models(dht: DHT) -> list[str]:
+    """Names of the models any node announces now, sorted."""
+    found = await dht.get(MODELS_KEY, latest=True, return_future=True)
+    entries = found.value if found is not None and isinstance(found.value, dict) else {}
+    names = set()
+    for entry in entries.values():
+        try:
+            names.add(ModelRecord.model_validate(entry.value).name)
+        except ValidationError:
+            continue
+    return sorted(names)
 
 
 async def fetch_servers(dht: DHT, model: str, num_blocks: int) -> dict[str, ServerRecord]:

@@ -11,6 +11,8 @@ the client rebuilds the same exception type from it (``error_from_code``), and o
     │   ├── PositionOutOfRange      not retryable: positions beyond the session's max length
     │   ├── WrongSpan               not retryable: blocks asked for are not served by this node
     │   ├── Unauthorized            not retryable: no valid call token for this private swarm
+    │   ├── PushRefused             not retryable: a push from a peer the session's opener did not name
+    │   ├── PushMissing             retryable: a pushed step's input never came (the gateway relays it instead)
     │   ├── CacheFull               retryable: the node's KV-cache pool has no room now
     │   ├── NodeDraining            retryable: the node accepts no new sessions
     │   └── NodeInternalError       retryable: anything unexpected on the node
@@ -61,6 +63,15 @@ class WrongSpan(RemoteError):
 
 class Unauthorized(RemoteError):
     code = "unauthorized"
+
+
+class PushRefused(RemoteError):
+    code = "push_refused"
+
+
+class PushMissing(RemoteError):
+    code = "push_missing"
+    retryable = True
 
 
 class CacheFull(RemoteError):
@@ -117,6 +128,8 @@ _REMOTE_ERRORS: dict[str, type[RemoteError]] = {
         PositionOutOfRange,
         WrongSpan,
         Unauthorized,
+        PushRefused,
+        PushMissing,
         CacheFull,
         NodeDraining,
         NodeInternalError,

@@ -6,13 +6,16 @@ The same MODEL string is given to nodes and to the gateway, and its ``name`` key
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 from transformers import AutoConfig, PretrainedConfig
 
 from shared.errors import ModelLoadError
+
+Loaded = TypeVar("Loaded")
 
 SourceKind = Literal["folder", "gguf", "hub"]
 
@@ -30,6 +33,20 @@ class ModelSource:
         """The model's id: the folder's / repo's / GGUF file's base name."""
         base = self.location.rstrip("/").rsplit("/", 1)[-1]
         return base.removesuffix(".gguf") if self.kind == "gguf" else base
+
+    def load(self, from_pretrained: Callable[..., Loaded], what: str) -> Loaded:
+        """``from_pretrained`` (a transformers class's) on this source — a GGUF file is its folder + ``gguf_file``;
+        a missing or unreadable file is a ``ModelLoadError`` naming ``what``."""
+        kwargs: dict[str, str | None]
+        if self.kind == "gguf":
+            path = Path(self.location)
+            location, kwargs = str(path.parent), {"gguf_file": path.name}
+        else:
+            location, kwargs = self.location, {"revision": self.revision}
+        try:
+            return from_pretrained(location, **kwargs)
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(f"cannot load {what} of {self.location}: {exc}") from exc
 
 
 def resolve_model(spec: str, revision: str | None = None) -> ModelSource:
@@ -49,10 +66,5 @@ def resolve_model(spec: str, revision: str | None = None) -> ModelSource:
 
 def load_config(source: ModelSource) -> PretrainedConfig:
     """The model's transformers config (reads only metadata: config.json, or the GGUF header)."""
-    try:
-        if source.kind == "gguf":
-            path = Path(source.location)
-            return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
-        return AutoConfig.from_pretrained(source.location, revision=source.revision)
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"cannot read the config of {source.location}: {exc}") from exc
+    config: PretrainedConfig = source.load(AutoConfig.from_pretrained, "the config")
+    return config

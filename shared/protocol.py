@@ -11,6 +11,15 @@ the pydantic models below, ``tensors`` are hidden states serialized by hivemind.
   streams step together (they do: its LM head scores them as one batch) sends one message per node instead of B,
   and the node's batcher gets all B rows at once instead of waiting for them to trickle in. A row that fails (its
   session closed, a bad position) carries its own ``ErrorReply``; the other rows are answered.
+  Node-to-node push: a row may name the rest of its chain (``next``: each later node's peer id and session id);
+  the node then pushes its output straight to the next node as well as answering. The gateway asks every later node
+  with a ``pushed`` batch step (no tensor): the node answers each row once its step has run, with the output and the
+  input it ran on ([B, 1, D] each), so the gateway keeps every hop's inputs for failover replay. A token costs
+  gateway → A → B → gateway (1.5 round trips) instead of a relay through the gateway per node.
+* ``push`` (stream ↔ stream, node to node): ``PushStep`` + hidden [B, 1, D] → ``PushAccepted``. Only a session's
+  opener, or the predecessor it named (``OpenSession.pusher``, ``AllowPush``), may push into it: a session id is a
+  secret bound to those peers; anyone else gets ``PushRefused``. A step reaching a node by push and from the gateway
+  runs once (``swarm_node.step_slots``).
 * ``forward`` (unary): ``ForwardRequest`` + hidden [B, T, D] → ``ForwardResult`` + hidden, no state kept.
 * ``info`` (unary): ``InfoRequest`` → ``NodeInfo``.
 
@@ -29,10 +38,11 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from shared.errors import BadRequest, RemoteError, error_from_code
 
-PROTOCOL_VERSION = 3  # 2: ResizeSession; 3: the batch handler
+PROTOCOL_VERSION = 4  # 2: ResizeSession; 3: the batch handler; 4: node-to-node push
 
 INFERENCE_HANDLER = "swarmgate.inference"
 BATCH_HANDLER = "swarmgate.batch"
+PUSH_HANDLER = "swarmgate.push"
 FORWARD_HANDLER = "swarmgate.forward"
 INFO_HANDLER = "swarmgate.info"
 
@@ -42,6 +52,7 @@ WIRE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": t
 _WIRE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 4}
 MAX_WIRE_ELEMENTS = 1 << 28  # 1 GiB of fp32: refuses absurd declared sizes before allocating
 MAX_BATCH_ROWS = 256  # sessions in one BatchStep
+MAX_NEXT_HOPS = 64  # nodes after this one that a pushed row names
 
 
 class _Message(BaseModel):
@@ -56,6 +67,14 @@ class OpenSession(_Message):
     max_length: int = Field(gt=0)
     auth: str | None = None  # call token of a private swarm (shared.membership)
     alloc_timeout: float = Field(0.0, ge=0, le=600)  # seconds to wait for cache room (0: refuse at once)
+    pusher: str | None = Field(None, max_length=128)  # peer id of the node before this one, allowed to push into it
+
+
+class AllowPush(_Message):
+    """The node allowed to push into this session is now ``pusher`` (its predecessor was replaced)."""
+
+    type: Literal["allow_push"] = "allow_push"
+    pusher: str | None = Field(None, max_length=128)
 
 
 class Step(_Message):
@@ -76,9 +95,15 @@ class CloseSession(_Message):
     type: Literal["close"] = "close"
 
 
+class NextHop(_Message):
+    peer_id: str = Field(min_length=1, max_length=128)
+    session_id: str = Field(min_length=1, max_length=64)  # that node's name for the chain's session
+
+
 class BatchRow(_Message):
     session_id: str = Field(min_length=1, max_length=64)  # as SessionOpened named it
     position: int = Field(ge=0)
+    next: list[NextHop] = Field(default_factory=list, max_length=MAX_NEXT_HOPS)  # push the output on to next[0]
 
 
 class BatchStep(_Message):
@@ -86,10 +111,20 @@ class BatchStep(_Message):
 
     type: Literal["batch_step"] = "batch_step"
     rows: list[BatchRow] = Field(min_length=1, max_length=MAX_BATCH_ROWS)
+    pushed: bool = False  # the inputs come by push (no tensor here): answer each row once its step has run
+    wait: float = Field(0.0, ge=0, le=600)  # seconds a pushed row waits for its input (then PushMissing)
 
 
-ClientMessage = Annotated[OpenSession | Step | ResizeSession | CloseSession, Field(discriminator="type")]
-_CLIENT_MESSAGE: TypeAdapter[OpenSession | Step | ResizeSession | CloseSession] = TypeAdapter(ClientMessage)
+class PushStep(_Message):
+    """Node to node: the sender's outputs, row b the input of the receiver's session ``rows[b].session_id``."""
+
+    type: Literal["push"] = "push"
+    rows: list[BatchRow] = Field(min_length=1, max_length=MAX_BATCH_ROWS)
+
+
+_ClientMessages = OpenSession | Step | ResizeSession | AllowPush | CloseSession
+ClientMessage = Annotated[_ClientMessages, Field(discriminator="type")]
+_CLIENT_MESSAGE: TypeAdapter[_ClientMessages] = TypeAdapter(ClientMessage)
 
 
 class ForwardRequest(_Message):
@@ -116,6 +151,10 @@ class SessionOpened(_Message):
 class SessionResized(_Message):
     type: Literal["resized"] = "resized"
     max_length: int
+
+
+class PushAllowed(_Message):
+    type: Literal["push_allowed"] = "push_allowed"
 
 
 class StepResult(_Message):
@@ -156,13 +195,31 @@ class ErrorReply(_Message):
 
 
 class BatchStepResult(_Message):
-    """Row b's output is row b of the hidden states, unless ``errors[b]`` says why it failed (its row is zeros)."""
+    """Row b's output is row b of the hidden states, unless ``errors[b]`` says why it failed (its row is zeros).
+    A ``pushed`` step's reply carries a second tensor: the inputs the rows ran on."""
 
     type: Literal["batch_result"] = "batch_result"
     errors: list[ErrorReply | None]
 
 
-_ServerMessages = SessionOpened | SessionResized | StepResult | BatchStepResult | ForwardResult | NodeInfo | ErrorReply
+class PushAccepted(_Message):
+    """Per row of a ``PushStep``: None once its step ran, or why it was refused or failed."""
+
+    type: Literal["push_accepted"] = "push_accepted"
+    errors: list[ErrorReply | None]
+
+
+_ServerMessages = (
+    SessionOpened
+    | SessionResized
+    | PushAllowed
+    | StepResult
+    | BatchStepResult
+    | PushAccepted
+    | ForwardResult
+    | NodeInfo
+    | ErrorReply
+)
 ServerMessage = Annotated[_ServerMessages, Field(discriminator="type")]
 _SERVER_MESSAGE: TypeAdapter[_ServerMessages] = TypeAdapter(ServerMessage)
 
@@ -179,9 +236,7 @@ def encode_response(message: BaseModel, tensors: tuple[torch.Tensor, ...] = ()) 
     )
 
 
-def decode_client_message(
-    request: runtime_pb2.ExpertRequest,
-) -> tuple[OpenSession | Step | ResizeSession | CloseSession, list[torch.Tensor]]:
+def decode_client_message(request: runtime_pb2.ExpertRequest) -> tuple[_ClientMessages, list[torch.Tensor]]:
     return _parse(_CLIENT_MESSAGE, request.metadata), decode_tensors(request.tensors)
 
 
@@ -194,6 +249,13 @@ _BATCH_STEP: TypeAdapter[BatchStep] = TypeAdapter(BatchStep)
 
 def decode_batch_step(request: runtime_pb2.ExpertRequest) -> tuple[BatchStep, list[torch.Tensor]]:
     return _parse(_BATCH_STEP, request.metadata), decode_tensors(request.tensors)
+
+
+_PUSH_STEP: TypeAdapter[PushStep] = TypeAdapter(PushStep)
+
+
+def decode_push_step(request: runtime_pb2.ExpertRequest) -> tuple[PushStep, list[torch.Tensor]]:
+    return _parse(_PUSH_STEP, request.metadata), decode_tensors(request.tensors)
 
 
 def decode_server_message(

@@ -13,7 +13,8 @@ import typing
 from collections.abc import Sequence
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, Field, SecretStr
+from hivemind.utils.multiaddr import Multiaddr
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -52,6 +53,33 @@ class P2PSettings(ProcessSettings):
         None, description="shared secret of a private swarm (>= 16 bytes); peers without it are ignored"
     )
     swarm_secret_file: str | None = Field(None, description="file holding the swarm secret (wins over --swarm-secret)")
+    relay_hop: bool = Field(
+        False,
+        description="relay connections for peers that cannot be dialled (behind NAT), within the --relay-max-* limits",
+    )
+    relay_max_circuits: int = Field(16, gt=0, description="with --relay-hop: open relayed connections per peer")
+    relay_max_reservations: int = Field(128, gt=0, description="with --relay-hop: peers holding a relay slot here")
+    relay_data_limit: int = Field(
+        1 << 30, gt=0, description="with --relay-hop: bytes relayed per connection and direction before it is reset"
+    )
+    relay_time_limit: int = Field(
+        3600, gt=0, description="with --relay-hop: seconds a relayed connection lasts before it is reset (redialled)"
+    )
+
+    @field_validator("initial_peers", "host_maddrs", "announce_maddrs")
+    @classmethod
+    def _check_maddrs(cls, values: list[str]) -> list[str]:
+        for value in values:
+            Multiaddr(value)  # a ValueError naming what is wrong: a flag error at start, not a traceback later
+        return values
+
+    @model_validator(mode="after")
+    def _check_secret(self) -> P2PSettings:
+        try:
+            self.secret()  # too short, or an unreadable --swarm-secret-file
+        except OSError as exc:
+            raise ValueError(f"cannot read --swarm-secret-file {self.swarm_secret_file}: {exc.strerror}") from None
+        return self
 
     def secret(self) -> bytes | None:
         value = self.swarm_secret.get_secret_value() if self.swarm_secret else None
@@ -67,11 +95,28 @@ class P2PSettings(ProcessSettings):
         }
         if self.announce_maddrs:
             kwargs["announce_maddrs"] = self.announce_maddrs
+        kwargs["daemon_flags"] = self.relay_service_flags(self.relay_hop)
         # One RSA key is both the libp2p identity and the records' signing key (see shared.identity).
         identity = load_identity(self.identity_path) if self.identity_path else new_identity()
         kwargs["identity"] = identity
         kwargs["record_validators"] = record_validators(self.secret(), (ServerRecord, ModelRecord), identity.key)
         return kwargs
+
+    def relay_service_flags(self, serve: bool) -> dict[str, Any]:
+        """p2pd's relay-service flags (it relays for anyone by default, with generous limits: we set ours)."""
+        if not serve:
+            return {"relayService": False}
+        return {
+            "relayService": True,
+            "relayMaxCircuits": self.relay_max_circuits,
+            "relayMaxReservations": self.relay_max_reservations,
+            "relayDataLimit": self.relay_data_limit,
+            "relayTimeLimit": f"{self.relay_time_limit}s",
+        }
+
+    def relay_client_kwargs(self) -> dict[str, Any]:
+        """A peer nobody can dial: reserve a slot on the initial peers (our trusted relays) at once."""
+        return {"use_auto_relay": True, "force_reachability": "private", "trusted_relays": self.initial_peers}
 
 
 S = TypeVar("S", bound=BaseModel)
@@ -110,10 +155,34 @@ def build_settings(settings_cls: type[S], namespace: argparse.Namespace) -> S:
     return settings_cls(**given)
 
 
+def settings_or_exit(parser: argparse.ArgumentParser, settings_cls: type[S], args: argparse.Namespace) -> S:
+    """The command's settings, or argparse's usage + "error: ..." (exit 2) for a bad value: never a traceback."""
+    try:
+        return build_settings(settings_cls, args)
+    except ValidationError as exc:
+        parser.error(validation_message(settings_cls, exc))
+
+
+def validation_message(settings_cls: type[BaseModel], exc: ValidationError) -> str:
+    """One line naming each bad flag (or positional) and what is wrong with it."""
+    parts = []
+    for error in exc.errors():
+        flag = _flag_name(settings_cls, str(error["loc"][0])) if error["loc"] else ""
+        message = error["msg"].removeprefix("Value error, ")
+        parts.append(f"{flag}: {message}" if flag and not message.startswith(flag) else message)
+    return "; ".join(parts)
+
+
+def _flag_name(settings_cls: type[BaseModel], name: str) -> str:
+    info = settings_cls.model_fields.get(name)
+    extra = info.json_schema_extra if info is not None and isinstance(info.json_schema_extra, dict) else {}
+    return name.upper() if extra.get("positional") else "--" + name.replace("_", "-")
+
+
 def parse_settings(settings_cls: type[S], argv: Sequence[str] | None, prog: str) -> S:
     parser = argparse.ArgumentParser(prog=prog, description=settings_cls.__doc__)
     add_settings_arguments(parser, settings_cls)
-    return build_settings(settings_cls, parser.parse_args(argv))
+    return settings_or_exit(parser, settings_cls, parser.parse_args(argv))
 
 
 def _help(name: str, info: FieldInfo) -> str:

@@ -33,10 +33,6 @@ class WeightReader(Protocol):
     def read(self, names: Iterable[str]) -> dict[str, torch.Tensor]: ...
 
 
-def block_prefix(block: int) -> str:
-    return f"model.layers.{block}."
-
-
 class SafetensorsReader:
     """Tensors from safetensors files, located through the index when the checkpoint is sharded.
 
@@ -105,6 +101,8 @@ class GgufReader:
         self._gguf = gguf
         self._config = config
         self._family = family_of(config)
+        if not self._family.gguf_supported:
+            raise ModelLoadError(f"GGUF files of the {self._family.name} family are not supported; use its safetensors")
         self.loaded: list[str] = []
         self._reader = gguf.GGUFReader(path)
         self._tensors = {t.name: t for t in self._reader.tensors}
@@ -116,9 +114,15 @@ class GgufReader:
         return name if name in self._tensors else None
 
     def names(self) -> set[str]:
+        layout = self._family.layout
         blocks = range(self._config.num_hidden_layers)
-        candidates = [f"{block_prefix(i)}{rest}" for i in blocks for rest in _BLOCK_PARAMS]
-        candidates += ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]
+        family = self._family
+        candidates = [
+            f"{layout.block_prefix(i)}{rest}" for i in blocks for rest in family.block_parameters(self._config, i)
+        ]
+        norms = [layout.final_norm, *([layout.embed_norm] if layout.embed_norm else [])]
+        candidates += [layout.embed, layout.lm_head]
+        candidates += [f"{norm}.{kind}" for norm in norms for kind in ("weight", "bias")]
         return {name for name in candidates if self._gguf_name(name) is not None}
 
     def read(self, names: Iterable[str]) -> dict[str, torch.Tensor]:
@@ -151,29 +155,35 @@ def _unpermute_rotary_rows(weights: np.ndarray, heads: int) -> np.ndarray:
     return weights.reshape(heads, half, 2, *weights.shape[1:]).swapaxes(1, 2).reshape(weights.shape)
 
 
-# Parameter names inside one decoder block, for the families we support (Qwen adds biases, Qwen3 q/k norms).
-_BLOCK_PARAMS = [
-    f"{module}.{kind}"
-    for module in (
-        "self_attn.q_proj",
-        "self_attn.k_proj",
-        "self_attn.v_proj",
-        "self_attn.o_proj",
-        "self_attn.q_norm",
-        "self_attn.k_norm",
-        "mlp.gate_proj",
-        "mlp.up_proj",
-        "mlp.down_proj",
-        "input_layernorm",
-        "post_attention_layernorm",
-    )
-    for kind in ("weight", "bias")
-]
+class PrefixedReader:
+    """Adds the base model's prefix that a checkpoint left out: BLOOM's hub checkpoints name ``h.0.…`` and
+    ``word_embeddings.weight`` what transformers (and our layouts) call ``transformer.h.0.…``."""
+
+    def __init__(self, inner: WeightReader, prefix: str) -> None:
+        self._inner, self._prefix = inner, prefix
+        self.loaded: list[str] = []
+
+    def names(self) -> set[str]:
+        return {self._prefix + name for name in self._inner.names()}
+
+    def read(self, names: Iterable[str]) -> dict[str, torch.Tensor]:
+        inner = self._inner.read(name.removeprefix(self._prefix) for name in names)
+        tensors = {self._prefix + name: tensor for name, tensor in inner.items()}
+        self.loaded.extend(tensors)
+        return tensors
+
+
+def _with_layout_prefix(reader: WeightReader, config: PretrainedConfig) -> WeightReader:
+    prefix = family_of(config).layout.blocks.partition(".")[0] + "."
+    names = reader.names()
+    if prefix == "model." or any(name.startswith(prefix) for name in names):
+        return reader
+    return PrefixedReader(reader, prefix)
 
 
 def open_weights(source: ModelSource, config: PretrainedConfig) -> WeightReader:
     if source.kind == "gguf":
         return GgufReader(source.location, config)
     if source.kind == "folder":
-        return local_folder_reader(source.location)
-    return hub_reader(source.location, source.revision)
+        return _with_layout_prefix(local_folder_reader(source.location), config)
+    return _with_layout_prefix(hub_reader(source.location, source.revision), config)

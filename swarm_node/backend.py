@@ -64,9 +64,9 @@ class SpanBackend:
         """A client's step, hidden [1, T, D] at ``position``: batched with others' steps or prompts unless longer than
         a prefill chunk (then alone, in chunks)."""
         if hidden.shape[1] == 1:
-            return await self.batcher.submit(kv, hidden, position)
+            return await self.batcher.step(kv, hidden, position)
         if hidden.shape[1] <= self.policy.prefill_chunk:
-            return await self.prefills.submit(kv, hidden, position)
+            return await self.prefills.prefill(kv, hidden, position)
         return await self.step(kv, hidden, position)
 
     async def step(self, kv: SessionKV, hidden: torch.Tensor, position: int) -> torch.Tensor:
@@ -116,6 +116,6 @@ class SpanBackend:
         return output
 
     def shutdown(self) -> None:
-        self.batcher.close()
-        self.prefills.close()
+        self.batcher.stop()
+        self.prefills.stop()
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -16,20 +16,16 @@ forward (B rows of T=1, each at its own position) cost much less than B forwards
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import torch
 
-from shared.arrival_forecast import ArrivalForecast, wait_for_arrivals
+from shared.batching import Batcher, Job, Rhythm
 from swarm_node.kv_cache import SessionKV
 
 logger = logging.getLogger(__name__)
-
-FORWARD_SMOOTHING = 0.2  # weight of the newest decode forward's duration in the running estimate
 
 # Runs one forward: (sessions, hidden [B, 1, D], positions) -> [B, 1, D].
 RunBatch = Callable[[list[SessionKV], torch.Tensor, list[int]], Awaitable[torch.Tensor]]
@@ -43,91 +39,32 @@ class BatchPolicy:
 
 
 @dataclass
-class _Request:
+class _Step:
     kv: SessionKV
     hidden: torch.Tensor  # [1, 1, D]
     position: int
-    future: asyncio.Future[torch.Tensor]
 
 
-class DecodeBatcher:
+class DecodeBatcher(Batcher[_Step, torch.Tensor]):
     def __init__(self, policy: BatchPolicy, run_batch: RunBatch) -> None:
         self.policy = policy
         self._run_batch = run_batch
-        # A plain deque and an event rather than asyncio.Queue: on Python 3.11 ``wait_for(queue.get(), t)`` can drop
-        # an item when the timeout and the arrival coincide, and a dropped step would hang its session.
-        self._queue: deque[_Request] = deque()
-        self._arrival = asyncio.Event()
-        self._forecast: ArrivalForecast[SessionKV] = ArrivalForecast()
-        self._forward_seconds: float | None = None  # running average of a decode forward's duration
-        self._task: asyncio.Task[None] | None = None
-        self.batch_sizes: deque[int] = deque(maxlen=1000)  # rows of recent forwards, newest last (tests, bench)
+        super().__init__(
+            self._forward,
+            name="decode-batcher",
+            rhythm=Rhythm(policy.window),
+            max_items=policy.max_batch,
+            group=lambda step: step.kv.blocks,  # a sub-range of the span is a forward of its own
+        )
 
-    @property
-    def pending(self) -> int:
-        return len(self._queue)
-
-    async def submit(self, kv: SessionKV, hidden: torch.Tensor, position: int) -> torch.Tensor:
+    async def step(self, kv: SessionKV, hidden: torch.Tensor, position: int) -> torch.Tensor:
         """hidden: [1, 1, D] of one session at ``position`` -> [1, 1, D], computed in some batch."""
-        loop = asyncio.get_running_loop()
-        if self._task is None:
-            self._task = asyncio.create_task(self._serve_forever(), name="decode-batcher")
-        self._forecast.arrived(kv, loop.time())
-        future: asyncio.Future[torch.Tensor] = loop.create_future()
-        self._queue.append(_Request(kv, hidden, position, future))
-        self._arrival.set()
-        return await future
+        return await self.submit(_Step(kv, hidden, position), kv)
 
-    def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-        while self._queue:
-            self._queue.popleft().future.cancel()
-
-    async def _serve_forever(self) -> None:
-        while True:
-            batch = await self._collect()
-            live = [request for request in batch if not request.future.done()]  # skip steps whose client left
-            groups: dict[range, list[_Request]] = {}
-            for request in live:
-                groups.setdefault(request.kv.blocks, []).append(request)
-            for group in groups.values():
-                await self._run(group)
-
-    async def _collect(self) -> list[_Request]:
-        while not self._queue:
-            self._arrival.clear()
-            await self._arrival.wait()
-        batch: list[_Request] = []
-        self._drain_into(batch)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + min(self.policy.window, self._forward_seconds or self.policy.window)
-        due = self._forecast.due(loop.time(), deadline, {request.kv for request in batch})
-        wanted = min(self.policy.max_batch, len(batch) + due)
-        await wait_for_arrivals(self._arrival, lambda: len(batch) + len(self._queue), wanted, deadline)
-        self._drain_into(batch)
-        return batch
-
-    def _drain_into(self, batch: list[_Request]) -> None:
-        while len(batch) < self.policy.max_batch and self._queue:
-            batch.append(self._queue.popleft())
-
-    async def _run(self, group: list[_Request]) -> None:
-        began = asyncio.get_running_loop().time()
-        try:
-            hidden = torch.cat([request.hidden for request in group])  # [B, 1, D]
-            output = await self._run_batch([r.kv for r in group], hidden, [r.position for r in group])
-        except Exception as error:  # the batch failed: every step in it fails the same way; the loop goes on
-            for request in group:
-                if not request.future.done():
-                    request.future.set_exception(error)
-            return
-        self.batch_sizes.append(len(group))
-        took = asyncio.get_running_loop().time() - began
-        if self._forward_seconds is not None:
-            took = (1 - FORWARD_SMOOTHING) * self._forward_seconds + FORWARD_SMOOTHING * took
-        self._forward_seconds = took
-        logger.debug("decode batch of %d rows", len(group))
-        for row, request in enumerate(group):
-            if not request.future.done():
-                request.future.set_result(output[row : row + 1])
+    async def _forward(self, jobs: list[Job[_Step, torch.Tensor]]) -> None:
+        steps = [job.item for job in jobs]
+        hidden = torch.cat([step.hidden for step in steps])  # [B, 1, D]
+        output = await self._run_batch([s.kv for s in steps], hidden, [s.position for s in steps])
+        logger.debug("decode batch of %d rows", len(jobs))
+        for row, job in enumerate(jobs):
+            job.resolve(output[row : row + 1])

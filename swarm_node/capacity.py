@@ -20,7 +20,8 @@ from transformers import PretrainedConfig
 
 from shared.families import family_of
 from swarm_node.quantize import QUANTIZED_PROJECTIONS, Quant
-from swarm_node.span import kv_bytes_per_token
+from swarm_node.quantized_experts import FUSED_EXPERT_PARAMS
+from swarm_node.span import kv_bytes_per_token, prepare_config
 
 GPU_FREE_FRACTION = 0.9
 CPU_DEFAULT_TOKENS = 16384
@@ -35,13 +36,16 @@ _QUANT_WEIGHT_BYTES = {"int8": 1.0, "nf4": 0.5 + 1 / 64}
 def block_weight_bytes(config: PretrainedConfig, dtype: torch.dtype, quant: Quant) -> int:
     """Bytes one decoder block's parameters take on the device."""
     with torch.device("meta"):
-        block = family_of(config).decoder_layer(config, 0)
+        block = family_of(config).decoder_layer(prepare_config(config), 0)
     element = torch.empty(0, dtype=dtype).element_size()
     total = 0.0
     for name, param in block.named_parameters():
         module_name = name.rsplit(".", 2)[-2]
-        if quant != "none" and module_name in QUANTIZED_PROJECTIONS and name.endswith(".weight"):
-            total += param.numel() * _QUANT_WEIGHT_BYTES[quant] + (4 * param.shape[0] if quant == "int8" else 0)
+        projection = module_name in QUANTIZED_PROJECTIONS and name.endswith(".weight")
+        experts = name.rsplit(".", 1)[-1] in FUSED_EXPERT_PARAMS and param.dim() == 3
+        if quant != "none" and (projection or experts):
+            rows = param.numel() // param.shape[-1]
+            total += param.numel() * _QUANT_WEIGHT_BYTES[quant] + (4 * rows if quant == "int8" else 0)
         else:
             total += param.numel() * element
     return int(total)

@@ -1,34 +1,44 @@
-"""`swarm_node dht` and `swarm_node serve`."""
+"""`swarm_node dht` and `swarm_node serve`.
+
+A bad flag value, a model that cannot be found or read, or a span that does not fit ends the command the argparse
+way (usage, then ``error: ...``, exit 2), never with a traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
 
+from shared.errors import ModelLoadError
 from shared.logging_setup import configure_logging
-from shared.settings import add_settings_arguments, build_settings
+from shared.settings import add_settings_arguments, settings_or_exit
 from swarm_node.settings import DhtSettings, ServeSettings
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="swarm_node", description="A node of a swarmgate swarm.")
     commands = parser.add_subparsers(dest="command", required=True)
-    add_settings_arguments(
-        commands.add_parser("dht", help=DhtSettings.__doc__, description=DhtSettings.__doc__), DhtSettings
-    )
-    add_settings_arguments(
-        commands.add_parser("serve", help=ServeSettings.__doc__, description=ServeSettings.__doc__), ServeSettings
-    )
+    dht_parser = commands.add_parser("dht", help=DhtSettings.__doc__, description=DhtSettings.__doc__)
+    add_settings_arguments(dht_parser, DhtSettings)
+    serve_parser = commands.add_parser("serve", help=ServeSettings.__doc__, description=ServeSettings.__doc__)
+    add_settings_arguments(serve_parser, ServeSettings)
     args = parser.parse_args(argv)
-    configure_logging()
     if args.command == "dht":
+        dht_settings = settings_or_exit(dht_parser, DhtSettings, args)
+        configure_logging()
         from swarm_node.dht_bootstrap import run_bootstrap
 
-        run_bootstrap(build_settings(DhtSettings, args))
-    else:
-        from swarm_node.server import serve
+        run_bootstrap(dht_settings)
+        return
+    settings = settings_or_exit(serve_parser, ServeSettings, args)
+    configure_logging()
+    from swarm_node.server import SpanServer, serve
 
-        serve(build_settings(ServeSettings, args))
+    try:
+        server = SpanServer(settings)  # resolves the model and the span before anything starts
+    except (ModelLoadError, ValueError) as exc:
+        serve_parser.error(str(exc))
+    serve(server)
 
 
 if __name__ == "__main__":

@@ -1,26 +1,39 @@
-"""`swarm_node dht`: a bootstrap DHT peer that others join; its multiaddrs go to stdout, one per line."""
+"""`swarm_node dht`: a bootstrap DHT peer that others join; its multiaddrs go to stdout, one per line.
+
+It answers joining nodes' reachability checks (shared.reachability), and with --relay-hop (the default) it is also
+the swarm's relay of last resort: it relays connections to nodes behind NAT, within the --relay-max-* limits.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 import sys
-import threading
 
 from shared.dht_process import start_dht
+from shared.reachability import DialBackService
 from swarm_node.settings import DhtSettings
 
 logger = logging.getLogger(__name__)
 
 
 def run_bootstrap(settings: DhtSettings) -> None:
+    asyncio.run(_run_bootstrap(settings))
+
+
+async def _run_bootstrap(settings: DhtSettings) -> None:
     dht = start_dht(**settings.dht_kwargs())
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    for maddr in dht.get_visible_maddrs():
-        sys.stdout.write(f"{maddr}\n")
-    sys.stdout.flush()
-    logger.info("DHT bootstrap peer %s is up", dht.peer_id)
-    stop.wait()
-    dht.shutdown()
+    try:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await DialBackService(await dht.replicate_p2p()).register()
+        for maddr in await asyncio.to_thread(dht.get_visible_maddrs):
+            sys.stdout.write(f"{maddr}\n")
+        sys.stdout.flush()
+        logger.info("DHT bootstrap peer %s is up (relay %s)", dht.peer_id, "on" if settings.relay_hop else "off")
+        await stop.wait()
+    finally:
+        dht.shutdown()

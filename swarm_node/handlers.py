@@ -1,5 +1,5 @@
-"""The node's RPC handlers: inference sessions (stream), batched decode steps of those sessions (stream), stateless
-forward (unary) and info (unary).
+"""The node's RPC handlers: inference sessions (stream), batched decode steps of those sessions (stream), pushes from
+the previous node of a chain (stream, ``swarm_node.push``), stateless forward (unary) and info (unary).
 
 Every request is validated explicitly; a bad one gets a typed ``ErrorReply`` and the node (and, for a session, the
 stream) keeps serving.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +34,9 @@ from shared.protocol import (
     INFERENCE_HANDLER,
     INFO_HANDLER,
     PROTOCOL_VERSION,
+    PUSH_HANDLER,
+    AllowPush,
+    BatchRow,
     BatchStep,
     BatchStepResult,
     CloseSession,
@@ -43,6 +46,9 @@ from shared.protocol import (
     InfoRequest,
     NodeInfo,
     OpenSession,
+    PushAccepted,
+    PushAllowed,
+    PushStep,
     ResizeSession,
     SessionOpened,
     SessionResized,
@@ -50,12 +56,15 @@ from shared.protocol import (
     StepResult,
     decode_batch_step,
     decode_client_message,
+    decode_push_step,
     decode_unary,
     encode_response,
 )
 from swarm_node.backend import SpanBackend
 from swarm_node.cache_pool import CachePool
+from swarm_node.push import PushLinks, RowsOutcome, run_rows, wait_rows
 from swarm_node.sessions import Session, SessionRegistry
+from swarm_node.stream_replies import in_order
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +94,7 @@ class SpanHandlers:
         self.hidden_size = backend.span.hidden_size
         self.tokens_processed = 0  # tokens through the span (steps and forwards): shows what a gateway saved
         self._expiry: asyncio.Task[None] | None = None
+        self.push_links: PushLinks | None = None  # streams to the next nodes of chains, once registered
 
     def use_backend(self, backend: SpanBackend) -> None:
         """Serve another span (after the node moved); the caller drained every session first."""
@@ -99,6 +109,11 @@ class SpanHandlers:
         await p2p.add_protobuf_handler(
             BATCH_HANDLER, self.batch, runtime_pb2.ExpertRequest, stream_input=True, stream_output=True
         )
+        await p2p.add_protobuf_handler(
+            PUSH_HANDLER, self.push, runtime_pb2.ExpertRequest, stream_input=True, stream_output=True
+        )
+        if self.push_links is None:
+            self.push_links = PushLinks(p2p)
         await p2p.add_protobuf_handler(FORWARD_HANDLER, self.forward, runtime_pb2.ExpertRequest)
         await p2p.add_protobuf_handler(INFO_HANDLER, self.info, runtime_pb2.ExpertRequest)
         if self._expiry is None:
@@ -108,6 +123,8 @@ class SpanHandlers:
         """Stop expiring sessions and stop the compute thread."""
         if self._expiry is not None:
             self._expiry.cancel()
+        if self.push_links is not None:
+            self.push_links.stop()
         self.backend.shutdown()
 
     async def inference(
@@ -141,6 +158,11 @@ class SpanHandlers:
                         await self._resize(session, message)
                         yield encode_response(SessionResized(max_length=session.max_length))
                         continue
+                    if isinstance(message, AllowPush):
+                        session.pusher = message.pusher
+                        yield encode_response(PushAllowed())
+                        continue
+                    session.slots.clear()  # this step may rewrite what the latest decode step ran on
                     output = self._corrupt(await self._step(session, message, tensors))
                     yield encode_response(StepResult(position=message.position), (output,))
                 except RemoteError as error:
@@ -155,68 +177,78 @@ class SpanHandlers:
     async def batch(
         self, requests: AsyncIterator[runtime_pb2.ExpertRequest], context: P2PContext
     ) -> AsyncIterator[runtime_pb2.ExpertResponse]:
-        """Batched decode steps of the caller's own sessions; replies in request order.
-
-        Each request is served as soon as it arrives (a later one need not wait for an earlier one's forward: its rows
-        may join the batch that is forming), and the replies are sent in order, which is how the client pairs them."""
+        """Batched decode steps of the caller's own sessions (rows may push on, or wait for a push); replies in
+        request order."""
         owner = context.remote_id.to_base58()
-        answers: asyncio.Queue[asyncio.Task[runtime_pb2.ExpertResponse] | None] = asyncio.Queue()
+        async for reply in in_order(requests, lambda request: self._batch_reply(request, owner)):
+            yield reply
 
-        async def read() -> None:
-            try:
-                async for request in requests:
-                    answers.put_nowait(asyncio.create_task(self._batch_reply(request, owner)))
-            finally:
-                answers.put_nowait(None)
-
-        reader = asyncio.create_task(read())
-        try:
-            while (answer := await answers.get()) is not None:
-                yield await answer
-        finally:
-            reader.cancel()
-            while not answers.empty():
-                if (pending := answers.get_nowait()) is not None:
-                    pending.cancel()
+    async def push(
+        self, requests: AsyncIterator[runtime_pb2.ExpertRequest], context: P2PContext
+    ) -> AsyncIterator[runtime_pb2.ExpertResponse]:
+        """Steps pushed by the previous node of a chain (or the opener): each row runs once its session allows the
+        sender; the reply says which rows ran (the sender only logs it: the gateway hears of every step anyway)."""
+        pusher = context.remote_id.to_base58()
+        async for reply in in_order(requests, lambda request: self._push_reply(request, pusher)):
+            yield reply
 
     async def _batch_reply(self, request: runtime_pb2.ExpertRequest, owner: str) -> runtime_pb2.ExpertResponse:
         await self._emulate_distance()
         try:
             message, tensors = decode_batch_step(request)
-            hidden = self._check_batch(message, tensors)
-            results = await asyncio.gather(
-                *(
-                    self._batch_row(row.session_id, row.position, hidden[b : b + 1], owner)
-                    for b, row in enumerate(message.rows)
-                ),
-                return_exceptions=True,
-            )
-            errors: list[ErrorReply | None] = []
-            outputs = []
-            for b, result in enumerate(results):
-                if isinstance(result, torch.Tensor):
-                    errors.append(None)
-                    outputs.append(result)
-                    continue
-                if not isinstance(result, RemoteError):
-                    if not isinstance(result, Exception):
-                        raise result
-                    logger.error("batched step failed", exc_info=result)
-                    result = NodeInternalError("internal error on the node")
-                errors.append(ErrorReply.of(result))
-                outputs.append(torch.zeros_like(hidden[b : b + 1]))
-            output = self._corrupt(torch.cat(outputs))
-            return encode_response(BatchStepResult(errors=errors), (output,))
+            sessions = self._row_sessions(message.rows, lambda session_id: self.sessions.owned(session_id, owner))
+            if message.pushed:
+                if tensors:
+                    raise BadRequest("a pushed batch step carries no hidden states")
+                outcome = await wait_rows(message.rows, sessions, message.wait, self.hidden_size)
+                outputs: tuple[torch.Tensor, ...] = (self._corrupt(outcome.outputs), outcome.inputs)
+            else:
+                outcome = await self._run_rows(message.rows, self._check_batch(message, tensors), sessions)
+                outputs = (self._corrupt(outcome.outputs),)
+            return encode_response(BatchStepResult(errors=outcome.errors), outputs)
         except RemoteError as error:
             return encode_response(ErrorReply.of(error))
         except Exception:
             logger.exception("batched step failed")
             return encode_response(ErrorReply.of(NodeInternalError("internal error on the node")))
 
-    async def _batch_row(self, session_id: str, position: int, hidden: torch.Tensor, owner: str) -> torch.Tensor:
-        return await self._step(self.sessions.owned(session_id, owner), Step(position=position), [hidden])
+    async def _push_reply(self, request: runtime_pb2.ExpertRequest, pusher: str) -> runtime_pb2.ExpertResponse:
+        await self._emulate_distance()
+        try:
+            message, tensors = decode_push_step(request)
+            sessions = self._row_sessions(message.rows, lambda session_id: self.sessions.pushable(session_id, pusher))
+            hidden = self._check_batch(message, tensors)
+            outcome = await self._run_rows(message.rows, hidden, sessions, pushed=True)
+            return encode_response(PushAccepted(errors=outcome.errors))
+        except RemoteError as error:
+            return encode_response(ErrorReply.of(error))
+        except Exception:
+            logger.exception("pushed step failed")
+            return encode_response(ErrorReply.of(NodeInternalError("internal error on the node")))
 
-    def _check_batch(self, message: BatchStep, tensors: list[torch.Tensor]) -> torch.Tensor:
+    async def _run_rows(
+        self, rows: list[BatchRow], hidden: torch.Tensor, sessions: list[Session | RemoteError], pushed: bool = False
+    ) -> RowsOutcome:
+        if self.push_links is None:
+            raise NodeInternalError("the node is not serving yet")
+
+        async def step(session: Session, row: torch.Tensor, position: int) -> torch.Tensor:
+            return await self._step(session, Step(position=position), [row])
+
+        return await run_rows(rows, hidden, sessions, step, self.push_links, pushed)
+
+    @staticmethod
+    def _row_sessions(rows: list[BatchRow], find: Callable[[str], Session]) -> list[Session | RemoteError]:
+        """Each row's session, or the typed error that row gets (the other rows still run)."""
+        found: list[Session | RemoteError] = []
+        for row in rows:
+            try:
+                found.append(find(row.session_id))
+            except RemoteError as error:
+                found.append(error)
+        return found
+
+    def _check_batch(self, message: BatchStep | PushStep, tensors: list[torch.Tensor]) -> torch.Tensor:
         """The [B, 1, D] hidden states of a batch step (each row is checked again with its own session)."""
         if len(tensors) != 1:
             raise BadRequest(f"expected one hidden-states tensor, got {len(tensors)}")
@@ -246,6 +278,7 @@ class SpanHandlers:
             allocation.release()
             raise
         session = self.sessions.add(kv, allocation, owner)
+        session.pusher = message.pusher
         logger.debug("session %s opened for blocks %d:%d", session.session_id, blocks.start, blocks.stop)
         return session
 

@@ -67,7 +67,8 @@ class BatchCache:
     Row ``b`` holds ``new_tokens`` tokens at positions ``starts[b] ...``, of which the first ``lengths[b]`` are real
     (default: all); a start below the session's length rewinds it (the tokens after it are overwritten), which is
     how a client replays or edits a suffix. ``windows`` maps a block to its sliding-window size (None: full
-    attention), for the ragged layout's own attention.
+    attention), for the ragged layout's own attention; ``ragged_decode`` False keeps decode in the padded layout;
+    ``kv_broadcast``: the layers hand over each key/value head this many times (stored once, repeated on return).
     """
 
     def __init__(
@@ -77,6 +78,8 @@ class BatchCache:
         new_tokens: int,
         windows: Mapping[int, int | None] | None = None,
         lengths: Sequence[int] | None = None,
+        ragged_decode: bool = True,
+        kv_broadcast: int = 1,
     ) -> None:
         self.sessions = list(sessions)
         self.starts = list(starts)
@@ -86,12 +89,25 @@ class BatchCache:
             raise ValueError(f"row lengths {self.lengths} must be within 1..{new_tokens}")
         self.total = max(starts) + new_tokens  # keys the widest row attends to
         self.windows = dict(windows or {})
-        self.ragged = new_tokens == 1
+        # Layers that compute attention themselves (Falcon, BLOOM) never call ``attend``: they get the padded layout.
+        self.ragged = ragged_decode and new_tokens == 1
+        self.kv_broadcast = kv_broadcast
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        # key_states, value_states: [B, kv_heads, T, head_dim]
+        # key_states, value_states: [B, kv_heads * kv_broadcast, T, head_dim]; one copy of each head is stored
+        if self.kv_broadcast > 1:
+            key_states, value_states = key_states[:, :: self.kv_broadcast], value_states[:, :: self.kv_broadcast]
+        keys, values = self._store_and_read(key_states, value_states, layer_idx)
+        if self.kv_broadcast > 1 and not self.ragged:
+            keys = keys.repeat_interleave(self.kv_broadcast, dim=1)
+            values = values.repeat_interleave(self.kv_broadcast, dim=1)
+        return keys, values
+
+    def _store_and_read(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         for row, (session, start, length) in enumerate(zip(self.sessions, self.starts, self.lengths, strict=True)):
             layer = layer_idx - session.first_block
             session.keys[layer, :, start : start + length] = key_states[row, :, :length]
@@ -117,7 +133,9 @@ class BatchCache:
             values[row, :, :end] = session.values[layer, :, :end]
         return keys, values
 
-    def attend(self, layer_idx: int, query: torch.Tensor, scaling: float | None) -> torch.Tensor:
+    def attend(
+        self, layer_idx: int, query: torch.Tensor, scaling: float | None, softcap: float | None = None
+    ) -> torch.Tensor:
         """Ragged decode attention: query [B, heads, 1, head_dim] -> [B, 1, heads, head_dim] (the layer's layout).
 
         Row b attends to its own session's keys up to its new token (within the block's sliding window). Query heads
@@ -132,9 +150,12 @@ class BatchCache:
             keys = session.keys[layer, :, begin:end]  # [kv_heads, S, head_dim], a view
             values = session.values[layer, :, begin:end]
             grouped = query[row].reshape(keys.shape[0], heads // keys.shape[0], head_dim)  # [kv_heads, group, hd]
-            out = functional.scaled_dot_product_attention(
-                grouped.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), scale=scaling
-            )
+            if softcap is None:
+                out = functional.scaled_dot_product_attention(
+                    grouped.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), scale=scaling
+                )
+            else:
+                out = _softcapped(grouped, keys, values, None, _scale(scaling, head_dim), softcap)
             outputs.append(out.reshape(heads, head_dim))
         return torch.stack(outputs).view(batch, 1, heads, head_dim)
 
@@ -158,3 +179,42 @@ class BatchCache:
         """[B, T] absolute positions of the new tokens."""
         starts = torch.tensor(self.starts, device=device).view(-1, 1)
         return starts + torch.arange(self.new_tokens, device=device).view(1, -1)
+
+
+def _scale(scaling: float | None, head_dim: int) -> float:
+    return float(head_dim) ** -0.5 if scaling is None else scaling
+
+
+def _softcapped(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor | None,
+    scaling: float,
+    softcap: float,
+) -> torch.Tensor:
+    """Attention whose scores are soft-capped (``cap * tanh(score / cap)``) before the mask and the softmax.
+
+    query [..., Q, hd] against keys/values [..., S, hd] with matching leading dims; mask broadcasts to [..., Q, S]."""
+    scores = torch.matmul(query, keys.transpose(-1, -2)) * scaling
+    scores = torch.tanh(scores / softcap) * softcap
+    if mask is not None:
+        scores = scores + mask
+    weights = functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    return torch.matmul(weights, values)
+
+
+def softcapped_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    scaling: float | None,
+    softcap: float,
+) -> torch.Tensor:
+    """The padded layout's soft-capped attention (SDPA has no soft-capping): query [B, H, T, hd], key/value
+    [B, kv_heads, S, hd], additive mask [B, 1, T, S] -> [B, T, H, hd] (the layout transformers' layers take)."""
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    out = _softcapped(query, key, value, mask, _scale(scaling, query.shape[-1]), softcap)
+    return out.transpose(1, 2).contiguous()

@@ -1,18 +1,24 @@
 """The node's Prometheus metrics (``swarm_node serve --metrics-port``): cache room, sessions, batching, step time.
 
 Forwards are observed as they run (on the compute thread: prometheus-client's metrics are thread-safe); cache,
-session, queue and state gauges are read from the node's objects at scrape time. The exporter is
-prometheus-client's own HTTP server, on a daemon thread, bound to ``--metrics-host`` (127.0.0.1 by default).
+session, queue and state gauges are read from the node's objects at scrape time. The same small HTTP server, on
+daemon threads, bound to ``--metrics-host`` (127.0.0.1 by default), answers the node's probes too:
+``GET /health`` 200 while the process runs (liveness), ``GET /ready`` 200 only once the span is loaded and
+announced ONLINE, 503 while joining, loading, moving or draining (readiness). Any other path is the metrics.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from wsgiref.simple_server import WSGIServer
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_app
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -69,10 +75,45 @@ class NodeMetrics:
     def decode_batch(self, rows: int) -> None:
         self.batch_size.observe(rows)
 
-    def serve(self, host: str, port: int) -> WSGIServer:
-        server, _ = start_http_server(port, addr=host, registry=self.registry)
-        logger.info("metrics on http://%s:%d/metrics", host, server.server_port)
+    def serve(self, host: str, port: int, readiness: Callable[[], tuple[bool, str]]) -> WSGIServer:
+        """Metrics and probes on ``host:port`` (0: any free port), from daemon threads; ``shutdown()`` stops it."""
+        app = _with_probes(make_wsgi_app(self.registry), readiness)
+        server_class = _ThreadingServer6 if ":" in host else _ThreadingServer
+        server = make_server(host, port, app, server_class, handler_class=_QuietHandler)
+        threading.Thread(target=server.serve_forever, name="node-metrics", daemon=True).start()
+        logger.info("metrics on http://%s:%d/metrics (probes: /health, /ready)", host, server.server_port)
         return server
+
+
+WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+def _with_probes(metrics: WSGIApp, readiness: Callable[[], tuple[bool, str]]) -> WSGIApp:
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path == "/health":
+            ok, detail = True, "alive"
+        elif path == "/ready":
+            ok, detail = readiness()
+        else:
+            return metrics(environ, start_response)
+        start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain; charset=utf-8")])
+        return [detail.encode() + b"\n"]
+
+    return app
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a hung scrape never keeps the node from exiting
+
+
+class _ThreadingServer6(_ThreadingServer):
+    address_family = socket.AF_INET6
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        """Probes every few seconds would flood the log."""
 
 
 class _GaugeCollector(Collector):

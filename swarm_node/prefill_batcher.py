@@ -13,13 +13,12 @@ tokens (rows x the longest prompt: what bounds its activation memory) and of the
 
 from __future__ import annotations
 
-import asyncio
-from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import torch
 
+from shared.batching import Batcher, Job
 from swarm_node.kv_cache import SessionKV
 
 # Runs one padded forward: (sessions, hidden [B, T, D], starts, real lengths) -> [B, T, D].
@@ -31,74 +30,34 @@ class _Prompt:
     kv: SessionKV
     hidden: torch.Tensor  # [1, T, D]
     position: int
-    future: asyncio.Future[torch.Tensor]
 
     @property
     def length(self) -> int:
         return int(self.hidden.shape[1])
 
 
-class PrefillBatcher:
+class PrefillBatcher(Batcher[_Prompt, torch.Tensor]):
     def __init__(self, max_tokens: int, run: RunPrefill) -> None:
         self.max_tokens = max_tokens
-        self._run = run
-        self._waiting: list[_Prompt] = []
-        self._worker: asyncio.Task[None] | None = None
-        self.batch_sizes: deque[int] = deque(maxlen=1000)  # rows of recent forwards, newest last (tests, bench)
+        self._run_forward = run
+        super().__init__(self._forward, name="prefill-batcher", fits=self._fits)
 
-    async def submit(self, kv: SessionKV, hidden: torch.Tensor, position: int) -> torch.Tensor:
+    async def prefill(self, kv: SessionKV, hidden: torch.Tensor, position: int) -> torch.Tensor:
         """hidden [1, T, D] (T <= max_tokens) at ``position`` -> [1, T, D], computed with whatever else queued."""
-        future: asyncio.Future[torch.Tensor] = asyncio.get_running_loop().create_future()
-        self._waiting.append(_Prompt(kv, hidden, position, future))
-        if self._worker is None or self._worker.done():
-            self._worker = asyncio.create_task(self._drain(), name="prefill-batcher")
-        return await future
+        return await self.submit(_Prompt(kv, hidden, position))
 
-    def close(self) -> None:
-        if self._worker is not None:
-            self._worker.cancel()
-        for prompt in self._waiting:
-            prompt.future.cancel()
-        self._waiting.clear()
+    def _fits(self, taken: list[_Prompt], prompt: _Prompt) -> bool:
+        """Of the first prompt's block range, and the padded rows within ``max_tokens``."""
+        widest = max(prompt.length, *(p.length for p in taken))
+        return prompt.kv.blocks == taken[0].kv.blocks and widest * (len(taken) + 1) <= self.max_tokens
 
-    async def _drain(self) -> None:
-        while self._waiting:
-            batch = self._take()
-            if batch:
-                await self._forward(batch)
-
-    def _take(self) -> list[_Prompt]:
-        """The next forward's prompts, in arrival order: live ones of the first one's block range, within the bound."""
-        self._waiting = [prompt for prompt in self._waiting if not prompt.future.done()]  # callers that left
-        if not self._waiting:
-            return []
-        blocks, longest = self._waiting[0].kv.blocks, 0
-        batch: list[_Prompt] = []
-        rest: list[_Prompt] = []
-        for prompt in self._waiting:
-            widest = max(longest, prompt.length)
-            if prompt.kv.blocks == blocks and widest * (len(batch) + 1) <= self.max_tokens:
-                batch.append(prompt)
-                longest = widest
-            else:
-                rest.append(prompt)
-        self._waiting = rest
-        return batch
-
-    async def _forward(self, batch: list[_Prompt]) -> None:
-        width = max(prompt.length for prompt in batch)
-        hidden = torch.zeros(len(batch), width, batch[0].hidden.shape[-1], dtype=batch[0].hidden.dtype)
-        for row, prompt in enumerate(batch):
+    async def _forward(self, jobs: list[Job[_Prompt, torch.Tensor]]) -> None:
+        prompts = [job.item for job in jobs]
+        width = max(prompt.length for prompt in prompts)
+        hidden = torch.zeros(len(prompts), width, prompts[0].hidden.shape[-1], dtype=prompts[0].hidden.dtype)
+        for row, prompt in enumerate(prompts):
             hidden[row, : prompt.length] = prompt.hidden[0]
-        lengths = [prompt.length for prompt in batch]
-        try:
-            output = await self._run([p.kv for p in batch], hidden, [p.position for p in batch], lengths)
-        except Exception as error:  # every prompt of a failed forward fails the same way; the batcher goes on
-            for prompt in batch:
-                if not prompt.future.done():
-                    prompt.future.set_exception(error)
-            return
-        self.batch_sizes.append(len(batch))
-        for row, prompt in enumerate(batch):
-            if not prompt.future.done():
-                prompt.future.set_result(output[row : row + 1, : prompt.length])
+        lengths = [prompt.length for prompt in prompts]
+        output = await self._run_forward([p.kv for p in prompts], hidden, [p.position for p in prompts], lengths)
+        for row, (job, prompt) in enumerate(zip(jobs, prompts, strict=True)):
+            job.resolve(output[row : row + 1, : prompt.length])

@@ -1,7 +1,8 @@
 """Weight quantization of a span's linear layers with bitsandbytes: LLM.int8 (``int8``) or 4-bit NormalFloat (``nf4``).
 
 What is quantized: the attention projections (q/k/v/o) and the MLP projections (gate/up/down) of every block — the
-bulk of a block's weights. Norms, biases and the KV cache stay in the compute dtype.
+bulk of a dense block's weights — and every expert of a mixture-of-experts block. Norms, biases and the KV cache
+stay in the compute dtype.
 
 Defaults (``--quant auto``): ``none`` on the CPU — bitsandbytes 0.50 runs both kinds there, at a speed that depends
 on the CPU (SmolLM2 single-stream decode with 0.50.2: about half float32's with either on an AVX2-only box; on an
@@ -25,12 +26,21 @@ import torch
 from torch import nn
 
 from swarm_node.cpu_projections import BatchedCopy, TransposedLinear, keep_batched_copy
+from swarm_node.quantized_experts import replace_experts
 from swarm_node.span import BlockTransform
 
 QuantSetting = Literal["auto", "none", "int8", "nf4"]
 Quant = Literal["none", "int8", "nf4"]
 
-QUANTIZED_PROJECTIONS = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
+# Llama-style names, Phi-3's fused ones, Falcon's and BLOOM's. Mixture-of-experts experts (3D tensors in
+# transformers) are quantized too, one linear per expert (swarm_node/quantized_experts.py); routers stay as they are.
+QUANTIZED_PROJECTIONS = frozenset(
+    {
+        *("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+        *("qkv_proj", "gate_up_proj"),
+        *("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"),
+    }
+)
 INT8_OUTLIER_THRESHOLD = 6.0  # LLM.int8's default: input columns above it are multiplied in 16-bit instead
 
 
@@ -70,8 +80,13 @@ def _transpose_projections(block: nn.Module, batched_copy: bool) -> nn.Module:
 
 
 def quantize_block(block: nn.Module, quant: Quant, compute_dtype: torch.dtype) -> nn.Module:
-    """Swap the block's projections for bitsandbytes layers; weights are quantized when the block moves to a device."""
-    return _replace_projections(block, lambda linear: _quantized_linear(linear, quant, compute_dtype))
+    """Swap the block's projections (and experts) for bitsandbytes layers; weights are quantized when the block moves
+    to a device."""
+
+    def make(linear: nn.Linear) -> nn.Module:
+        return _quantized_linear(linear, quant, compute_dtype)
+
+    return replace_experts(_replace_projections(block, make), make)
 
 
 def _replace_projections(block: nn.Module, make: Callable[[nn.Linear], nn.Module]) -> nn.Module:

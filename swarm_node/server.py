@@ -28,18 +28,21 @@ import shared
 from shared.dht_process import start_dht
 from shared.dht_records import ModelRecord, NodeState, ServerRecord, announce, fetch_servers
 from shared.errors import SwarmError
-from shared.families import family_of
+from shared.families import context_length, family_of
 from shared.membership import CallAuth, ReplayGuard
 from shared.model_source import ModelSource, load_config, resolve_model
 from shared.protocol import PROTOCOL_VERSION
+from shared.reachability import DialBackService, Reachability, open_paths
 from shared.rpc_client import fetch_info
 from shared.weights import open_weights
 from swarm_node.backend import SpanBackend
+from swarm_node.block_count import auto_num_blocks
 from swarm_node.cache_pool import CachePool
 from swarm_node.capacity import default_cache_tokens
 from swarm_node.handlers import NodeStatus, SpanHandlers
 from swarm_node.metrics import NodeGauges, NodeMetrics
 from swarm_node.quantize import block_transform, resolve_quant
+from swarm_node.reach import settle_reachability
 from swarm_node.settings import ServeSettings
 from swarm_node.span import build_span
 from swarm_node.span_choice import block_throughputs, choose_new_start, choose_start
@@ -67,15 +70,23 @@ def resolve_dtype(setting: str, device: torch.device) -> torch.dtype:
 
 class SpanServer:
     def __init__(self, settings: ServeSettings) -> None:
-        if settings.span() is None and settings.num_blocks is None:
-            raise ValueError("give --blocks START:END or --num-blocks N")
+        """Raises ``ModelLoadError`` or ``ValueError`` (bad span, too little memory) before anything starts."""
         self.settings = settings
         self.source: ModelSource = resolve_model(settings.model, settings.revision)
         self.config = load_config(self.source)
         self.num_model_blocks = int(self.config.num_hidden_layers)
         self.device = resolve_device(settings.device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError("--device cuda: this machine has no CUDA device torch can use (try --device cpu)")
         self.dtype = resolve_dtype(settings.dtype, self.device)
         self.quant = resolve_quant(settings.quant, self.device)
+        span = settings.span()
+        if span is not None and span[1] > self.num_model_blocks:
+            raise ValueError(f"--blocks {settings.blocks} lies beyond the model's {self.num_model_blocks} blocks")
+        # Neither --blocks nor --num-blocks: as many blocks as this node's memory holds, where the swarm needs them.
+        self.num_blocks = span[1] - span[0] if span else settings.num_blocks or self._auto_num_blocks()
+        if self.num_blocks > self.num_model_blocks:
+            raise ValueError(f"--num-blocks {self.num_blocks} exceeds the model's {self.num_model_blocks} blocks")
         self.speed_key = speed_key(self.source.name, self.device, self.dtype, self.quant)
         self.cache_path = Path(settings.throughput_cache).expanduser()
         self.speed: BlockSpeed | None = load_cached(self.cache_path, self.speed_key)
@@ -87,17 +98,35 @@ class SpanServer:
             faulty_outputs=settings.faulty_outputs,
             session_idle_timeout=settings.session_idle_timeout,
         )
-        first, last = settings.span() or (0, settings.num_blocks or 0)
         cache_tokens = settings.cache_tokens or default_cache_tokens(
-            self.config, last - first, self.device, self.dtype, self.quant
+            self.config, self.num_blocks, self.device, self.dtype, self.quant
         )
         self.pool = CachePool(cache_tokens)
-        self.start, self.end = settings.span() or (0, 0)
+        self.start, self.end = span or (0, 0)
+        self.announced: NodeState | None = None  # the state of the last announcement that reached the DHT
         self.next_rtts: dict[str, float] = {}
+        self.reachability = Reachability.DIRECT
+        self.relay_addrs: list[str] = []
         self.auth = CallAuth(None, "")
         self.dht: DHT | None = None
         self.handlers: SpanHandlers | None = None
         self.metrics = NodeMetrics(self._gauges()) if settings.metrics_port is not None else None
+
+    def _auto_num_blocks(self) -> int:
+        count = auto_num_blocks(self.config, self.device, self.dtype, self.quant, self.settings.cache_tokens)
+        logger.info(
+            "neither --blocks nor --num-blocks: %d of %d blocks fit in the memory free on %s",
+            count,
+            self.num_model_blocks,
+            self.device,
+        )
+        return count
+
+    def readiness(self) -> tuple[bool, str]:
+        """Ready once the span is loaded and announced ONLINE (the node's readiness probe)."""
+        if self.status.state is NodeState.ONLINE and self.announced is NodeState.ONLINE:
+            return True, f"online: blocks {self.start}:{self.end}"
+        return False, f"{self.status.state.value}: blocks {self.start}:{self.end} not served yet"
 
     def _gauges(self) -> NodeGauges:
         return NodeGauges(
@@ -110,7 +139,7 @@ class SpanServer:
         )
 
     def _max_session_length(self) -> int:
-        return self.settings.max_session_length or int(self.config.max_position_embeddings)
+        return self.settings.max_session_length or context_length(self.config)
 
     @property
     def model_record(self) -> ModelRecord:
@@ -122,29 +151,37 @@ class SpanServer:
         )
 
     async def run(self, stop: asyncio.Event) -> None:
-        # The DHT forks its own process: start it before torch spins up thread pools, which a fork must not copy.
-        self.dht = start_dht(**self.settings.dht_kwargs())
-        if self.settings.num_threads:
-            torch.set_num_threads(self.settings.num_threads)
+        # The DHT forks its own process (twice when the node turns relay client): start it, and settle how peers
+        # reach us, before torch spins up thread pools and before any thread starts, which a fork must not copy.
+        dht_kwargs = self.settings.dht_kwargs()
+        self.dht = start_dht(**dht_kwargs)
         backend: SpanBackend | None = None
         exporter = None
-        if self.metrics is not None and self.settings.metrics_port is not None:
-            exporter = self.metrics.serve(self.settings.metrics_host, self.settings.metrics_port)
         try:
+            reach = await settle_reachability(self.dht, self.settings, dht_kwargs)
+            self.dht, self.reachability = reach.dht, reach.verdict
+            if self.settings.num_threads:
+                torch.set_num_threads(self.settings.num_threads)
+            if self.metrics is not None and self.settings.metrics_port is not None:
+                exporter = self.metrics.serve(self.settings.metrics_host, self.settings.metrics_port, self.readiness)
             p2p = await self.dht.replicate_p2p()
+            if self.reachability is Reachability.DIRECT:
+                await DialBackService(p2p).register()  # we can tell joining nodes whether they can be dialled
             self.status.peer_id = self.dht.peer_id.to_base58()
             secret = self.settings.secret()
             if secret is not None:
                 self.status.guard = ReplayGuard(secret)
             self.auth = CallAuth(secret, self.status.peer_id)
-            if self.settings.num_blocks is not None and self.settings.span() is None:
-                self.start = await self._choose_start(self.settings.num_blocks)
-                self.end = self.start + self.settings.num_blocks
+            if self.settings.span() is None:
+                self.start = await self._choose_start(self.num_blocks)
+                self.end = self.start + self.num_blocks
             await self._announce()  # JOINING: others joining now see this span as taken
             backend = await self._load(self.start, self.end)
             self.handlers = SpanHandlers(backend, self.pool, self.status)
             await self.handlers.register(p2p)
             self.speed = await block_speed(backend, self.cache_path, self.speed_key)
+            reach = await reach.settled()
+            self.reachability, self.relay_addrs = reach.verdict, reach.relay_addrs
             self.status.state = NodeState.ONLINE
             logger.info("serving blocks %d:%d as %s", self.start, self.end, self.dht.peer_id)
             tasks = [asyncio.create_task(self._announce_forever(p2p))]
@@ -215,11 +252,14 @@ class SpanServer:
             cache_tokens_left=self.pool.tokens_left,
             queue_depth=self.handlers.backend.queue_depth if self.handlers else 0,
             next_rtts=self.next_rtts,
+            reachability=self.reachability,
+            relay_addrs=self.relay_addrs,
             version=shared.__version__,
             protocol=PROTOCOL_VERSION,
         )
         ttl = expiration if expiration is not None else 2 * self.settings.announce_period + 5
         await announce(self.dht, self.model_record, record, ttl)
+        self.announced = record.state
 
     async def _probe_next_hops(self, p2p: P2P) -> None:
         """Measure round trips to the nodes a session is likely to go to after us (they serve our end block)."""
@@ -228,9 +268,12 @@ class SpanServer:
             return
         servers = await fetch_servers(self.dht, self.source.name, self.num_model_blocks)
         me = self.dht.peer_id.to_base58()
-        peers = [s.peer_id for s in servers.values() if s.start <= self.end < s.end and s.peer_id != me]
+        nexts = sorted(
+            (s for s in servers.values() if s.start <= self.end < s.end and s.peer_id != me), key=lambda s: s.peer_id
+        )[:NEXT_HOPS_PROBED]
+        await open_paths(p2p, {s.peer_id: s.relay_addrs for s in nexts})
         rtts: dict[str, float] = {}
-        for peer in sorted(peers)[:NEXT_HOPS_PROBED]:
+        for peer in (s.peer_id for s in nexts):
             with contextlib.suppress(SwarmError):
                 rtts[peer] = (await fetch_info(p2p, peer, PROBE_TIMEOUT, self.auth))[1]
         self.next_rtts = rtts
@@ -264,12 +307,11 @@ class SpanServer:
         await self._announce()
 
 
-def serve(settings: ServeSettings) -> None:
-    asyncio.run(_serve(settings))
+def serve(server: SpanServer) -> None:
+    asyncio.run(_serve(server))
 
 
-async def _serve(settings: ServeSettings) -> None:
-    server = SpanServer(settings)
+async def _serve(server: SpanServer) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -15,9 +15,10 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from shared.errors import UnknownSession
+from shared.errors import PushRefused, UnknownSession
 from swarm_node.cache_pool import Allocation
 from swarm_node.kv_cache import SessionKV
+from swarm_node.step_slots import StepSlots
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +29,8 @@ class Session:
     def __init__(self, kv: SessionKV, allocation: Allocation, now: float, owner: str = "") -> None:
         self.session_id = uuid.uuid4().hex  # random: a name only its opener learns
         self.owner = owner  # peer id of the client that opened it: only it may step it on the batch stream
+        self.pusher: str | None = None  # the node before this one in the opener's chain: it may push steps here
+        self.slots = StepSlots()  # the latest decode step, run once whether pushed or sent by the opener
         self.first_block = kv.first_block
         self.end_block = kv.first_block + kv.num_layers
         self.max_length = kv.max_length
@@ -48,6 +51,7 @@ class Session:
             self.ended = reason
             self._kv = None  # the KV tensors are freed with their last reference: this one
             self.allocation.release()
+            self.slots.end()
 
 
 class SessionRegistry:
@@ -70,6 +74,14 @@ class SessionRegistry:
         session = self._sessions.get(session_id)
         if session is None or session.owner != owner:
             raise UnknownSession(f"no open session {session_id!r} of this client")
+        return session
+
+    def pushable(self, session_id: str, pusher: str) -> Session:
+        """The open session ``session_id`` if ``pusher`` may push into it (its opener, or the peer the opener named);
+        else ``PushRefused``, the same whether the session exists or not."""
+        session = self._sessions.get(session_id)
+        if session is None or pusher not in (session.owner, session.pusher):
+            raise PushRefused(f"peer {pusher} may not push into session {session_id!r}")
         return session
 
     def close(self, session: Session, reason: str = "closed") -> None:

@@ -15,6 +15,11 @@ if TYPE_CHECKING:
 class DhtSettings(P2PSettings):
     """Run a bootstrap DHT peer; prints the multiaddrs others join with, one per line, then runs until stopped."""
 
+    relay_hop: bool = Field(
+        True,
+        description="relay connections for nodes that cannot be dialled (behind NAT), within the --relay-max-* limits",
+    )
+
 
 class ServeSettings(P2PSettings):
     """Host a span of a model's transformer blocks and serve it to the swarm."""
@@ -95,6 +100,22 @@ class ServeSettings(P2PSettings):
     )
     metrics_port: int | None = Field(
         None, ge=0, le=65535, description="serve Prometheus metrics (swarmgate_node_*) on this port; default: off"
+    )
+    relay_hop: bool = Field(
+        True,
+        description="once this node is found reachable directly: relay connections for nodes that are not (behind"
+        " NAT), within the --relay-max-* limits",
+    )
+    relay_wait: float = Field(
+        300.0,
+        gt=0,
+        description="with --use-relay: seconds to wait for a relay slot (p2pd reserves one about 3 minutes after"
+        " start; the weights load meanwhile) before announcing unreachable",
+    )
+    use_relay: bool = Field(
+        True,
+        description="when no peer can dial this node (behind NAT or a firewall), reserve a slot on a relay (the"
+        " initial peers) and be reached through it; off: such a node is announced unreachable and gets no traffic",
     )
     metrics_host: str = Field(
         "127.0.0.1", description="address the metrics port binds; 0.0.0.0 lets a Prometheus on another host scrape"

@@ -17,11 +17,13 @@ import torch
 from torch import nn
 from transformers import AttentionInterface, PretrainedConfig
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.bloom import modeling_bloom
 
+from shared.block_tensors import read_block
 from shared.errors import ModelLoadError
 from shared.families import family_of
-from shared.weights import WeightReader, block_prefix
-from swarm_node.kv_cache import BatchCache, SessionKV
+from shared.weights import WeightReader
+from swarm_node.kv_cache import BatchCache, SessionKV, softcapped_attention
 
 ATTENTION = "swarmgate"
 RAGGED_KWARG = "swarmgate_ragged"  # carries the BatchCache from our forward, through the layer, to ``_attention``
@@ -42,8 +44,11 @@ def _attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     ragged = kwargs.pop(RAGGED_KWARG, None)
+    softcap = kwargs.pop("softcap", None)  # Gemma 2: tanh soft-capping of the attention scores
     if isinstance(ragged, BatchCache):
-        return ragged.attend(cast(int, module.layer_idx), query, scaling), None
+        return ragged.attend(cast(int, module.layer_idx), query, scaling, softcap), None
+    if softcap is not None:
+        return softcapped_attention(query, key, value, attention_mask, scaling, softcap), None
     sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
     output, _ = sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     return output, None
@@ -53,8 +58,12 @@ AttentionInterface.register(ATTENTION, _attention)
 
 
 def prepare_config(config: PretrainedConfig) -> PretrainedConfig:
-    """The config our blocks are built with: our attention function, which takes explicit masks or ragged rows."""
-    config._attn_implementation = ATTENTION
+    """The config our blocks are built with: our attention function, which takes explicit masks or ragged rows
+    (families whose layers compute attention themselves get the implementation they choose their class by)."""
+    config._attn_implementation = family_of(config).attn_implementation or ATTENTION
+    if family_of(config).experts is not None:
+        # transformers' own loop: rows grouped by expert, one matmul per expert the batch routes to.
+        config._experts_implementation = "eager"
     return config
 
 
@@ -65,7 +74,7 @@ def head_dim_of(config: PretrainedConfig) -> int:
 def kv_bytes_per_token(config: PretrainedConfig, num_blocks: int, dtype: torch.dtype) -> int:
     """Bytes of keys + values one token occupies in a session over ``num_blocks`` blocks."""
     element = torch.empty(0, dtype=dtype).element_size()
-    return 2 * num_blocks * int(config.num_key_value_heads) * head_dim_of(config) * element
+    return 2 * num_blocks * family_of(config).kv_heads(config) * head_dim_of(config) * element
 
 
 class BlockSpan(nn.Module):
@@ -77,12 +86,17 @@ class BlockSpan(nn.Module):
         self.family = family_of(config)
         self.start, self.end = start, end
         self.layers = nn.ModuleDict({str(i): self.family.decoder_layer(config, i) for i in range(start, end)})
-        self.rotary = self.family.rotary_embedding(config=config)
+        self.rotary = self._new_rotary()
         self._windows = {i: self.family.sliding_window(config, i) for i in range(start, end)}
+        self._kinds = {i: self.family.layer_kind(config, i) for i in range(start, end)}
         # Set by build_span: where the span computes, and the dtype its activations and keys/values are kept in
         # (a quantized span's parameters are integers, so neither can be read off its parameters).
         self.device = torch.device("cpu")
         self.cache_dtype = torch.float32
+
+    def _new_rotary(self) -> nn.Module | None:
+        rotary = self.family.rotary_embedding
+        return None if rotary is None else rotary(config=self.config)
 
     @property
     def hidden_size(self) -> int:
@@ -92,7 +106,7 @@ class BlockSpan(nn.Module):
         return SessionKV(
             blocks.start,
             len(blocks),
-            int(self.config.num_key_value_heads),
+            self.family.kv_heads(self.config),
             head_dim_of(self.config),
             max_length,
             dtype=self.cache_dtype,
@@ -111,26 +125,77 @@ class BlockSpan(nn.Module):
         """hidden: [B, T, D] new tokens of B sessions, row b at positions starts[b]...; returns [B, T, D].
 
         ``lengths``: row b's real tokens are its first lengths[b] (right padding after them; default: all T)."""
-        cache = BatchCache(sessions, starts, hidden.shape[1], self._windows, lengths)
-        position_ids = cache.position_ids(hidden.device)
-        position_embeddings = self.rotary(hidden, position_ids)
-        masks: dict[int | None, torch.Tensor | None] = {}
-        extra: dict[str, Any] = {RAGGED_KWARG: cache} if cache.ragged else {}
+        ragged = not self.family.own_attention
+        broadcast = self.family.kv_broadcast(self.config)
+        cache = BatchCache(sessions, starts, hidden.shape[1], self._windows, lengths, ragged, broadcast)
+        inputs = _LayerInputs(self, cache, hidden)
         for block in blocks:
-            window = self._windows[block]
-            if window not in masks:
-                masks[window] = None if cache.ragged else cache.attention_mask(window, hidden.dtype, hidden.device)
-            hidden = self.layers[str(block)](
-                hidden,
-                attention_mask=masks[window],
-                position_ids=position_ids,
-                cache=cache,
-                use_cache=True,
-                position_embeddings=position_embeddings,
-                **extra,
-            )
+            hidden = inputs.call(self.layers[str(block)], block, hidden)
         cache.commit()
         return hidden
+
+
+class _LayerInputs:
+    """What the layers of one forward take beside the hidden states, each built once and shared by the blocks."""
+
+    def __init__(self, span: BlockSpan, cache: BatchCache, hidden: torch.Tensor) -> None:
+        self.span, self.cache = span, cache
+        self.dtype, self.device = hidden.dtype, hidden.device
+        self.position_ids = cache.position_ids(hidden.device)  # [B, T]
+        self._like = hidden
+        self._masks: dict[int | None, torch.Tensor | None] = {}
+        self._rotary: dict[str | None, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._alibi: torch.Tensor | None = None
+
+    def mask(self, block: int) -> torch.Tensor | None:
+        window = self.span._windows[block]
+        if window not in self._masks:
+            ragged = self.cache.ragged
+            self._masks[window] = None if ragged else self.cache.attention_mask(window, self.dtype, self.device)
+        return self._masks[window]
+
+    def rotary(self, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) for the block's kind of layer (Gemma 3's local and global layers use different bases)."""
+        kind = self.span._kinds[block]
+        if kind not in self._rotary:
+            rotary = cast(nn.Module, self.span.rotary)
+            args = (self._like, self.position_ids) if kind is None else (self._like, self.position_ids, kind)
+            self._rotary[kind] = rotary(*args)
+        return self._rotary[kind]
+
+    def alibi(self) -> torch.Tensor:
+        """BLOOM's ALiBi bias [B * heads, 1, total]: a per-head slope times each key's absolute position."""
+        if self._alibi is None:
+            keys = torch.ones(len(self.cache.sessions), self.cache.total, device=self.device)
+            self._alibi = modeling_bloom.build_alibi_tensor(keys, int(self.span.config.n_head), self.dtype)
+        return self._alibi
+
+    def call(self, layer: nn.Module, block: int, hidden: torch.Tensor) -> torch.Tensor:
+        call = self.span.family.layer_call
+        if call == "bloom":
+            out = layer(hidden, alibi=self.alibi(), attention_mask=self.mask(block), layer_past=self.cache)
+        elif call == "falcon":
+            out = layer(
+                hidden,
+                alibi=None,
+                attention_mask=self.mask(block),
+                position_ids=self.position_ids,
+                layer_past=self.cache,
+                use_cache=True,
+                position_embeddings=self.rotary(block),
+            )
+        else:
+            extra: dict[str, Any] = {RAGGED_KWARG: self.cache} if self.cache.ragged else {}
+            out = layer(
+                hidden,
+                attention_mask=self.mask(block),
+                position_ids=self.position_ids,
+                cache=self.cache,
+                use_cache=True,
+                position_embeddings=self.rotary(block),
+                **extra,
+            )
+        return cast(torch.Tensor, out[0] if isinstance(out, tuple) else out)
 
 
 def build_span(
@@ -149,14 +214,14 @@ def build_span(
     """
     with torch.device("meta"):
         span = BlockSpan(config, start, end)
-    span.rotary = span.family.rotary_embedding(config=config).to(device)
+    rotary = span._new_rotary()
+    span.rotary = None if rotary is None else rotary.to(device)
     span.device, span.cache_dtype = torch.device(device), dtype
     load_device = "cpu" if transform is not None else device
     for block in range(start, end):
-        names = {local: f"{block_prefix(block)}{local}" for local in span.layers[str(block)].state_dict()}
-        tensors = reader.read(names.values())
-        state = {local: tensors[remote].to(dtype=dtype, device=load_device) for local, remote in names.items()}
         layer = span.layers[str(block)]
+        tensors = read_block(config, reader, block, layer.state_dict())
+        state = {local: tensor.to(dtype=dtype, device=load_device) for local, tensor in tensors.items()}
         layer.load_state_dict(state, strict=True, assign=True)
         if transform is not None:
             span.layers[str(block)] = transform(layer).to(device)

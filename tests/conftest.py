@@ -18,6 +18,14 @@ from tests.tiny_models import TINY_VARIANTS, GetTinyModel, TinyModel, build_tiny
 hf_logging.disable_progress_bar()
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEPLOY = Path(__file__).parent / "deploy"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Everything under tests/deploy/ is in the ``deploy`` group (``make test-fast`` leaves it out)."""
+    for item in items:
+        if item.path.is_relative_to(DEPLOY):
+            item.add_marker(pytest.mark.deploy)
 
 
 @pytest.fixture(scope="session")

@@ -1,11 +1,16 @@
 """Who is calling: ``Authorization: Bearer KEY`` checked against the operator's keys and those in Redis.
 
-Authentication is on when the operator gave keys (``--api-keys``), asked for it (``--require-api-key``), or any key
-was created with ``gateway keys create``; otherwise the gateway is open (the local demo) and every caller is the
-anonymous admin. Keys are compared as SHA-256 digests in constant time; plaintext is never stored or logged.
+Authentication is on or off because the operator said so (``gateway serve --auth keys|none``; on by default beyond
+loopback), fixed at start: nothing Redis holds or loses can open the gateway. With it off every caller is the
+anonymous admin (the local demo). With it on:
 
-While Redis is down, keys it confirmed before are still accepted from this replica's memory (revocations reach it
-when Redis is back), and whether authentication is on keeps its last known answer.
+- no key, or a malformed header: 401 ``invalid_api_key``;
+- an operator key (``--admin-key``, ``--admin-key-file``, ``--api-keys``): admin, checked in memory, no Redis needed;
+- any other key is looked up in Redis: unknown or revoked there (an emptied Redis included) is 401;
+- while Redis is down, a key it confirmed within ``CONFIRMED_TTL`` is still accepted from this replica's memory;
+  any other key is refused with 503 ``auth_unavailable`` (retry later: nobody can vouch for it now).
+
+Keys are compared as SHA-256 digests in constant time; plaintext is never stored or logged.
 """
 
 from __future__ import annotations
@@ -18,13 +23,13 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from gateway.api.errors import Unauthorized
+from gateway.api.errors import ServiceUnavailable, Unauthorized
 from gateway.sessions.api_keys import ApiKey, KeyLimits, KeyStore, hash_key
 from gateway.sessions.redis_link import RedisDown
 
 logger = logging.getLogger(__name__)
 
-KEYS_EXIST_TTL = 2.0  # seconds the "any key created?" answer is reused: one Redis read per request is plenty
+CONFIRMED_TTL = 600.0  # seconds a key Redis confirmed stays valid from memory while Redis is down
 
 
 @dataclass(frozen=True)
@@ -43,31 +48,16 @@ ANONYMOUS = Caller(key_id=None, admin=True)
 
 
 class Authenticator:
-    def __init__(self, static_keys: list[str], store: KeyStore | None, required: bool) -> None:
+    def __init__(self, operator_keys: list[str], store: KeyStore | None, enabled: bool) -> None:
+        """``enabled`` False: every caller is ``ANONYMOUS``; the keys are then ignored (settings refuse both)."""
         # The operator's keys are admins with no limits; their id is a digest prefix, so logs never show the key.
-        self._static = {hash_key(key): Caller(f"op-{hash_key(key)[:12]}", admin=True) for key in static_keys}
+        self._operators = {hash_key(key): Caller(f"op-{hash_key(key)[:12]}", admin=True) for key in operator_keys}
         self._store = store
-        self._required = required
-        self._keys_exist: tuple[bool, float] = (False, 0.0)  # (answer, monotonic time read)
-        self._confirmed: dict[str, ApiKey] = {}  # digest -> key Redis confirmed (served while it is down)
-
-    async def enabled(self) -> bool:
-        if self._required or self._static:
-            return True
-        if self._store is None:
-            return False
-        known, read_at = self._keys_exist
-        if time.monotonic() - read_at < KEYS_EXIST_TTL:
-            return known
-        try:
-            known = await self._store.any_keys()
-        except RedisDown:
-            return known  # the last answer stands while Redis is away
-        self._keys_exist = (known, time.monotonic())
-        return known
+        self.enabled = enabled
+        self._confirmed: dict[str, tuple[ApiKey, float]] = {}  # digest -> (key Redis confirmed, monotonic time)
 
     async def caller(self, authorization: str | None) -> Caller:
-        if not await self.enabled():
+        if not self.enabled:
             return ANONYMOUS
         presented = _bearer(authorization)
         if presented is None:
@@ -76,7 +66,7 @@ class Authenticator:
                 "invalid_api_key",
             )
         digest = hash_key(presented)
-        for known_digest, caller in self._static.items():
+        for known_digest, caller in self._operators.items():
             if hmac.compare_digest(known_digest, digest):
                 return caller
         key = await self._stored_key(presented, digest)
@@ -90,12 +80,21 @@ class Authenticator:
         try:
             key = await self._store.authenticate(presented)
         except RedisDown:
-            return self._confirmed.get(digest)
+            return self._remembered(digest)
         if key is None:
             self._confirmed.pop(digest, None)
         else:
-            self._confirmed[digest] = key
+            self._confirmed[digest] = (key, time.monotonic())
         return key
+
+    def _remembered(self, digest: str) -> ApiKey:
+        """A key Redis confirmed lately, while Redis cannot answer; anything else is refused until it can."""
+        remembered = self._confirmed.get(digest)
+        if remembered is not None and time.monotonic() - remembered[1] < CONFIRMED_TTL:
+            return remembered[0]
+        raise ServiceUnavailable(
+            "API keys cannot be checked right now (the key store is unreachable); retry shortly.", "auth_unavailable"
+        )
 
 
 def _bearer(authorization: str | None) -> str | None:

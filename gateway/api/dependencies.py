@@ -16,6 +16,7 @@ from gateway.api.serving_chat import ChatServing
 from gateway.api.serving_common import RequestContext, Stream
 from gateway.api.serving_completions import CompletionServing
 from gateway.api.serving_models import ModelServing
+from gateway.api.serving_responses import ResponsesServing
 from gateway.api.sse import event_stream
 from gateway.api.stop_signals import Signal, when
 
@@ -26,6 +27,7 @@ class Services:
     chat: ChatServing
     models: ModelServing
     sessions: SessionTracker
+    responses: ResponsesServing
 
 
 def services(request: Request) -> Services:
@@ -50,6 +52,13 @@ def _models(request: Request) -> ModelServing:
 CompletionsDep = Annotated[CompletionServing, Depends(_completions)]
 ChatDep = Annotated[ChatServing, Depends(_chat)]
 ModelsDep = Annotated[ModelServing, Depends(_models)]
+
+
+def _responses(request: Request) -> ResponsesServing:
+    return services(request).responses
+
+
+ResponsesDep = Annotated[ResponsesServing, Depends(_responses)]
 
 
 def _sessions(request: Request) -> SessionTracker:

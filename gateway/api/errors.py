@@ -9,7 +9,8 @@
     ├── SessionCancelled        409     invalid_request_error   session_cancelled (DELETE /v1/sessions/{id})
     ├── RateLimited             429     requests | tokens       rate_limit_exceeded (with Retry-After)
     ├── ServiceUnavailable      503     service_unavailable     missing_blocks, swarm_unavailable, draining,
-    │                                                           session_lost (an SSE error event: its replica is gone)
+    │                                                           session_lost (an SSE error event: its replica is gone),
+    │                                                           auth_unavailable (Redis cannot check a key)
     ├── InternalError           500     server_error            internal_error
     └── ClientDisconnected      499     client_closed_request   client_disconnected (logged, never received)
 
@@ -30,7 +31,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.api.protocol import ErrorInfo, ErrorResponse
+from gateway.api.protocol import ErrorInfo, ErrorResponse, UnsupportedParameter
 from gateway.generation import InvalidPrompt
 from shared.errors import MissingBlocks, ModelLoadError, SwarmError
 
@@ -127,13 +128,17 @@ def as_api_error(exc: BaseException) -> APIError:
     """The client-facing error for anything raised while serving; unexpected ones are logged here, once."""
     if isinstance(exc, APIError):
         return exc
+    if isinstance(exc, UnsupportedParameter):
+        return InvalidRequest(str(exc), "unsupported_parameter", exc.param)
     if isinstance(exc, InvalidPrompt):
-        return InvalidRequest(str(exc), "invalid_value", "messages")
+        return InvalidRequest(str(exc), "invalid_value", getattr(exc, "param", "messages"))
     if isinstance(exc, MissingBlocks):
         return ServiceUnavailable(f"The swarm cannot serve this model now: {exc}", "missing_blocks")
     if isinstance(exc, SwarmError) and not isinstance(exc, ModelLoadError):
-        # Typed swarm failures (lost nodes, full caches, refusals) are the swarm's state, not a gateway bug.
-        return ServiceUnavailable(f"The swarm failed to serve the request, try again: {exc}", "swarm_unavailable")
+        # Typed swarm failures (lost nodes, full caches, refusals) are the swarm's state, not a gateway bug. Their
+        # text names peers and libp2p's errors: that goes to the log, the client gets the kind of failure.
+        logger.warning("swarm failure answered 503: %s", exc)
+        return ServiceUnavailable(f"The swarm failed to serve the request ({exc.code}), try again", "swarm_unavailable")
     logger.error("unexpected error while serving a request", exc_info=exc)
     return InternalError()
 

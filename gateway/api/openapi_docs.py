@@ -19,13 +19,14 @@ from pydantic.json_schema import models_json_schema
 from gateway.api.protocol import ErrorResponse
 from gateway.api.protocol_chat import ChatCompletionChunk
 from gateway.api.protocol_completions import CompletionResponse
+from gateway.api.protocol_responses import ResponseStreamEvent
 
 Responses = dict[int | str, dict[str, Any]]
 
 _ERRORS = {
     400: "Bad JSON or parameters (invalid_json, invalid_value, invalid_type, context_length_exceeded, ...)",
     401: "A missing or wrong API key (invalid_api_key)",
-    404: "No such model or session (model_not_found, session_not_found)",
+    404: "No such model, session or response (model_not_found, session_not_found, response_not_found)",
     409: "The session was cancelled (session_cancelled)",
     413: "The request body is over the server's limit (payload_too_large)",
     429: "Over a rate limit or the cap on concurrent generations (rate_limit_exceeded, with Retry-After)",
@@ -33,7 +34,7 @@ _ERRORS = {
     503: "The swarm cannot serve now (missing_blocks, swarm_unavailable, draining)",
 }
 # The chunk models streams carry; FastAPI only puts models that routes name into the spec's components.
-_STREAMED: tuple[type[BaseModel], ...] = (CompletionResponse, ChatCompletionChunk, ErrorResponse)
+_STREAMED: tuple[type[BaseModel], ...] = (CompletionResponse, ChatCompletionChunk, ResponseStreamEvent, ErrorResponse)
 _REF = "#/components/schemas/{model}"
 
 

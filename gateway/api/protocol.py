@@ -1,7 +1,10 @@
 """OpenAI protocol models shared by the endpoints: errors, usage, models list, tokenize/detokenize.
 
-Request models ignore unknown fields (clients send vendor extensions) but check the ones they know as OpenAI does:
-strict types (``"2"`` is not an integer, ``1`` not a boolean) and finite numbers (Python's json reads ``NaN``), so
+Request models keep unknown fields aside (``model_extra``) and the serving layer answers 400
+``unsupported_parameter`` naming the first one (``reject_unsupported``), unless it is in ``IGNORED_FIELDS``: fields
+that cannot change the result (``user``, ``store``, ``metadata``, ...). Nothing that would change the output is
+dropped silently. The fields they know are checked as OpenAI does: strict types (``"2"`` is not an integer,
+``1`` not a boolean) and finite numbers (Python's json reads ``NaN``), so
 that every constraint a client can see in the OpenAPI spec is the one enforced. Response models carry OpenAI's field
 names and nulls exactly, since clients index into them.
 """
@@ -15,7 +18,35 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SerializerFu
 
 
 class RequestModel(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
+
+
+# Top-level request fields accepted and ignored: none of them changes what is generated.
+IGNORED_FIELDS = frozenset(
+    {
+        "user",  # an end-user id for abuse tracking
+        "store",  # OpenAI's stored completions (we keep sessions in Redis anyway)
+        "metadata",  # tags for stored completions
+        "service_tier",  # OpenAI's latency tier
+        "prompt_cache_key",  # OpenAI's cache routing hint (our caches are keyed by the conversation itself)
+        "safety_identifier",  # the newer name of ``user``
+    }
+)
+
+
+class UnsupportedParameter(ValueError):
+    """A request field that would change the result and is not implemented (400 ``unsupported_parameter``)."""
+
+    def __init__(self, param: str) -> None:
+        super().__init__(f"Unsupported parameter: '{param}' is not supported by this server.")
+        self.param = param
+
+
+def reject_unsupported(body: BaseModel, ignored: frozenset[str] = IGNORED_FIELDS) -> None:
+    """Raise ``UnsupportedParameter`` for the first field of ``body`` that no model field and no ignore names."""
+    for name in body.model_extra or {}:
+        if name not in ignored:
+            raise UnsupportedParameter(name)
 
 
 def _integral(value: object) -> object:

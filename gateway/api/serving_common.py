@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -32,6 +32,12 @@ class ServingConfig:
     model_name: str  # the id clients send and are answered with
     default_max_tokens: int = 0  # chat requests without max_tokens; 0: the rest of the context window
     max_request_bytes: int = 8 * 1024 * 1024  # larger bodies: 413 before parsing (0: no limit)
+    tool_call_parser: str = "auto"  # hermes | llama3_json | mistral; auto: from the chat template
+    reasoning_parser: str = "auto"  # qwen3 | deepseek_r1 | none; auto: when the chat template knows </think>
+    responses_ttl: float = 86400.0  # seconds a stored /v1/responses response is kept after its last change
+    # The model's own sampling defaults (generation_config.json: temperature, top_p, top_k, repetition_penalty),
+    # used where a request leaves a parameter out.
+    sampling_defaults: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -106,19 +112,26 @@ class ServingBase:
             raise model_not_found(model)
 
     def sampling_params(self, body: SamplingFields) -> SamplingParams:
-        top_k = body.top_k or 0
+        # What the request leaves out comes from the model's generation_config.json, then OpenAI's defaults.
+        defaults = self.config.sampling_defaults
+        temperature = defaults.get("temperature", 1.0) if body.temperature is None else body.temperature
+        top_p = defaults.get("top_p", 1.0) if body.top_p is None else body.top_p
+        top_k = int(defaults.get("top_k", 0)) if body.top_k is None else body.top_k
+        repetition = (
+            defaults.get("repetition_penalty", 1.0) if body.repetition_penalty is None else body.repetition_penalty
+        )
         # top_p 0 keeps only the most likely token: greedy (the probability cut alone would keep nothing).
-        if body.top_p == 0:
+        if top_p == 0:
             top_k = 1
         return SamplingParams(
-            temperature=1.0 if body.temperature is None else body.temperature,
-            top_p=1.0 if not body.top_p else body.top_p,
+            temperature=temperature,
+            top_p=top_p or 1.0,
             top_k=max(0, top_k),
             min_p=body.min_p or 0.0,
             seed=body.seed,
             presence_penalty=body.presence_penalty or 0.0,
             frequency_penalty=body.frequency_penalty or 0.0,
-            repetition_penalty=body.repetition_penalty or 1.0,
+            repetition_penalty=repetition,
             logit_bias=self._logit_bias(body.logit_bias),
         )
 

@@ -16,7 +16,7 @@ from gateway.api.assembler import EmittedToken
 from gateway.api.choices import ChoiceEvent, ChoiceSpec
 from gateway.api.detokenizer import IncrementalDetokenizer
 from gateway.api.errors import InvalidRequest
-from gateway.api.protocol import Usage
+from gateway.api.protocol import Usage, reject_unsupported
 from gateway.api.protocol_completions import (
     CompletionChoice,
     CompletionLogprobs,
@@ -48,6 +48,7 @@ class Prompt:
 class CompletionServing(ServingBase):
     async def create(self, body: CompletionRequest, context: RequestContext) -> CompletionResponse | Stream:
         self.check_model(body.model)
+        reject_unsupported(body)
         n, best_of = self._choice_counts(body)
         prompts = await self._prompts(body)
         budgets = [self.completion_budget(len(p.ids), body.max_tokens, "max_tokens") for p in prompts]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from gateway.api.errors import InvalidRequest, ServiceUnavailable
 from gateway.api.protocol import DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList, TokenizeResponse
@@ -11,8 +12,12 @@ from gateway.api.serving_chat import ChatServing
 from gateway.api.serving_common import ServingBase
 from shared.errors import format_block_ranges
 
+logger = logging.getLogger(__name__)
+
 
 class ModelServing(ServingBase):
+    _coverage_note: str | None = None  # the last gap logged, so each change is logged once
+
     def card(self) -> ModelCard:
         length = self.engine.context_length
         return ModelCard(id=self.config.model_name, context_length=length, max_model_len=length)
@@ -46,14 +51,33 @@ class ModelServing(ServingBase):
     async def swarm(self) -> dict[str, object]:
         return await self.engine.swarm_report()
 
-    async def ready(self) -> dict[str, object]:
-        """Ready when every block has a live node; otherwise ``ServiceUnavailable`` naming the gaps."""
+    async def ready(self, require_swarm: bool = False) -> dict[str, object]:
+        """Ready while this process can answer (a swarm gap it answers itself, 503 ``missing_blocks``); the body
+        says whether the swarm covers every block. ``require_swarm``: also ``ServiceUnavailable`` while it doesn't."""
         if self.sessions.draining:
             raise ServiceUnavailable("This gateway is shutting down.", "draining")
+        swarm = await self.swarm_coverage()
+        if require_swarm and not swarm["complete"]:
+            raise ServiceUnavailable(str(swarm["message"]), "missing_blocks")
+        return {
+            "status": "ready",
+            "model": self.config.model_name,
+            "redis": self.sessions.store.link.state,
+            "swarm": swarm,
+        }
+
+    async def swarm_coverage(self) -> dict[str, object]:
+        """Whether live nodes cover every block; if not, which are missing and, when no node serves this model at
+        all but nodes serve others, which (logged once per change: a model name that differs from the nodes')."""
         missing = await self.engine.missing_blocks()
-        if missing:
-            raise ServiceUnavailable(
-                f"No live node serves blocks {format_block_ranges(missing)} of {self.config.model_name} yet.",
-                "missing_blocks",
-            )
-        return {"status": "ready", "model": self.config.model_name, "redis": self.sessions.store.link.state}
+        if not missing:
+            self._coverage_note = None
+            return {"complete": True, "missing_blocks": None, "message": None}
+        message = f"No live node serves blocks {format_block_ranges(missing)} of {self.config.model_name} yet."
+        announced = await self.engine.announced_models()
+        if announced and self.engine.model_name not in announced:
+            message = f"no node announces model {self.engine.model_name}; nodes announce {', '.join(announced)}"
+        if message != self._coverage_note:
+            self._coverage_note = message
+            logger.warning("%s", message)
+        return {"complete": False, "missing_blocks": format_block_ranges(missing), "message": message}

@@ -35,7 +35,7 @@ PAGE = """<!doctype html>
   .span { position: relative; height: 10px; background: #eef0f4; border-radius: 2px; min-width: 160px; }
   .span div { position: absolute; top: 0; bottom: 0; border-radius: 2px; background: #3b6fd8; }
   .state-online { color: #1a7f37; } .state-joining { color: #b26a00; } .state-draining { color: #b26a00; }
-  .state-offline { color: #c62828; }
+  .state-offline { color: #c62828; } .reach-relayed { color: #b26a00; } .reach-unreachable { color: #c62828; }
   .peer { font-family: ui-monospace, monospace; }
 </style>
 </head>
@@ -49,7 +49,7 @@ PAGE = """<!doctype html>
   <span class="live-3"></span>3+</div>
 <table>
   <thead><tr><th>node</th><th>span</th><th>blocks</th><th>state</th><th>tokens/s</th><th>cache room</th>
-    <th>queue</th><th>rtt</th><th>banned</th></tr></thead>
+    <th>queue</th><th>rtt</th><th>reached</th><th>banned</th></tr></thead>
   <tbody id="nodes"></tbody>
 </table>
 <p class="muted">updated <span id="updated">never</span> &middot; refreshes every __REFRESH__ s</p>
@@ -99,6 +99,7 @@ function drawNodes(report) {
     row.append(peer, span, el("td", node.start + ":" + node.end), el("td", node.state, "state-" + node.state),
       el("td", node.throughput.toFixed(1)), el("td", node.cache_tokens_left.toLocaleString() + " tokens"),
       el("td", node.queue_depth), el("td", node.rtt === null ? "\u2013" : (1000 * node.rtt).toFixed(1) + " ms"),
+      el("td", node.reachability, "reach-" + node.reachability),
       el("td", node.banned ? "for " + Math.ceil(node.ban_seconds_left) + " s" : "no"));
     body.append(row);
   }

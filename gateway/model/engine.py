@@ -34,7 +34,8 @@ from gateway.generation import (
     PromptScores,
     TopLogprobs,
 )
-from gateway.model.files import load_head, load_tokenizer, stop_token_ids
+from gateway.model.files import load_head, load_tokenizer, model_len, sampling_defaults, stop_token_ids
+from gateway.model.grammar import GrammarCompiler
 from gateway.model.head import ModelHead
 from gateway.model.head_batcher import HeadBatcher
 from gateway.model.sampling import Sampler, top_logprobs
@@ -49,6 +50,7 @@ from gateway.swarm.routing import RoutingMode
 from gateway.swarm.step_links import StepLinks
 from gateway.swarm.view import SwarmMonitor, SwarmView
 from shared.dht_process import start_dht
+from shared.dht_records import fetch_announced_models
 from shared.membership import CallAuth
 from shared.model_source import ModelSource, load_config, resolve_model
 
@@ -74,7 +76,8 @@ class GenerationEngine:
         self.tokenizer = tokenizer
         self.head = head
         self.stop_ids = stop_token_ids(config, tokenizer)
-        self.context_length = int(config.max_position_embeddings)
+        self.context_length = model_len(config, settings.max_model_len)
+        self.sampling_defaults: dict[str, float] = {}  # from generation_config.json (``create`` reads it)
         self.codec = HFTokenCodec(tokenizer, head.vocab_size)
         self.heads = HeadBatcher(head.logits)  # every session's next-token scoring, batched
         self._dht: DHT | None = None
@@ -83,6 +86,8 @@ class GenerationEngine:
         self._router: Router | None = None
         self._kept: KeptChains | None = None
         self._links: StepLinks | None = None  # every session's decode steps, batched per node
+        self._grammars: GrammarCompiler | None = None  # built on the first constrained request (about a second)
+        self._grammars_lock = asyncio.Lock()
 
     @classmethod
     async def create(cls, settings: EngineSettings) -> GenerationEngine:
@@ -92,10 +97,13 @@ class GenerationEngine:
             torch.set_num_threads(settings.num_threads)
         source = resolve_model(settings.model, settings.revision)
         config = await asyncio.to_thread(load_config, source)
-        tokenizer, head = await asyncio.gather(
-            asyncio.to_thread(load_tokenizer, source), asyncio.to_thread(load_head, source, config)
+        tokenizer, head, defaults = await asyncio.gather(
+            asyncio.to_thread(load_tokenizer, source, settings.chat_template),
+            asyncio.to_thread(load_head, source, config),
+            asyncio.to_thread(sampling_defaults, source),
         )
         engine = cls(settings, source, config, tokenizer, head)
+        engine.sampling_defaults = defaults
         await engine.start(dht)
         return engine
 
@@ -133,6 +141,8 @@ class GenerationEngine:
         if self._kept is not None:  # before the router: closing the chains frees the nodes' room
             await self._kept.close()
         await self.heads.close()
+        if self._grammars is not None:
+            self._grammars.close()
         if self._links is not None:
             await self._links.close()
         if self._router is not None:
@@ -147,6 +157,9 @@ class GenerationEngine:
 
     async def missing_blocks(self) -> list[int]:
         return (await self.swarm_view()).missing_blocks()
+
+    async def announced_models(self) -> list[str]:
+        return await fetch_announced_models(self._dht) if self._dht is not None else []
 
     async def swarm_report(self) -> dict[str, Any]:
         view = await self.swarm_view()
@@ -171,7 +184,10 @@ class GenerationEngine:
         new token; stops after max_new_tokens or an EOS token."""
         if request.max_new_tokens == 0 and request.prompt_logprobs is None:
             return  # nothing to compute: no session needed
-        sampler = Sampler(request.sampling, self.head.vocab_size, request.prompt_ids)
+        constraint = None
+        if request.grammar is not None:  # compiled before any node is asked for room: a bad schema costs nothing
+            constraint = await asyncio.to_thread((await self.grammars()).constraint, request.grammar)
+        sampler = Sampler(request.sampling, self.head.vocab_size, request.prompt_ids, constraint)
         chain, output, cached = await self._prefill(request)  # output: [1, T, D] for the prompt's uncached tokens
         held: list[int] | None = None  # once the generation ended well: the ids the nodes' caches hold
         try:
@@ -183,6 +199,8 @@ class GenerationEngine:
             for count in range(1, request.max_new_tokens + 1):
                 pick = functools.partial(self._pick, sampler=sampler, num_logprobs=request.logprobs)
                 token, hidden = await self.heads.score(output[:, -1:], pick, sampler)
+                if constraint is not None:
+                    constraint.prefetch()  # the next mask computes while the nodes run this token
                 yield token
                 if count == request.max_new_tokens or (token.eos and not request.ignore_eos):
                     break  # the last token is never fed: nothing would read its output
@@ -195,6 +213,14 @@ class GenerationEngine:
                 await self.kept.keep(request.reuse_scope, held, chain)
             else:
                 await chain.close()
+
+    async def grammars(self) -> GrammarCompiler:
+        async with self._grammars_lock:
+            if self._grammars is None:
+                self._grammars = await asyncio.to_thread(
+                    GrammarCompiler, self.tokenizer, self.head.vocab_size, self.stop_ids
+                )
+            return self._grammars
 
     @property
     def kept(self) -> KeptChains:
@@ -221,6 +247,8 @@ class GenerationEngine:
             self.settings.step_timeout,
             links=self._links,
             failover_wait=self.settings.failover_wait,
+            push=self.settings.push,
+            push_min_rtt=self.settings.push_min_rtt,
         )
         await chain.open()
         try:

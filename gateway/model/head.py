@@ -1,4 +1,8 @@
-"""The gateway's part of the model: token embeddings, the final norm and the LM head (tied or not)."""
+"""The gateway's part of the model: token embeddings, the final norm and the LM head (tied or not).
+
+Families put more here: Gemma scales the embeddings by sqrt(hidden) and soft-caps the logits
+(``cap * tanh(logits / cap)``), BLOOM normalizes the embeddings (a LayerNorm) before the first block.
+"""
 
 from __future__ import annotations
 
@@ -10,18 +14,27 @@ from shared.families import family_of
 from shared.packed_linear import PackedLinear
 from shared.weights import WeightReader
 
-EMBED = "model.embed_tokens.weight"
-FINAL_NORM = "model.norm.weight"
-LM_HEAD = "lm_head.weight"
-
 
 class ModelHead(nn.Module):
-    def __init__(self, config: PretrainedConfig, embed: torch.Tensor, norm: torch.Tensor, lm_head: torch.Tensor):
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        embed: torch.Tensor,
+        norm: dict[str, torch.Tensor],
+        lm_head: torch.Tensor,
+        embed_norm: dict[str, torch.Tensor] | None = None,
+    ):
+        """``norm`` / ``embed_norm``: the norm modules' state (``weight``, and ``bias`` for a LayerNorm)."""
         super().__init__()
+        family = family_of(config)
         self.config = config
         self.embed_tokens = nn.Embedding.from_pretrained(embed, freeze=True)
-        self.norm = family_of(config).rms_norm(config.hidden_size, eps=config.rms_norm_eps)
-        self.norm.weight = nn.Parameter(norm, requires_grad=False)
+        scale = family.embed_scale(config)
+        # In the embeddings' dtype, as transformers multiplies (Gemma's sqrt(3072) is 55.5 in bfloat16).
+        self.embed_scale = None if scale is None else torch.tensor(scale, dtype=embed.dtype)
+        self.embed_norm = None if embed_norm is None else _norm_with(family.final_norm(config), embed_norm)
+        self.norm = _norm_with(family.final_norm(config), norm)
+        self.logit_softcap = family.final_logit_softcap(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, device="meta")
         # Tied embeddings share one tensor; nothing is copied.
         self.lm_head.weight = nn.Parameter(lm_head, requires_grad=False)
@@ -35,19 +48,46 @@ class ModelHead(nn.Module):
 
     @torch.inference_mode()
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
-        """token_ids: [B, T] -> hidden [B, T, D]."""
-        return self.embed_tokens(token_ids)
+        """token_ids: [B, T] -> hidden [B, T, D]: what the first block takes."""
+        hidden = self.embed_tokens(token_ids)
+        if self.embed_scale is not None:
+            hidden = hidden * self.embed_scale
+        if self.embed_norm is not None:
+            hidden = self.embed_norm(hidden)
+        return hidden
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [B, T, D] (the last block's output) -> logits [B, T, V] in float32."""
-        return self.scorer(self.norm(hidden)).float()
+        logits = self.scorer(self.norm(hidden))
+        if self.logit_softcap is not None:
+            logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
+        return logits.float()
+
+
+def _norm_with(norm: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
+    norm.load_state_dict(state, strict=True, assign=True)
+    for parameter in norm.parameters():
+        parameter.requires_grad_(False)
+    return norm
+
+
+def _read_norm(reader: WeightReader, prefix: str, norm: nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    names = {local: f"{prefix}.{local}" for local in norm.state_dict()}
+    tensors = reader.read(names.values())
+    return {local: tensors[name].to(dtype) for local, name in names.items()}
 
 
 def build_head(config: PretrainedConfig, reader: WeightReader, dtype: torch.dtype = torch.float32) -> ModelHead:
+    family = family_of(config)
+    layout = family.layout
     available = reader.names()
-    tied = bool(getattr(config, "tie_word_embeddings", False)) or LM_HEAD not in available
-    names = [EMBED, FINAL_NORM] + ([] if tied else [LM_HEAD])
+    tied = bool(getattr(config, "tie_word_embeddings", False)) or layout.lm_head not in available
+    names = [layout.embed] + ([] if tied else [layout.lm_head])
     tensors = {name: t.to(dtype) for name, t in reader.read(names).items()}
-    lm_head = tensors[EMBED] if tied else tensors[LM_HEAD]
-    return ModelHead(config, tensors[EMBED], tensors[FINAL_NORM], lm_head).eval()
+    norm = _read_norm(reader, layout.final_norm, family.final_norm(config), dtype)
+    embed_norm = None
+    if layout.embed_norm is not None:
+        embed_norm = _read_norm(reader, layout.embed_norm, family.final_norm(config), dtype)
+    lm_head = tensors[layout.embed] if tied else tensors[layout.lm_head]
+    return ModelHead(config, tensors[layout.embed], norm, lm_head, embed_norm).eval()

@@ -1,10 +1,11 @@
 """Turning one position's logits into the next token, one small function per step (gpt-fast style).
 
-    logits [V] ─logit_bias, penalties→ [V] ─temperature, top-k, top-p, min-p→ probs [V] ─multinomial→ id
+    logits [V] ─bias, penalties→ [V] ─grammar mask→ [V] ─temperature, top-k, top-p, min-p→ probs [V] ─multinomial→ id
 
 Greedy picks the argmax after bias and penalties (so ``logit_bias`` and penalties steer greedy decoding too, as in
 OpenAI's API and transformers). Reported logprobs are the model's own distribution, before any of this (vLLM's
-``raw_logprobs``): they say what the model thinks, not what the sampler was told to do.
+``raw_logprobs``): they say what the model thinks, not what the sampler was told to do. The grammar mask (constrained
+decoding) comes before temperature and the cuts, so top-k/top-p choose among the tokens the grammar allows.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from gateway.generation import SamplingParams
+from gateway.model.grammar import Constraint
 
 __all__ = ["Sampler", "SamplingParams", "logits_to_probs", "make_generator", "sample", "top_logprobs"]
 
@@ -90,8 +92,11 @@ def top_logprobs(logprobs: torch.Tensor, k: int) -> tuple[tuple[int, float], ...
 class Sampler:
     """One sequence's sampling state: its seeded generator and the token counts its penalties need."""
 
-    def __init__(self, params: SamplingParams, vocab_size: int, prompt_ids: list[int]) -> None:
+    def __init__(
+        self, params: SamplingParams, vocab_size: int, prompt_ids: list[int], constraint: Constraint | None = None
+    ) -> None:
         self.params = params
+        self.constraint = constraint  # the grammar the output must match, if any
         self.generator = make_generator(params)
         self.output_counts = torch.zeros(vocab_size)  # [V]
         self.seen = torch.zeros(vocab_size, dtype=torch.bool)  # [V]
@@ -102,7 +107,11 @@ class Sampler:
         """logits: [V] float32 of the last position -> the next token id (and it is counted)."""
         logits = apply_logit_bias(logits, self.params)
         logits = apply_penalties(logits, self.params, self.output_counts, self.seen)
+        if self.constraint is not None:
+            logits = self.constraint.apply(logits)
         token = sample(logits, self.params, self.generator)
+        if self.constraint is not None:
+            self.constraint.advance(token)
         self.output_counts[token] += 1
         self.seen[token] = True
         return token

@@ -57,15 +57,30 @@ class HFTokenCodec:
         result: bytes = self._bytes(token_id)
         return result
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
         if not self._tokenizer.chat_template:
             raise ChatTemplateMissing("this model's tokenizer has no chat template; use /v1/completions")
         try:
-            text = self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            text = self._tokenizer.apply_chat_template(
+                messages,
+                tools=tools,  # type: ignore[arg-type]  # transformers types the list's items too narrowly
+                tokenize=False,
+                add_generation_prompt=True,
+                **(template_kwargs or {}),
+            )
         except TemplateError as exc:
             # Templates reject conversations they cannot render (e.g. roles that do not alternate).
             raise InvalidPrompt(f"the chat template rejected the messages: {exc}") from None
         return str(text)
+
+    def chat_template(self) -> str | None:
+        template = self._tokenizer.chat_template
+        return template if isinstance(template, str) else None
 
     def fim_ids(self) -> tuple[int, int, int] | None:
         vocab = self._tokenizer.get_vocab()

@@ -94,10 +94,6 @@ class KeyStore:
         revoked: bool = await self.link.run(write)
         return revoked
 
-    async def any_keys(self) -> bool:
-        count: int = await self.link.run(lambda r: r.scard(KEY_SET))
-        return count > 0
-
     async def authenticate(self, presented: str) -> ApiKey | None:
         """The live key ``presented`` names, or None."""
         digest = hash_key(presented)

@@ -4,8 +4,9 @@ One Lua script checks every limit and takes the request's share in one step, so 
 number of replicas never exceed a quota. A request reserves its prompt tokens plus its ``max_tokens`` up front and
 gives back what it did not use when it ends.
 
-While Redis is down, each replica enforces ``limit / replicas`` with counters in its own memory (``replicas`` is a
-setting): the swarm-wide total stays bounded by the limit instead of being multiplied by the replica count.
+While Redis is down, each replica enforces ``limit / replicas`` with counters in its own memory: the swarm-wide total
+stays bounded by the limit instead of being multiplied by the replica count. ``replicas`` is the larger of
+``--replicas`` and the live replicas last counted in Redis (``ReplicaCensus``), so it holds without the flag too.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
 from gateway.sessions.api_keys import KeyLimits
 from gateway.sessions.redis_link import RedisDown, RedisLink
+from gateway.sessions.replicas import ReplicaCensus
 
 WINDOW = 60  # seconds: the minute of "per minute"
 STREAM_COUNTER_TTL = 3600  # a crashed replica's streams stop counting after this
@@ -57,16 +60,29 @@ def _keys(key_id: str, window: int) -> list[str]:
     return [f"sg:rl:{key_id}:req:{window}", f"sg:rl:{key_id}:tok:{window}", f"sg:rl:{key_id}:streams"]
 
 
+def _window_of(counter: str) -> int | None:
+    suffix = counter.rsplit(":", 1)[-1]
+    return int(suffix) if suffix.isdigit() else None
+
+
 class QuotaLimiter:
-    def __init__(self, link: RedisLink, replicas: int = 1) -> None:
+    def __init__(
+        self,
+        link: RedisLink,
+        replicas: int = 1,
+        census: ReplicaCensus | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.link = link
-        self.replicas = max(1, replicas)
+        self.clock = clock  # wall-clock seconds: the windows are calendar minutes, shared by every replica
+        self.configured_replicas = max(1, replicas)
+        self.census = census
         self._admit = link.client.register_script(_ADMIT)
         self._local: Counter[str] = Counter()
 
     async def admit(self, key_id: str, limits: KeyLimits, tokens: int) -> Ticket:
         """Take one request, ``tokens`` tokens and one stream from the key's quotas, or raise ``QuotaExceeded``."""
-        window = int(time.time()) // WINDOW
+        window = int(self.clock()) // WINDOW
         args = [limits.requests_per_minute or 0, limits.tokens_per_minute or 0, limits.concurrent_streams or 0]
         try:
             verdict = await self.link.run(
@@ -80,22 +96,30 @@ class QuotaLimiter:
             raise QuotaExceeded(_LIMIT_NAMES[int(verdict)], self._retry_after(int(verdict)))
         return Ticket(key_id, window, tokens, local)
 
+    @property
+    def replicas(self) -> int:
+        """Replicas a quota is split between while Redis is down."""
+        return max(self.configured_replicas, self.census.count if self.census else 1)
+
     def _admit_locally(self, key_id: str, window: int, limits: list[int], tokens: int) -> int:
         requests, token_count, streams = _keys(key_id, window)
-        shares = [math.floor(limit / self.replicas) if limit else 0 for limit in limits]
+        for stale in [name for name in self._local if _window_of(name) not in (None, window)]:
+            del self._local[stale]  # past minutes' counts (a late release into them is harmless)
+        replicas = self.replicas
+        # A limit below the replica count gets a share of 0 here: refused until Redis is back, never unlimited.
+        shares = [math.floor(limit / replicas) if limit else None for limit in limits]
         for code, (counter, share, amount) in enumerate(
             ((requests, shares[0], 1), (token_count, shares[1], tokens), (streams, shares[2], 1)), start=1
         ):
-            if share and self._local[counter] + amount > share:
+            if share is not None and self._local[counter] + amount > share:
                 return code
         self._local.update({requests: 1, token_count: tokens, streams: 1})
         return 0
 
-    @staticmethod
-    def _retry_after(code: int) -> int:
+    def _retry_after(self, code: int) -> int:
         if code == 3:
             return 1  # a stream may end any moment
-        return WINDOW - int(time.time()) % WINDOW  # the next minute's window
+        return WINDOW - int(self.clock()) % WINDOW  # the next minute's window
 
     async def release(self, ticket: Ticket, used_tokens: int) -> None:
         """The request ended: free its stream and give back the tokens it reserved but did not use."""

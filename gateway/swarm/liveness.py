@@ -19,7 +19,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from hivemind.p2p import P2P
 
@@ -55,6 +55,7 @@ class Liveness:
         raising ``NodeUnreachable`` as soon as the node fails a ping. Transport errors come out typed."""
         began = time.monotonic()
         task = asyncio.ensure_future(over_transport(peer_id, what, work, limit))
+        task.add_done_callback(_retrieve)  # a waiter cancelled as the reply failed (an abandoned pushed step)
         try:
             delay = self.probe_after(peer_id)
             while True:
@@ -94,6 +95,6 @@ class Liveness:
         self.reply_times[peer_id] = seconds if old is None else (1 - SMOOTHING) * old + SMOOTHING * seconds
 
 
-def _retrieve(task: asyncio.Task[None]) -> None:
+def _retrieve(task: asyncio.Task[Any]) -> None:
     if not task.cancelled():
         task.exception()

@@ -3,8 +3,9 @@
 Requests go through a queue the stream reads; every reply is awaited under the step timeout and the liveness watch
 (a dead or frozen node fails the wait in about a second, see liveness.py); transport failures and the node's own
 errors come out typed (``shared.rpc_client``). Decode steps (one token) go through the gateway's ``StepLinks``
-instead when it has them, batched with other sessions' steps to the same node. Closing is idempotent and always
-releases the node's cache room.
+instead when it has them, batched with other sessions' steps to the same node; with push, the node sends a decode
+step's output on to the next node itself (``next``), and a later node's step is awaited with ``pushed``. Closing is
+idempotent and always releases the node's cache room.
 """
 
 from __future__ import annotations
@@ -27,8 +28,11 @@ from shared.membership import CallAuth
 from shared.protocol import (
     INFERENCE_HANDLER,
     PROTOCOL_VERSION,
+    AllowPush,
     CloseSession,
+    NextHop,
     OpenSession,
+    PushAllowed,
     ResizeSession,
     ServerMessage,
     SessionOpened,
@@ -63,6 +67,7 @@ class NodeSession:
         self._session_id: str | None = None  # the node's name for it, once opened
         self._auth = auth
         self.max_length = max_length
+        self.pusher: str | None = None  # the node before this one, named at open: it may push steps here
         self._p2p = p2p
         self._timeout = step_timeout
         self._outbox: asyncio.Queue[runtime_pb2.ExpertRequest | None] = asyncio.Queue()
@@ -82,18 +87,27 @@ class NodeSession:
             max_length=self.max_length,
             alloc_timeout=alloc_timeout,
             auth=self._auth.token_for(self.hop.peer_id) if self._auth else None,
+            pusher=self.pusher,
         )
         reply, _ = await self._exchange(opened, extra_wait=alloc_timeout)
         if not isinstance(reply, SessionOpened):
             raise MalformedReply(f"node {self.hop.peer_id} answered {reply.type!r} to open")
         self._session_id = reply.session_id
 
-    async def step(self, hidden: torch.Tensor, position: int) -> torch.Tensor:
-        """hidden: [1, T, D] at positions position... -> the hop's output [1, T, D]."""
+    @property
+    def next_hop(self) -> NextHop | None:
+        """How the node before this one names it in a push: None until opened (or without step links)."""
+        if self._session_id is None or self._links is None or self.closed:
+            return None
+        return NextHop(peer_id=self.hop.peer_id, session_id=self._session_id)
+
+    async def step(self, hidden: torch.Tensor, position: int, next: list[NextHop] | None = None) -> torch.Tensor:
+        """hidden: [1, T, D] at positions position... -> the hop's output [1, T, D]; a decode step's output is also
+        pushed along ``next`` (the rest of the chain)."""
         if hidden.shape[1] == 1 and self._links is not None and self._session_id is not None:
             if self.closed:
                 raise NodeUnreachable(f"session on {self.hop.peer_id} is closed")
-            output = await self._links.step(self.hop.peer_id, self._session_id, hidden, position)
+            output = await self._links.step(self.hop.peer_id, self._session_id, hidden, position, next or ())
             return self._checked_output(output, hidden)
         reply, tensors = await self._exchange(Step(position=position), (hidden,))
         return self._checked(reply, tensors, hidden)
@@ -115,6 +129,21 @@ class NodeSession:
         if not bool(torch.isfinite(output).all()):
             raise MalformedReply(f"node {self.hop.peer_id} sent non-finite hidden states")
         return output
+
+    async def pushed(self, position: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input, output) of the decode step at ``position`` pushed here by the previous node; ``like`` is the
+        chain's input [1, 1, D], whose shape and dtype every hop keeps."""
+        if self.closed or self._links is None or self._session_id is None:
+            raise NodeUnreachable(f"session on {self.hop.peer_id} is closed")
+        received, output = await self._links.pushed(self.hop.peer_id, self._session_id, position, self._timeout)
+        return self._checked_output(received, like), self._checked_output(output, like)
+
+    async def allow_push(self, pusher: str | None) -> None:
+        """Let ``pusher`` (this hop's new predecessor) push steps into the session."""
+        reply, _ = await self._exchange(AllowPush(pusher=pusher))
+        if not isinstance(reply, PushAllowed):
+            raise MalformedReply(f"node {self.hop.peer_id} sent a malformed allow-push reply")
+        self.pusher = pusher
 
     async def resize(self, max_length: int) -> None:
         """Grow or shrink the node's room for this session; its stored tokens stay."""

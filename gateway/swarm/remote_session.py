@@ -5,6 +5,10 @@ a full node) and whether the chain goes on: only the failed node's block range i
 replayed the exact inputs the lost node had received, and the step goes on. When no live node serves the range, the
 chain waits for one (``failover_wait`` seconds, counted in the router's ``waiting`` and logged); when only full nodes
 do, it waits on one for room. The caller never notices beyond the delay.
+
+With push on (``ChainSession(push=True)``), a decode step goes to the chain's first node together with the rest of
+the route and each node pushes its output straight to the next one; the gateway hears every hop's input and output
+(``gateway.swarm.push_step``), so failover replays exactly as before.
 """
 
 from __future__ import annotations
@@ -21,9 +25,10 @@ from hivemind.p2p import P2P
 
 from gateway.metrics import chain_opened
 from gateway.swarm.node_session import NodeSession
+from gateway.swarm.push_step import push_step
 from gateway.swarm.recovery import Recovery, recovery_for
 from gateway.swarm.router import Router
-from gateway.swarm.routing import Hop
+from gateway.swarm.routing import UNKNOWN_RTT, Hop
 from gateway.swarm.step_links import StepLinks
 from shared.errors import MissingBlocks, NodeUnreachable, format_block_ranges
 
@@ -76,9 +81,13 @@ class ChainSession:
         max_failovers: int = 5,
         links: StepLinks | None = None,
         failover_wait: float = DEFAULT_FAILOVER_WAIT,
+        push: bool = False,
+        push_min_rtt: float = 0.0,
     ) -> None:
         self._p2p = p2p
         self._links = links
+        self.push = push and links is not None  # decode steps go node to node (needs the batch links)
+        self._push_min_rtt = push_min_rtt  # ... where a later node is at least this far from the gateway
         self._router = router
         self._max_length = max_length
         self._timeout = step_timeout
@@ -117,8 +126,10 @@ class ChainSession:
     async def open(self) -> None:
         """Route every block and open a session on each hop (failing over as steps do); closed again on failure."""
         try:
-            hops = await self._router.route(self._max_length)
+            hops = await self._router.route(self._max_length, push=self.push)
             self._segments = [Segment(self._new_session(hop)) for hop in hops]
+            for before, segment in zip(self._segments, self._segments[1:], strict=False):
+                segment.session.pusher = before.session.hop.peer_id
             opening = list(self._segments)  # a failover may replace one segment by several
             results = await asyncio.gather(*(s.session.open() for s in opening), return_exceptions=True)
             for segment, result in zip(opening, results, strict=True):
@@ -137,7 +148,25 @@ class ChainSession:
         """hidden: [1, T, D] embeddings of new tokens at position... -> [1, T, D] output of the last block."""
         self._check_open()
         chain_opened()  # the request's first step ends its queue time (later calls are no-ops)
-        index = 0
+        if self.push and hidden.shape[1] == 1 and len(self._segments) > 1 and self._push_pays():
+            return await push_step(self, hidden, position)
+        return await self.relay(hidden, position, 0)
+
+    def _push_pays(self) -> bool:
+        """A push saves half a round trip per later hop; on loopback that is less than its extra messages cost."""
+        rtts = self._router.rtts
+        return any(rtts.get(s.session.hop.peer_id, UNKNOWN_RTT) >= self._push_min_rtt for s in self._segments[1:])
+
+    @property
+    def segments(self) -> list[Segment]:
+        return self._segments
+
+    @property
+    def router(self) -> Router:
+        return self._router
+
+    async def relay(self, hidden: torch.Tensor, position: int, index: int) -> torch.Tensor:
+        """The step from segment ``index`` on, each hop's output sent on by the gateway (failing over as needed)."""
         while index < len(self._segments):
             segment = self._segments[index]
             try:
@@ -147,6 +176,7 @@ class ChainSession:
                 continue  # the replacement now sits at the same index
             segment.record(position, hidden)
             self._router.record_success(segment.session.hop.peer_id)
+            self._router.stats.relayed_hops += hidden.shape[1] == 1
             hidden = output
             index += 1
         return hidden
@@ -167,6 +197,9 @@ class ChainSession:
         router = self._router
         return NodeSession(self._p2p, hop, self._max_length, self._timeout, router.auth, self._links, router.liveness)
 
+    async def fail_over(self, failed: Segment, error: BaseException) -> None:
+        await self._fail_over(failed, error)
+
     async def _fail_over(self, failed: Segment, error: BaseException) -> None:
         """Replace ``failed`` by new segments over the same blocks, replayed up to where it was."""
         deadline = time.monotonic() + self._failover_wait
@@ -182,6 +215,7 @@ class ChainSession:
                 continue
             index = self._segments.index(failed)
             self._segments[index : index + 1] = replacement
+            await self._name_pusher(index + len(replacement))
             return
 
     async def _learn(self, hop: Hop, error: BaseException, busy: set[str], deadline: float) -> None:
@@ -210,6 +244,9 @@ class ChainSession:
         hop = failed.session.hop
         hops = await self._route_or_wait(hop.start, hop.end, frozenset(busy), deadline)
         segments = [Segment(self._new_session(h)) for h in hops]
+        pusher = failed.session.pusher
+        for segment in segments:
+            segment.session.pusher, pusher = pusher, segment.session.hop.peer_id
         inputs = failed.history
         for segment in segments:
             peer = segment.session.hop.peer_id
@@ -252,6 +289,16 @@ class ChainSession:
                 if not first:
                     logger.info("blocks %d:%d are served again: resuming", start, end)
                 return hops
+
+    async def _name_pusher(self, index: int) -> None:
+        """The hop after a replacement learns its new predecessor; if it cannot, this chain relays from now on."""
+        if not self.push or not 0 < index < len(self._segments):
+            return
+        try:
+            await self._segments[index].session.allow_push(self._segments[index - 1].session.hop.peer_id)
+        except Exception as error:  # the step itself will find out whether the node is gone
+            logger.info("no push into %s (%s); relaying", self._segments[index].session.hop.peer_id, error)
+            self.push = False
 
     async def _drop(self, segment: Segment) -> None:
         if segment.session.closed:

@@ -7,7 +7,6 @@ from typing import Any
 from gateway.swarm.bans import BanList
 from gateway.swarm.router import RouterStats
 from gateway.swarm.view import SwarmView
-from shared.dht_records import NodeState
 
 
 def swarm_report(
@@ -20,13 +19,14 @@ def swarm_report(
 ) -> dict[str, Any]:
     """``waiting``: sessions waiting for a node, by the block range they lost ("15:30")."""
     banned = bans.banned()
+    live = {s.peer_id for s in view.online()}  # online and dialable
     blocks = []
     for block in range(view.num_blocks):
         serving = [s for s in view.servers.values() if s.start <= block < s.end]
         blocks.append(
             {
                 "block": block,
-                "live": sum(1 for s in serving if s.state is NodeState.ONLINE),
+                "live": sum(1 for s in serving if s.peer_id in live),
                 "servers": [{"peer_id": s.peer_id, "state": s.state.value} for s in serving],
             }
         )
@@ -44,6 +44,8 @@ def swarm_report(
                 "cache_tokens_left": server.cache_tokens_left,
                 "queue_depth": server.queue_depth,
                 "rtt": rtts.get(server.peer_id),
+                "reachability": server.reachability.value,  # direct, relayed (rtt through the relay), unreachable
+                "relay_addrs": server.relay_addrs,
                 "banned": server.peer_id in banned,
                 "ban_seconds_left": round(ban.banned_for, 3),
                 "consecutive_failures": ban.failures,

@@ -27,6 +27,7 @@ from gateway.swarm.routing import Hop, RouteRequest, RoutingMode, plan_route
 from gateway.swarm.view import SwarmMonitor, SwarmView
 from shared.errors import SwarmError, format_block_ranges
 from shared.membership import CallAuth
+from shared.reachability import open_paths
 from shared.rpc_client import fetch_info
 
 logger = logging.getLogger(__name__)
@@ -45,6 +46,8 @@ class RouterStats:
     bans: int = 0
     departures: int = 0  # nodes taken out of routing until they announce again (dead, frozen, draining, moved)
     capacity_refusals: int = 0  # opens a full node refused (never a ban)
+    relayed_hops: int = 0  # decode steps whose hidden states the gateway sent to a node
+    pushed_hops: int = 0  # decode steps whose hidden states went node to node
 
     def record_replay(self, tokens: int) -> None:
         if tokens:  # a session lost before its first step has nothing to replay
@@ -99,14 +102,18 @@ class Router:
         fresh: bool = False,
         avoid: frozenset[str] = frozenset(),
         max_age: float | None = None,
+        push: bool = False,
     ) -> list[Hop]:
         """Plan hops over blocks [start, end) and count them as this gateway's load until ``release``.
 
-        ``avoid``: nodes to pass over like banned ones (used only where nothing else serves a block)."""
+        ``avoid``: nodes to pass over like banned ones (used only where nothing else serves a block); ``push``: the
+        chain sends hidden states node to node (routing counts the links between nodes)."""
         view = await self.view(fresh, max_age)
-        await self._probe([s.peer_id for s in view.online() if s.peer_id not in self.rtts])
+        await self._probe(view, [s.peer_id for s in view.online() if s.peer_id not in self.rtts])
         avoided = self.bans.banned() | avoid
-        request = RouteRequest(max_length, start, end, rtts=dict(self.rtts), banned=avoided, load=dict(self.load))
+        request = RouteRequest(
+            max_length, start, end, rtts=dict(self.rtts), banned=avoided, load=dict(self.load), push=push
+        )
         hops = plan_route(view, request, mode or self.mode)
         self.load.update(hop.peer_id for hop in hops)
         return hops
@@ -152,8 +159,10 @@ class Router:
         servers = {peer: s for peer, s in view.servers.items() if peer in self.allowed_peers}
         return SwarmView(view.num_blocks, servers, view.fetched_at, view.announced)
 
-    async def _probe(self, peer_ids: Sequence[str]) -> None:
+    async def _probe(self, view: SwarmView, peer_ids: Sequence[str]) -> None:
         if peer_ids:
+            # p2pd reaches a relayed node only once it has dialled the node's circuit; then it keeps the connection.
+            await open_paths(self._p2p, {p: view.servers[p].relay_addrs for p in peer_ids if p in view.servers})
             await asyncio.gather(*(self._probe_one(peer) for peer in peer_ids))
 
     async def _probe_one(self, peer_id: str) -> None:
@@ -169,6 +178,6 @@ class Router:
             await asyncio.sleep(self._probe_period)
             try:
                 view = await self.view()
-                await self._probe([s.peer_id for s in view.online()])
+                await self._probe(view, [s.peer_id for s in view.online()])
             except Exception:
                 logger.warning("RTT probing failed", exc_info=True)

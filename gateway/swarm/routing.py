@@ -4,7 +4,10 @@ Two modes:
 
 * ``min_latency``: the cheapest path over block boundaries, where using server ``s`` from block ``b`` to the end of
   its span costs its round-trip time, the compute time of those blocks (from its announced throughput), and a large
-  penalty when it is short of cache room. A route switches nodes only at the end of a node's span.
+  penalty when it is short of cache room. A route switches nodes only at the end of a node's span. When the chain
+  pushes (``RouteRequest.push``), a token travels gateway → first → … → last → gateway: a hop costs half the RTT of
+  the link into it (from the gateway for the first; for a later one, the RTT its predecessor measured and announced
+  in ``next_rtts``, else the gateway's own), and the last hop half its RTT back to the gateway.
 * ``max_throughput``: spread sessions: at each boundary take the server with the most per-block throughput left
   after its announced queue and the sessions this gateway already runs on it.
 
@@ -52,6 +55,7 @@ class RouteRequest:
     rtts: Mapping[str, float] = field(default_factory=dict)
     banned: frozenset[str] = frozenset()
     load: Mapping[str, int] = field(default_factory=dict)  # this gateway's open sessions per node
+    push: bool = False  # hidden states go node to node: a later hop's link is from its predecessor
 
 
 def plan_route(view: SwarmView, request: RouteRequest, mode: RoutingMode) -> list[Hop]:
@@ -78,37 +82,51 @@ def _candidates(view: SwarmView, request: RouteRequest, end: int) -> dict[int, l
     return candidates
 
 
-def hop_cost(server: ServerRecord, blocks: int, request: RouteRequest) -> float:
-    rtt = request.rtts.get(server.peer_id, UNKNOWN_RTT)
+def hop_cost(
+    server: ServerRecord, blocks: int, request: RouteRequest, before: ServerRecord | None = None, last: bool = False
+) -> float:
+    """Seconds a token spends on ``server``'s ``blocks``: compute, and its links (see the module docstring)."""
+    own_rtt = request.rtts.get(server.peer_id, UNKNOWN_RTT)
     block_time = server.block_time if server.throughput > 0 else UNKNOWN_BLOCK_TIME
     penalty = CACHE_SHORT_PENALTY if server.cache_tokens_left < request.max_length else 0.0
-    return rtt + blocks * block_time + penalty
+    if not request.push:
+        return own_rtt + blocks * block_time + penalty
+    link_in = own_rtt if before is None else before.next_rtts.get(server.peer_id, own_rtt)
+    return link_in / 2 + (own_rtt / 2 if last else 0.0) + blocks * block_time + penalty
+
+
+_State = tuple[int, str]  # (block boundary, the server that reached it: "" at the start, or when links do not matter)
 
 
 def _min_latency(candidates: dict[int, list[ServerRecord]], request: RouteRequest, end: int) -> list[Hop]:
-    # Dijkstra over block boundaries: an edge b -> min(s.end, end) for each server s usable at block b.
-    best: dict[int, float] = {request.start: 0.0}
-    came_from: dict[int, Hop] = {}
-    queue: list[tuple[float, int]] = [(0.0, request.start)]
+    # Dijkstra over block boundaries: an edge b -> min(s.end, end) for each server s usable at block b. With push the
+    # cost of an edge depends on the server before it, so a state is (boundary, that server).
+    servers = {s.peer_id: s for block in candidates.values() for s in block}
+    start: _State = (request.start, "")
+    best: dict[_State, float] = {start: 0.0}
+    came_from: dict[_State, tuple[_State, Hop]] = {}
+    queue: list[tuple[float, _State]] = [(0.0, start)]
+    final = start
     while queue:
-        cost, block = heapq.heappop(queue)
+        cost, state = heapq.heappop(queue)
+        block, before = state
         if block == end:
+            final = state
             break
-        if cost > best.get(block, float("inf")):
+        if cost > best.get(state, float("inf")):
             continue
         for server in sorted(candidates[block], key=lambda s: s.peer_id):
             reach = min(server.end, end)
-            total = cost + hop_cost(server, reach - block, request)
-            if total < best.get(reach, float("inf")):
-                best[reach] = total
-                came_from[reach] = Hop(server.peer_id, block, reach)
-                heapq.heappush(queue, (total, reach))
+            total = cost + hop_cost(server, reach - block, request, servers.get(before), reach == end)
+            reached = (reach, server.peer_id if request.push else "")
+            if total < best.get(reached, float("inf")):
+                best[reached] = total
+                came_from[reached] = (state, Hop(server.peer_id, block, reach))
+                heapq.heappush(queue, (total, reached))
     hops = []
-    block = end
-    while block != request.start:
-        hop = came_from[block]
+    while final != start:
+        final, hop = came_from[final]
         hops.append(hop)
-        block = hop.start
     return hops[::-1]
 
 

@@ -10,6 +10,9 @@ travel together from the head to the last node and back.
 A row's failure is its own (the node names it); a broken or stalled stream — or a node that fails the liveness
 watch (liveness.py) while rows wait on it — fails every row it carries, each of which then fails over like a failed
 step on a session's own stream.
+
+With node-to-node push a row may name the rest of its chain (the node pushes its output on), and the later nodes get
+``pushed`` rows (no hidden states): each is answered with the input and output of its step once the push has run it.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +35,7 @@ from shared.protocol import (
     BatchRow,
     BatchStep,
     BatchStepResult,
+    NextHop,
     encode_request,
 )
 from shared.rpc_client import decode_reply, over_transport
@@ -41,8 +45,10 @@ from shared.rpc_client import decode_reply, over_transport
 class _Row:
     session_id: str
     position: int
-    hidden: torch.Tensor  # [1, 1, D]
-    future: asyncio.Future[torch.Tensor]
+    hidden: torch.Tensor | None  # [1, 1, D]; None: pushed to the node by the previous one
+    future: asyncio.Future[tuple[torch.Tensor, torch.Tensor]]  # (input, output), each [1, 1, D]
+    next: tuple[NextHop, ...] = ()  # where the node pushes the output on
+    wait: float = 0.0  # a pushed row: seconds the node waits for the push
     stream: _Stream | None = None  # the stream it was sent on
 
 
@@ -60,8 +66,13 @@ class _Stream:
         return not self._task.done()
 
     def send(self, rows: list[_Row]) -> None:
-        message = BatchStep(rows=[BatchRow(session_id=row.session_id, position=row.position) for row in rows])
-        request = encode_request(message, (torch.cat([row.hidden for row in rows]),))
+        """Rows all pushed (no hidden states) or all with their hidden states."""
+        batch_rows = [BatchRow(session_id=r.session_id, position=r.position, next=list(r.next)) for r in rows]
+        inputs = [row.hidden for row in rows if row.hidden is not None]
+        if len(inputs) == len(rows):
+            request = encode_request(BatchStep(rows=batch_rows), (torch.cat(inputs),))
+        else:
+            request = encode_request(BatchStep(rows=batch_rows, pushed=True, wait=max(r.wait for r in rows)))
         self._sent.append(rows)
         self._outbox.put_nowait(request)
 
@@ -106,7 +117,8 @@ class _Stream:
 
 
 def _answer(rows: list[_Row], response: runtime_pb2.ExpertResponse, peer_id: str) -> None:
-    """Resolve each row from its reply: its output row, or its own error."""
+    """Resolve each row from its reply: (its input, its output row), or its own error."""
+    pushed = rows[0].hidden is None
     try:
         reply, tensors = decode_reply(response, peer_id)
     except SwarmError as exc:  # the node's error for the whole batch, or garbage
@@ -117,9 +129,8 @@ def _answer(rows: list[_Row], response: runtime_pb2.ExpertResponse, peer_id: str
     if failure is None and not (
         isinstance(reply, BatchStepResult)
         and len(reply.errors) == len(rows)
-        and len(tensors) == 1
-        and tensors[0].ndim == 3
-        and tensors[0].shape[0] == len(rows)
+        and len(tensors) == (2 if pushed else 1)
+        and all(t.ndim == 3 and t.shape[0] == len(rows) for t in tensors)
     ):
         failure = MalformedReply(f"node {peer_id} sent a malformed batch reply")
     for index, row in enumerate(rows):
@@ -130,7 +141,8 @@ def _answer(rows: list[_Row], response: runtime_pb2.ExpertResponse, peer_id: str
         elif isinstance(reply, BatchStepResult) and (error := reply.errors[index]) is not None:
             row.future.set_exception(error.to_exception())
         else:
-            row.future.set_result(tensors[0][index : index + 1])
+            output = tensors[0][index : index + 1]
+            row.future.set_result((tensors[1][index : index + 1] if row.hidden is None else row.hidden, output))
 
 
 class StepLinks:
@@ -141,22 +153,37 @@ class StepLinks:
         self._timeout = step_timeout
         self._liveness = liveness or Liveness(p2p)
         self._streams: dict[str, _Stream] = {}
-        self._waiting: dict[str, list[_Row]] = {}  # rows not sent yet, by node
+        self._waiting: dict[tuple[str, bool], list[_Row]] = {}  # rows not sent yet, by node and kind (pushed)
         self.messages = 0  # batch steps sent (tests, benchmarks)
         self.rows = 0  # session steps they carried
 
-    async def step(self, peer_id: str, session_id: str, hidden: torch.Tensor, position: int) -> torch.Tensor:
+    async def step(
+        self, peer_id: str, session_id: str, hidden: torch.Tensor, position: int, next: Sequence[NextHop] = ()
+    ) -> torch.Tensor:
         """One decode step of the node's session ``session_id``: hidden [1, 1, D] at ``position`` -> its output row
-        (checked by the caller). Raises the node's typed error for this row, or ``NodeUnreachable``/``StepTimeout``
-        (then every row on its stream fails too: replies come in order, everything behind a lost one is lost)."""
-        loop = asyncio.get_running_loop()
-        row = _Row(session_id, position, hidden, loop.create_future())
-        waiting = self._waiting.setdefault(peer_id, [])
+        (checked by the caller); the node pushes the output on to ``next[0]`` too. Raises the node's typed error for
+        this row, or ``NodeUnreachable``/``StepTimeout`` (then every row on its stream fails too: replies come in
+        order, everything behind a lost one is lost)."""
+        row = _Row(session_id, position, hidden, asyncio.get_running_loop().create_future(), tuple(next))
+        _, output = await self._submit(peer_id, row, self._timeout)
+        return output
+
+    async def pushed(
+        self, peer_id: str, session_id: str, position: int, wait: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input, output) of the step at ``position`` that the previous node pushes to ``session_id``; the node
+        answers ``PushMissing`` when no input came within ``wait`` seconds."""
+        row = _Row(session_id, position, None, asyncio.get_running_loop().create_future(), wait=wait)
+        return await self._submit(peer_id, row, wait + self._timeout)
+
+    async def _submit(self, peer_id: str, row: _Row, seconds: float) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (peer_id, row.hidden is None)
+        waiting = self._waiting.setdefault(key, [])
         if not waiting:  # the first row this turn: send once every session released with it has added its own
-            loop.call_soon(self._flush, peer_id)
+            asyncio.get_running_loop().call_soon(self._flush, key)
         waiting.append(row)
         try:  # cancelled or timed out, the wait cancels the row's future: its reply, when it comes, is dropped
-            return await self._liveness.wait(peer_id, "answer a batch step", row.future, self._timeout)
+            return await self._liveness.wait(peer_id, "answer a batch step", row.future, seconds)
         except SwarmError as error:
             if not row.future.done() or row.future.cancelled():  # not the row's own answer: a stall or a dead node
                 self._abandon(peer_id, row.stream, error)
@@ -168,8 +195,9 @@ class StepLinks:
             del self._streams[peer_id]
             stream.fail(error)
 
-    def _flush(self, peer_id: str) -> None:
-        rows = [row for row in self._waiting.pop(peer_id, []) if not row.future.done()]
+    def _flush(self, key: tuple[str, bool]) -> None:
+        peer_id = key[0]
+        rows = [row for row in self._waiting.pop(key, []) if not row.future.done()]
         if not rows:
             return
         stream = self._streams.get(peer_id)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from hivemind import DHT
 
 from shared.dht_records import NodeState, ServerRecord, fetch_announcements
+from shared.reachability import Reachability
 
 
 @dataclass(frozen=True)
@@ -19,7 +20,13 @@ class SwarmView:
     announced: dict[str, float] = field(default_factory=dict)  # peer -> its record's expiration (grows per announce)
 
     def online(self) -> list[ServerRecord]:
-        return [s for s in self.servers.values() if s.state is NodeState.ONLINE]
+        """Nodes that serve and that peers can dial (directly or through a relay): a record of a node nobody can
+        dial is not coverage."""
+        return [
+            s
+            for s in self.servers.values()
+            if s.state is NodeState.ONLINE and s.reachability is not Reachability.UNREACHABLE
+        ]
 
     def servers_for(self, block: int) -> list[ServerRecord]:
         return [s for s in self.online() if s.start <= block < s.end]

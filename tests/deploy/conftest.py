@@ -77,10 +77,15 @@ def values_id(path: Path) -> str:
     return path.name.removesuffix("-values.yaml")
 
 
+# The chart's defaults need one value of the operator's: the Secret holding an operator API key (authentication is on
+# by default and refuses to render without one). "default" renderings are the defaults plus that.
+ADMIN_KEY_SECRET = "swarmgate-admin-key"
+DEFAULT_REQUIRED = ["--set", f"gateway.adminKey.existingSecret={ADMIN_KEY_SECRET}"]
+
+
 def template_args(values: Path | None, kube_version: str, *extra: str) -> list[str]:
     args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--kube-version", kube_version]
-    if values is not None:
-        args += ["-f", str(values)]
+    args += ["-f", str(values)] if values is not None else DEFAULT_REQUIRED
     return [*args, *extra]
 
 

@@ -10,8 +10,10 @@ import pytest
 import yaml
 
 from tests.deploy.conftest import (
+    ADMIN_KEY_SECRET,
     CHART,
     CI_VALUES,
+    DEFAULT_REQUIRED,
     HELMS,
     KUBE_VERSIONS,
     NAMESPACE,
@@ -242,8 +244,6 @@ def test_nodes_and_gateways_are_scrapable_by_prometheus(
     assert gateway["prometheus.io/port"] == "8000" and gateway["prometheus.io/path"] == "/metrics"
     swarm = rendering.one("NetworkPolicy", "swarm")["spec"]["ingress"]
     assert swarm[1] == {"ports": [{"port": 9100, "protocol": "TCP"}]}  # from anywhere: a scraper's namespace
-    off = load_rendering(tools, "--set", "nodes.metricsPort=0").one("StatefulSet", "node")
-    assert "--metrics-port" not in off["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
 def test_gpu_nodes_get_gpu_resources(renderings: dict[tuple[str, str, str], Rendering]) -> None:
@@ -292,27 +292,56 @@ def test_dht_bootstrap_identity_is_persistent_and_published(
     existing_secret = values_of(vid)["dht"]["identity"]["existingSecret"]  # type: ignore[index]
     volumes = {v["name"]: v for v in spec["volumes"]}
     if existing_secret:
+        # One key per replica in the Secret: each replica takes the one of its own index.
         assert volumes["identity"]["secret"]["secretName"] == existing_secret
+        assert Path(key_file).name == "identity-$(POD_INDEX).key"
         assert "volumeClaimTemplates" not in dht["spec"]
     else:
         assert "identity" not in volumes
         (claim,) = dht["spec"]["volumeClaimTemplates"]
         assert claim["metadata"]["name"] == "identity"
         assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
-    # The bootstrap announces its Service's DNS name, and publishes the full multiaddr where members read it.
-    service = next(s for s in rendering.kind("Service") if s["metadata"]["name"] == dht["metadata"]["name"])
-    host = f"{service['metadata']['name']}.{NAMESPACE}.svc"
-    announce = f"/dns4/{host}/tcp/31337"
+    # Each replica announces its own pod's DNS name (through the headless Service) and publishes its full multiaddr.
+    headless = next(s for s in rendering.kind("Service") if s["metadata"]["name"] == dht["spec"]["serviceName"])
+    domain = f"{headless['metadata']['name']}.{NAMESPACE}.svc"
+    announce = f"/dns4/$(POD_NAME).{domain}/tcp/31337"
     assert main["args"][main["args"].index("--announce-maddrs") + 1] == announce
     assert init["command"][init["command"].index("--announce") + 1] == announce
+    for container in (init, main):
+        env = env_of(container)
+        assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+        assert list(env).index("POD_NAME") == 0  # defined before anything that names it
     published = init["command"][init["command"].index("--write-peers") + 1]
     assert publish["command"][-1] == str(Path(published).parent)
     assert publish["readinessProbe"]["httpGet"]["path"] == "/" + Path(published).name
-    ports = {p["name"]: p["port"] for p in service["spec"]["ports"]}
-    url = f"http://{host}:{ports['publish']}/{Path(published).name}"
-    for member in members(rendering):
-        assert env_of(member)["SWARMGATE_BOOTSTRAP_URL"]["value"] == url
+    ports = {p["name"]: p["port"] for p in headless["spec"]["ports"]}
     assert ports["p2p"] == 31337
+
+
+@pytest.mark.parametrize("vid", VALUE_SETS)
+def test_dht_bootstrap_runs_replicas_that_every_member_joins_through(
+    renderings: dict[tuple[str, str, str], Rendering], vid: str
+) -> None:
+    rendering = shape(renderings, vid)
+    dht = rendering.one("StatefulSet", "dht")
+    replicas = dht["spec"]["replicas"]
+    assert replicas == values_of(vid)["dht"]["replicas"] >= 2  # type: ignore[index]
+    # Each replica has its own identity: its own PVC (a claim template), or its own key in the Secret.
+    assert (
+        "volumeClaimTemplates" in dht["spec"]
+        or "$(POD_INDEX)" in dht["spec"]["template"]["spec"]["initContainers"][0]["command"][1]
+    )
+    assert dht["spec"].get("podManagementPolicy", "OrderedReady") == "OrderedReady"
+    domain = f"{dht['spec']['serviceName']}.{NAMESPACE}.svc"
+    urls = [f"http://{dht['metadata']['name']}-{i}.{domain}:8080/initial-peers.json" for i in range(replicas)]
+    for member in members(rendering):  # every node and gateway reads every replica's address
+        assert env_of(member)["SWARMGATE_BOOTSTRAP_URL"]["value"].split() == urls
+    # The replicas join each other: any that answer at start (never waiting, never themselves).
+    main = dht["spec"]["template"]["spec"]["containers"][0]
+    env = env_of(main)
+    assert env["SWARMGATE_BOOTSTRAP_URL"]["value"].split() == urls
+    assert env["SWARMGATE_BOOTSTRAP_OPTIONAL"]["value"] == "1"
+    assert env["SWARMGATE_BOOTSTRAP_SKIP"]["value"] == f"$(POD_NAME).{domain}"
 
 
 def test_ingress_routes_to_the_gateway_service(renderings: dict[tuple[str, str, str], Rendering]) -> None:
@@ -346,10 +375,11 @@ def test_no_remote_subchart_and_no_hooks() -> None:
 
 def test_notes_print_a_curl_line(tools: Tools) -> None:
     # helm 3 wants a cluster even for a client-side dry run; helm 4 renders NOTES.txt without one.
-    out = tools.ok("helm4", ["install", "ci", CHART, "--dry-run=client", "--namespace", NAMESPACE])
+    out = tools.ok("helm4", ["install", "ci", CHART, "--dry-run=client", "--namespace", NAMESPACE, *DEFAULT_REQUIRED])
     notes = out.split("NOTES:", 1)[1]
     assert "curl http://127.0.0.1:8000/v1/chat/completions" in notes
     assert '"model": "SmolLM2-135M-Instruct.Q4_1"' in notes
+    assert '-H "Authorization: Bearer $SWARMGATE_API_KEY"' in notes and "get secret swarmgate-admin-key" in notes
     ingress = tools.ok(
         "helm4",
         ["install", "ci", CHART, "--dry-run=client", "-n", NAMESPACE, "-f", CHART / "ci" / "ingress-values.yaml"],
@@ -373,6 +403,9 @@ BAD_VALUES = {
     "secret-name-invalid": ["--set", "swarm.secret.existingSecret=Not_A_Name"],
     "empty-model": ["--set", "model.name="],
     "string-for-count": ["--set-string", "nodes.count=two"],
+    "auth-typo": ["--set", "gateway.auth=off"],
+    "one-dht-replica": ["--set", "dht.replicas=1"],
+    "node-probes-off": ["--set", "nodes.metricsPort=0"],
 }
 
 
@@ -390,6 +423,10 @@ def test_schema_violations_fail(tools: Tools, helm: str, args: list[str]) -> Non
 TEMPLATE_FAILS = {
     "pdb-not-below-replicas": (["--set", "gateway.pdb.minAvailable=2"], "must be below gateway.replicas"),
     "single-replica-with-pdb": (["--set", "gateway.replicas=1"], "must be below gateway.replicas"),
+    "auth-without-operator-key": (
+        ["--set", "gateway.adminKey.existingSecret="],
+        "gateway.auth is keys (the default), which needs an operator key",
+    ),
 }
 
 
@@ -422,3 +459,89 @@ def test_schema_is_strict_everywhere() -> None:
                 walk(value, f"{where}/{index}")
 
     walk(schema, "#")
+
+
+def gateway_container(rendering: Rendering) -> Manifest:
+    (gateway,) = rendering.one("Deployment", "gateway")["spec"]["template"]["spec"]["containers"]
+    return gateway
+
+
+def flag(args: list[str], name: str) -> str | None:
+    return args[args.index(name) + 1] if name in args else None
+
+
+@pytest.mark.parametrize("vid", VALUE_SETS)
+def test_gateways_authenticate_with_an_operator_key_file_by_default(
+    renderings: dict[tuple[str, str, str], Rendering], vid: str
+) -> None:
+    rendering = shape(renderings, vid)
+    gateway = gateway_container(rendering)
+    assert flag(gateway["args"], "--auth") == "keys"
+    key_file = flag(gateway["args"], "--admin-key-file")
+    assert key_file is not None
+    mount = next(m for m in gateway["volumeMounts"] if key_file.startswith(m["mountPath"] + "/"))
+    assert mount["readOnly"] is True
+    spec = rendering.one("Deployment", "gateway")["spec"]["template"]["spec"]
+    volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+    assert volume["secret"]["secretName"] == ADMIN_KEY_SECRET
+    assert volume["secret"]["items"] == [{"key": "admin-key", "path": Path(key_file).name}]
+
+
+def test_an_open_gateway_needs_auth_none_said_explicitly(tools: Tools) -> None:
+    open_gateway = gateway_container(
+        load_rendering(tools, "--set", "gateway.auth=none,gateway.adminKey.existingSecret=")
+    )
+    assert flag(open_gateway["args"], "--auth") == "none"
+    assert flag(open_gateway["args"], "--admin-key-file") is None
+    assert "SWARMGATE_API_KEYS" not in env_of(open_gateway)  # --auth none with keys would refuse to start
+    with_list = gateway_container(
+        load_rendering(tools, "--set", "gateway.adminKey.existingSecret=,gateway.apiKeys.existingSecret=keys")
+    )
+    assert flag(with_list["args"], "--auth") == "keys" and "SWARMGATE_API_KEYS" in env_of(with_list)
+
+
+@pytest.mark.parametrize("vid", VALUE_SETS)
+def test_gateways_get_replicas_and_their_own_replica_id(
+    renderings: dict[tuple[str, str, str], Rendering], vid: str
+) -> None:
+    rendering = shape(renderings, vid)
+    gateway = gateway_container(rendering)
+    replicas = rendering.one("Deployment", "gateway")["spec"]["replicas"]
+    assert flag(gateway["args"], "--replicas") == str(replicas) == str(values_of(vid)["gateway"]["replicas"])  # type: ignore[index]
+    assert flag(gateway["args"], "--replica-id") == "$(POD_NAME)"
+    assert list(env_of(gateway))[0] == "POD_NAME"
+
+
+def test_embedded_redis_appends_to_a_persistent_volume_by_default(
+    renderings: dict[tuple[str, str, str], Rendering], tools: Tools
+) -> None:
+    for vid in ("default", "embedded-redis"):
+        redis = shape(renderings, vid).one("StatefulSet", "redis")
+        (container,) = redis["spec"]["template"]["spec"]["containers"]
+        args = container["args"]
+        assert flag(args, "--appendonly") == "yes" and flag(args, "--appendfsync") == "everysec"
+        data_dir = flag(args, "--dir")
+        (claim,) = redis["spec"]["volumeClaimTemplates"]
+        assert {"name": claim["metadata"]["name"], "mountPath": data_dir} in container["volumeMounts"]
+        assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+        assert not [v for v in redis["spec"]["template"]["spec"]["volumes"] if v["name"] == claim["metadata"]["name"]]
+    ephemeral = load_rendering(tools, "--set", "redis.embedded.persistence.enabled=false").one("StatefulSet", "redis")
+    assert "volumeClaimTemplates" not in ephemeral["spec"]
+    assert flag(ephemeral["spec"]["template"]["spec"]["containers"][0]["args"], "--appendonly") == "no"
+
+
+@pytest.mark.parametrize("vid", VALUE_SETS)
+def test_probes_tell_the_truth(renderings: dict[tuple[str, str, str], Rendering], vid: str) -> None:
+    rendering = shape(renderings, vid)
+    # Gateways: /ready is "this process can answer"; a swarm gap never takes them out of the Service.
+    gateway = gateway_container(rendering)
+    assert gateway["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert "swarm=complete" not in gateway["readinessProbe"]["httpGet"]["path"]
+    # Nodes: HTTP probes on the metrics port, ready only once the span is loaded and announced.
+    (node,) = rendering.one("StatefulSet", "node")["spec"]["template"]["spec"]["containers"]
+    port = values_of(vid)["nodes"]["metricsPort"]  # type: ignore[index]
+    assert {"name": "metrics", "containerPort": port, "protocol": "TCP"} in node["ports"]
+    assert flag(node["args"], "--metrics-port") == str(port)
+    assert node["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "metrics"}
+    assert node["livenessProbe"]["httpGet"] == {"path": "/health", "port": "metrics"}
+    assert node["startupProbe"]["httpGet"] == {"path": "/health", "port": "metrics"}

@@ -83,6 +83,14 @@ def test_the_swarm_of_make_demo(resolved: dict[str, Any]) -> None:
     assert services["gateway"]["depends_on"]["redis"]["condition"] == "service_healthy"
 
 
+def test_redis_keeps_api_keys_in_an_append_only_file_on_its_volume(resolved: dict[str, Any]) -> None:
+    redis = resolved["services"]["redis"]
+    args = redis["command"]
+    assert flag(args, "--appendonly") == "yes" and flag(args, "--appendfsync") == "everysec"
+    (volume,) = redis["volumes"]
+    assert (volume["type"], volume["source"], volume["target"]) == ("volume", "redis-data", "/data")
+
+
 def test_nodes_announce_their_service_names(resolved: dict[str, Any]) -> None:
     for service in ("dht", "node-a", "node-b"):
         args = command(resolved, service)
@@ -129,7 +137,7 @@ def test_containers_are_locked_down(resolved: dict[str, Any]) -> None:
 
 def test_secrets_come_from_the_shell_not_the_file() -> None:
     text = COMPOSE.read_text()
-    for var in ("SWARMGATE_SWARM_SECRET", "SWARMGATE_API_KEYS"):
+    for var in ("SWARMGATE_SWARM_SECRET", "SWARMGATE_API_KEYS", "SWARMGATE_ADMIN_KEY", "SWARMGATE_AUTH"):
         assert f"{var}:" in text
         assert f"{var}: ${{" not in text, f"{var}: an empty default would set it to '' rather than leave it unset"
 

@@ -89,6 +89,39 @@ def test_entrypoint_fetches_the_bootstrap_url(tmp_path: Path) -> None:
     assert json.loads(env["SWARMGATE_INITIAL_PEERS"]) == [PEER]
 
 
+OTHER_PEER = "/dns4/dht-1/tcp/31337/p2p/QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"
+
+
+def test_entrypoint_joins_through_every_bootstrap_that_answers(tmp_path: Path) -> None:
+    """Several bootstrap replicas: every one that answers is an initial peer; one down does not stop the start."""
+    first, second = tmp_path / "a", tmp_path / "b"
+    for folder, peer in ((first, PEER), (second, OTHER_PEER)):
+        folder.mkdir()
+        (folder / "initial-peers.json").write_text(json.dumps([peer]))
+    with serve_folder(first) as a, serve_folder(second) as b:
+        down = f"http://127.0.0.1:{free_port()}/initial-peers.json"
+        urls = [down, f"http://127.0.0.1:{a}/initial-peers.json", f"http://127.0.0.1:{b}/initial-peers.json"]
+        env = {"SWARMGATE_BOOTSTRAP_URL": " ".join(urls), "SWARMGATE_BOOTSTRAP_TIMEOUT": "0"}
+        entrypoint.resolve_initial_peers(env)
+    assert json.loads(env["SWARMGATE_INITIAL_PEERS"]) == [PEER, OTHER_PEER]
+
+
+def test_a_bootstrap_replica_starts_alone_when_no_other_answers_and_skips_itself(tmp_path: Path) -> None:
+    (tmp_path / "initial-peers.json").write_text(json.dumps([PEER]))
+    with serve_folder(tmp_path) as port:
+        own = f"http://localhost:{port}/initial-peers.json"  # this replica's own address: never its own peer
+        env = {
+            "SWARMGATE_BOOTSTRAP_URL": f"{own} http://127.0.0.1:{free_port()}/initial-peers.json",
+            "SWARMGATE_BOOTSTRAP_OPTIONAL": "1",
+            "SWARMGATE_BOOTSTRAP_SKIP": "localhost",
+        }
+        entrypoint.resolve_initial_peers(env)
+    assert env == {}  # nothing answered but itself: it starts without initial peers, at once
+    assert entrypoint.bootstrap_urls("http://dht-0.h.ns.svc:1/x http://dht-1.h.ns.svc:1/x", "dht-0.h.ns.svc") == [
+        "http://dht-1.h.ns.svc:1/x"
+    ]
+
+
 def test_explicit_initial_peers_win(tmp_path: Path) -> None:
     env = {"SWARMGATE_INITIAL_PEERS": '["/ip4/127.0.0.1/tcp/1/p2p/x"]', "SWARMGATE_BOOTSTRAP_FILE": "/nonexistent"}
     entrypoint.resolve_initial_peers(env)
@@ -254,6 +287,12 @@ def assert_joinable(initial_peers: list[str]) -> None:
         (["python", "swarm_node", "serve", "M", "--host-maddrs", "/ip6/::/tcp/4001"], {}, ("tcp", 4001)),
         (["python", "swarm_node", "serve", "M"], {"SWARMGATE_HOST_MADDRS": '["/ip4/0.0.0.0/tcp/5000"]'}, ("tcp", 5000)),
         (["python", "swarm_node", "serve", "M"], {}, None),
+        (
+            ["swarm_node", "serve", "M", "--metrics-port", "9100", "--host-maddrs", "/ip4/0.0.0.0/tcp/1"],
+            {},
+            ("http", 9100),
+        ),  # noqa: E501
+        (["swarm_node", "serve", "M"], {"SWARMGATE_METRICS_PORT": "9200"}, ("http", 9200)),
         (["python", "swarm_node", "serve", "M", "--host-maddrs", "/ip4/127.0.0.1/tcp/0"], {}, None),
         (["swarmgate-identity", "/var/lib/swarmgate/identity/identity.key"], {}, None),
     ],

@@ -31,12 +31,14 @@ class Gateway:
         return self.process.log_text()
 
     def wait_ready(self, timeout: float = 180.0) -> None:
-        """Until GET /ready answers 200: every block is served by a live node."""
+        """Until GET /ready?swarm=complete answers 200: every block is served by a live node."""
         deadline = time.monotonic() + timeout
         with self.http() as client:
             while time.monotonic() < deadline:
-                if client.get("/ready").status_code == 200:
-                    return
+                # The port is bound (and logged) a moment before uvicorn listens on it: refused means not yet.
+                with contextlib.suppress(httpx.TransportError):
+                    if client.get("/ready", params={"swarm": "complete"}).status_code == 200:
+                        return
                 time.sleep(0.3)
         raise TimeoutError(f"gateway never became ready:\n{self.log_text()[-3000:]}")
 

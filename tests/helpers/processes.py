@@ -57,7 +57,7 @@ class LocalSwarm:
     processes: list[ManagedProcess] = field(default_factory=list)
     initial_peers: list[str] = field(default_factory=list)
 
-    def _spawn(self, name: str, args: list[str]) -> ManagedProcess:
+    def _spawn(self, name: str, args: list[str], wrapper: tuple[str, ...] = ()) -> ManagedProcess:
         log = self.workdir / f"{name}.log"
         env = {
             **os.environ,
@@ -68,19 +68,24 @@ class LocalSwarm:
         }
         with log.open("wb") as out:
             popen = subprocess.Popen(
-                [sys.executable, "-m", *args], stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                [*wrapper, sys.executable, "-m", *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
             )
         process = ManagedProcess(name, popen, log)
         self.processes.append(process)
         return process
 
-    def start_dht(self, *extra: str, timeout: float = 60.0) -> str:
+    def start_dht(self, *extra: str, timeout: float = 60.0, host: str = "127.0.0.1") -> str:
+        """``host``: the address it listens on (and whose multiaddrs become ``initial_peers``)."""
         log = self.workdir / "dht.stdout"
         err = (self.workdir / "dht.log").open("wb")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         with log.open("wb") as out:
             popen = subprocess.Popen(
-                [sys.executable, "-m", "swarm_node.cli", "dht", *extra],
+                [sys.executable, "-m", "swarm_node.cli", "dht", "--host-maddrs", f"/ip4/{host}/tcp/0", *extra],
                 stdout=out,
                 stderr=err,
                 env=env,
@@ -89,7 +94,7 @@ class LocalSwarm:
         self.processes.append(ManagedProcess("dht", popen, self.workdir / "dht.log"))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            lines = [line for line in log.read_text().splitlines() if line.startswith("/ip4/127.0.0.1/")]
+            lines = [line for line in log.read_text().splitlines() if line.startswith(f"/ip4/{host}/")]
             if lines:
                 self.initial_peers = lines
                 return lines[0]
@@ -98,10 +103,13 @@ class LocalSwarm:
             time.sleep(0.1)
         raise TimeoutError("swarm_node dht printed no multiaddr")
 
-    def start_node(self, model: str | Path, blocks: str, *extra: str, name: str | None = None) -> ManagedProcess:
+    def start_node(
+        self, model: str | Path, blocks: str, *extra: str, name: str | None = None, wrapper: tuple[str, ...] = ()
+    ) -> ManagedProcess:
+        """``wrapper``: a command the node runs under (e.g. ``ip netns exec NS`` to put it behind a NAT)."""
         args = ["swarm_node.cli", "serve", str(model), "--blocks", blocks, "--num-threads", "1"]
         args += ["--initial-peers", *self.initial_peers, *extra]
-        return self._spawn(name or f"node-{blocks.replace(':', '-')}-{len(self.processes)}", args)
+        return self._spawn(name or f"node-{blocks.replace(':', '-')}-{len(self.processes)}", args, wrapper)
 
     def wait_serving(self, node: ManagedProcess, timeout: float = 180.0) -> str:
         """Block until the node logs that it serves; returns its peer id."""

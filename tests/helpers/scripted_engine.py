@@ -31,7 +31,15 @@ class CharCodec:
     def token_bytes(self, token_id: int) -> bytes:
         return ALPHABET[token_id].encode()
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+    def chat_template(self) -> str | None:
+        return None
+
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
         raise ChatTemplateMissing("this model's tokenizer has no chat template")
 
     def fim_ids(self) -> tuple[int, int, int] | None:
@@ -77,6 +85,9 @@ class ScriptedEngine:
 
     async def missing_blocks(self) -> list[int]:
         return []
+
+    async def announced_models(self) -> list[str]:
+        return [self.model_name]
 
 
 def client_for(engine: ScriptedEngine) -> httpx.AsyncClient:

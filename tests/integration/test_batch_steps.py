@@ -26,6 +26,7 @@ from shared.protocol import (
     ErrorReply,
     encode_request,
 )
+from tests.helpers.polling import eventually
 from tests.helpers.processes import LocalSwarm
 from tests.helpers.raw_stream import RawStream
 from tests.integration.conftest import client_dht
@@ -166,7 +167,8 @@ async def test_a_node_that_dies_fails_every_row_it_carried_and_the_links_serve_o
     try:
         sessions = [await opened(p2p, peer, torch.randn(1, 4, HIDDEN), links) for _ in range(2)]
         steps = asyncio.gather(*(s.step(torch.randn(1, 1, HIDDEN), 4) for s in sessions), return_exceptions=True)
-        await asyncio.sleep(0.5)  # the batch is on its way (the node sleeps 1 s before answering)
+        sent = links.messages
+        await eventually(lambda: links.messages > sent, within=10)  # on its way (the node waits 1 s to answer)
         node.send(signal.SIGKILL)  # with its p2p daemon
         results = await asyncio.wait_for(steps, 20)
         assert all(type(r).__name__ in ("NodeUnreachable", "StepTimeout") for r in results), results

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from gateway.model.engine import GenerationEngine, GenerationRequest
 from gateway.model.sampling import SamplingParams
 from gateway.settings import EngineSettings
 from shared.errors import MissingBlocks
 from tests.helpers.processes import LocalSwarm
+from tests.helpers.smollm2 import start_smollm2_swarm
 from tests.tiny_models import GetTinyModel
 
 pytestmark = pytest.mark.timeout(600)
@@ -67,14 +67,7 @@ async def _wait_covered(engine: GenerationEngine) -> None:
 
 @pytest.mark.slow
 async def test_smollm2_two_nodes_match_transformers_generate(local_swarm: LocalSwarm, smollm2_gguf: Path) -> None:
-    local_swarm.start_dht()
-    nodes = [local_swarm.start_node(smollm2_gguf, span) for span in ("0:15", "15:30")]
-    reference = AutoModelForCausalLM.from_pretrained(
-        str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name, dtype=torch.float32
-    ).eval()
-    tokenizer = AutoTokenizer.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name)
-    for node in nodes:
-        local_swarm.wait_serving(node)
+    reference, tokenizer = start_smollm2_swarm(local_swarm, smollm2_gguf)
     engine = await GenerationEngine.create(engine_settings(smollm2_gguf, local_swarm))
     try:
         await _wait_covered(engine)

@@ -28,6 +28,7 @@ from hivemind.p2p import P2P
 
 from tests.helpers.gateway import Gateway, start_gateway, stop_gracefully
 from tests.helpers.node_info import wait_all_free
+from tests.helpers.polling import wait_until
 from tests.helpers.processes import LocalSwarm
 from tests.helpers.redis_server import RedisServer
 from tests.helpers.sse import Event, sse_events
@@ -440,7 +441,7 @@ def test_sigterm_drains_the_gateway_running_streams_finish_new_requests_get_503(
         events = sse_events(response)
         first = [next(events) for _ in range(3)]
         b.process.send(signal.SIGTERM)
-        time.sleep(0.5)
+        wait_until(lambda: client.get("/ready").status_code == 503, within=15)  # draining
         refused = client.post("/v1/completions", json=completion(b, max_tokens=2))
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
         assert client.get("/ready").status_code == 503

@@ -42,7 +42,11 @@ def gateway(module_swarm: LocalSwarm, chat_model: TinyModel) -> Iterator[Gateway
         args = ("--step-timeout", "10", "--failover-wait", "3")
         gateway = start_gateway(module_swarm, chat_model.folder, *args, wait_ready=False)
         with gateway.http() as client:
-            _assert_error(client.get("/ready"), 503, "missing_blocks")
+            # Ready (it answers, with 503 missing_blocks itself); the gap is in the body, and ?swarm=complete is 503.
+            ready = client.get("/ready")
+            assert ready.status_code == 200, ready.text
+            assert ready.json()["swarm"]["complete"] is False and ready.json()["swarm"]["missing_blocks"] == "0:6"
+            _assert_error(client.get("/ready", params={"swarm": "complete"}), 503, "missing_blocks")
             body = {"model": gateway.model, "prompt": "t1 t2", "max_tokens": 2}
             _assert_error(client.post("/v1/completions", json=body), 503, "missing_blocks")
         spans = ("0:3", "3:6")

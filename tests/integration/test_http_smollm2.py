@@ -13,33 +13,23 @@ from pathlib import Path
 import pytest
 import torch
 from hivemind.p2p import P2P
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from gateway.api.detokenizer import IncrementalDetokenizer
 from gateway.model.tokens import HFTokenCodec
 from tests.helpers.gateway import Gateway, start_gateway, stop_gracefully
 from tests.helpers.node_info import node_infos, wait_all_free
 from tests.helpers.processes import LocalSwarm
+from tests.helpers.smollm2 import Reference, start_smollm2_swarm
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
-
-Reference = tuple[PreTrainedModel, PreTrainedTokenizerBase]
 
 
 @pytest.fixture(scope="module")
 def swarm_and_reference(module_swarm: LocalSwarm, smollm2_gguf: Path) -> Iterator[tuple[Gateway, Reference]]:
     try:
-        module_swarm.start_dht()
-        nodes = [module_swarm.start_node(smollm2_gguf, span) for span in ("0:15", "15:30")]
-        # The reference loads while the nodes do.
-        model = AutoModelForCausalLM.from_pretrained(
-            str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name, dtype=torch.float32
-        ).eval()
-        tokenizer = AutoTokenizer.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name)
-        for node in nodes:
-            module_swarm.wait_serving(node)
+        reference = start_smollm2_swarm(module_swarm, smollm2_gguf)
         gateway = start_gateway(module_swarm, smollm2_gguf, "--conversation-keep-alive", "5")
-        yield gateway, (model, tokenizer)
+        yield gateway, reference
     finally:
         stop_gracefully(module_swarm)
 

@@ -33,6 +33,7 @@ from shared.protocol import (
 )
 from shared.rpc_client import fetch_info
 from shared.weights import open_weights
+from tests.helpers.polling import eventually
 from tests.helpers.processes import LocalSwarm
 from tests.tiny_models import VOCAB, GetTinyModel, TinyModel
 
@@ -171,9 +172,12 @@ async def test_an_idle_session_is_expired_and_its_room_freed(client_p2p: P2P, ca
     await stream.step(torch.randn(1, 4, 64), 0)
     info, _ = await fetch_info(client_p2p, capacity_nodes[1], 30)
     assert info.cache_tokens_left == POOL_TOKENS - 200
-    await asyncio.sleep(3.5)  # idle timeout 2 s, checked every 0.5 s
-    info, _ = await fetch_info(client_p2p, capacity_nodes[1], 30)
-    assert (info.cache_tokens_left, info.sessions) == (POOL_TOKENS, 0)
+
+    async def freed() -> bool:  # idle timeout 2 s, checked every 0.5 s
+        info, _ = await fetch_info(client_p2p, capacity_nodes[1], 30)
+        return (info.cache_tokens_left, info.sessions) == (POOL_TOKENS, 0)
+
+    await eventually(freed, within=30)
     with pytest.raises(UnknownSession, match="expired"):
         await stream.step(torch.randn(1, 1, 64), 4)
     stream.close()

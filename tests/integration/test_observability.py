@@ -161,6 +161,7 @@ def _node(swarm: LocalSwarm, span: str) -> ManagedProcess:
     return node
 
 
+@pytest.mark.browser
 def test_the_page_shows_coverage_and_redraws_when_a_node_stops(
     swarm: tuple[Gateway, dict[str, int]], module_swarm: LocalSwarm, chromium: str, tmp_path: Path
 ) -> None:

@@ -25,6 +25,7 @@ from shared.membership import CallAuth, make_call_token, owner_subkey, record_va
 from shared.model_source import resolve_model
 from shared.rpc_client import fetch_info
 from tests.helpers.gateway import start_gateway, stop_gracefully
+from tests.helpers.polling import eventually
 from tests.helpers.processes import LocalSwarm
 from tests.integration.conftest import client_dht
 from tests.tiny_models import NUM_LAYERS, GetTinyModel
@@ -62,7 +63,12 @@ async def test_outsiders_are_ignored_and_members_cannot_forge_or_replay(
     try:
         p2p = await dht.replicate_p2p()
         auth = CallAuth(SECRET.encode(), dht.peer_id.to_base58())
-        await asyncio.sleep(3)  # every node has tried to announce by now
+
+        async def member_online() -> bool:  # every node announced (JOINING) before it logged "serving"
+            found = await fetch_servers(dht, model, NUM_LAYERS)
+            return member.peer_id in found and found[member.peer_id].state is NodeState.ONLINE
+
+        await eventually(member_online, within=30)
         servers = await fetch_servers(dht, model, NUM_LAYERS)
         assert set(servers) == {member.peer_id}
 

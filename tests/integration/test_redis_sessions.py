@@ -12,6 +12,7 @@ from gateway.sessions.api_keys import KeyLimits, KeyStore, hash_key
 from gateway.sessions.quotas import QuotaExceeded, QuotaLimiter
 from gateway.sessions.redis_link import RedisLink
 from gateway.sessions.store import SessionStatus, SessionStore
+from tests.helpers.polling import eventually
 from tests.helpers.redis_server import RedisServer
 
 pytestmark = pytest.mark.timeout(120)
@@ -46,8 +47,11 @@ async def test_records_are_listed_per_key_and_expire_after_the_end(link: RedisLi
     updated = await replica_a.update("s1", status=SessionStatus.FINISHED, completion_tokens=7, finish_reason="stop")
     assert updated is not None and updated.ended
     replica_a.forget("s1")
-    await asyncio.sleep(1.5)
-    assert await replica_b.get("s1") is None
+
+    async def expired() -> bool:
+        return await replica_b.get("s1") is None
+
+    await eventually(expired, within=10)  # ttl 1 s
     assert [r.id for r in await replica_b.list_sessions(None)] == ["s2"]
     await replica_b.link.close()
 
@@ -76,7 +80,11 @@ async def test_a_cancel_published_on_one_replica_reaches_the_other(link: RedisLi
     cancelled: asyncio.Queue[str] = asyncio.Queue()
     runner.on_cancel(cancelled.put_nowait)
     runner.start()
-    await asyncio.sleep(0.2)  # the subscription is in place
+
+    async def subscribed() -> bool:
+        return dict(await link.client.pubsub_numsub("sg:cancel")).get("sg:cancel", 0) > 0
+
+    await eventually(subscribed, within=10)
     await other.publish_cancel("s42")
     assert await asyncio.wait_for(cancelled.get(), 5) == "s42"
     await runner.close()
@@ -125,8 +133,18 @@ async def test_keys_are_stored_only_as_hashes_and_revocation_works(link: RedisLi
     assert await keys.authenticate(plaintext) is None
 
 
+class Clock:
+    """Wall-clock seconds that move only when the test says: no count straddles a minute's edge by chance."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 async def test_each_limit_trips_at_exactly_its_count_even_under_concurrency(link: RedisLink) -> None:
-    limiter = QuotaLimiter(link)
+    limiter = QuotaLimiter(link, clock=Clock(1_800_000_000.0))
     limits = KeyLimits(requests_per_minute=10)
     results = await asyncio.gather(*(limiter.admit("k1", limits, 1) for _ in range(25)), return_exceptions=True)
     assert sum(not isinstance(r, Exception) for r in results) == 10
@@ -147,6 +165,19 @@ async def test_each_limit_trips_at_exactly_its_count_even_under_concurrency(link
     assert refused_stream.value.retry_after == 1
     await limiter.release(held[0], 1)
     await limiter.admit("k3", streams, 1)
+
+
+async def test_a_minute_limit_resets_with_the_next_calendar_minute(link: RedisLink) -> None:
+    clock = Clock(1_800_000_000.0 + 45)  # 45 s into a minute
+    limiter = QuotaLimiter(link, clock=clock)
+    limits = KeyLimits(requests_per_minute=2)
+    for _ in range(2):
+        await limiter.admit("k", limits, 1)
+    with pytest.raises(QuotaExceeded) as refused:
+        await limiter.admit("k", limits, 1)
+    assert refused.value.retry_after == 15  # the seconds left in this minute
+    clock.now += 15
+    await limiter.admit("k", limits, 1)  # a new minute, a new count
 
 
 async def test_quotas_without_redis_are_split_between_replicas(link: RedisLink, redis_server: RedisServer) -> None:

@@ -17,6 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("shared", "swarm_node", "gateway")
 SHARED_CONTRACT = "shared is independent of the node and the gateway"
 SIDEWAYS_CONTRACT = "gateway and swarm_node never import each other"
+HTTP_CONTRACT = "the HTTP layer sees the engine interface only, never torch or the swarm client"
+CLIENT_CONTRACT = "the swarm client and the model never see OpenAI types"
+SWARM_CONTRACT = "the swarm client never reaches into the local model"
 
 
 def lint_imports(project: Path) -> subprocess.CompletedProcess[str]:
@@ -49,6 +52,14 @@ def test_import_contracts_are_kept() -> None:
         ("shared/weights.py", "import fastapi", SHARED_CONTRACT),
         ("gateway/__init__.py", "import swarm_node", SIDEWAYS_CONTRACT),
         ("swarm_node/__init__.py", "import gateway", SIDEWAYS_CONTRACT),
+        # Inside the gateway: serving code that reached for torch or the swarm client, or a swarm client that
+        # reached for OpenAI types or the local model.
+        ("gateway/api/stop.py", "import torch", HTTP_CONTRACT),
+        ("gateway/api/serving_common.py", "import gateway.model.engine", HTTP_CONTRACT),
+        ("gateway/api/protocol.py", "import gateway.model.sampling", HTTP_CONTRACT),
+        ("gateway/swarm/remote_session.py", "import gateway.api.protocol", CLIENT_CONTRACT),
+        ("gateway/model/engine.py", "import fastapi", CLIENT_CONTRACT),
+        ("gateway/swarm/router.py", "import gateway.model.head", SWARM_CONTRACT),
     ],
 )
 def test_a_forbidden_import_breaks_a_contract(

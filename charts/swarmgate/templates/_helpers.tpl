@@ -44,19 +44,36 @@ helm.sh/chart: {{ printf "%s-%s" .ctx.Chart.Name .ctx.Chart.Version | replace "+
 {{- if eq .Values.swarm.ipFamily "IPv6" -}}/ip6{{- else -}}/ip4{{- end -}}/$(POD_IP)/tcp/{{ .Values.swarm.p2pPort }}
 {{- end -}}
 
-{{/* The DHT bootstrap's address, as its announce multiaddr and as the URL its sidecar publishes the full one on */}}
-{{- define "swarmgate.dhtHost" -}}
-{{ include "swarmgate.dhtName" . }}.{{ .Release.Namespace }}.svc
+{{/* Where DHT replica pods resolve: <pod>.<headless service>.<namespace>.svc */}}
+{{- define "swarmgate.dhtPodDomain" -}}
+{{ include "swarmgate.dhtName" . }}-headless.{{ .Release.Namespace }}.svc
 {{- end -}}
 
-{{- define "swarmgate.bootstrapUrl" -}}
-http://{{ include "swarmgate.dhtHost" . }}:{{ .Values.dht.publishPort }}/initial-peers.json
+{{/* Every DHT replica's published multiaddr, as space-separated URLs (swarmgate-entrypoint reads them all) */}}
+{{- define "swarmgate.bootstrapUrls" -}}
+{{- $urls := list -}}
+{{- range $i := until (int .Values.dht.replicas) -}}
+{{- $urls = append $urls (printf "http://%s-%d.%s:%d/initial-peers.json" (include "swarmgate.dhtName" $) $i (include "swarmgate.dhtPodDomain" $) (int $.Values.dht.publishPort)) -}}
+{{- end -}}
+{{ join " " $urls }}
+{{- end -}}
+
+{{/* A pod's own name and StatefulSet index, for args that name them ($(POD_NAME), $(POD_INDEX)) */}}
+{{- define "swarmgate.podIdentityEnv" -}}
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: POD_INDEX
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.labels['apps.kubernetes.io/pod-index']
 {{- end -}}
 
 {{/* Env every swarm member (node, gateway) gets: where to learn the bootstrap's address, the swarm secret */}}
 {{- define "swarmgate.memberEnv" -}}
 - name: SWARMGATE_BOOTSTRAP_URL
-  value: {{ include "swarmgate.bootstrapUrl" . | quote }}
+  value: {{ include "swarmgate.bootstrapUrls" . | quote }}
 {{- include "swarmgate.secretEnv" . }}
 {{- with .Values.model.hfToken.existingSecret }}
 - name: HF_TOKEN

@@ -17,6 +17,7 @@ from gateway.api.errors import InvalidRequest
 from gateway.api.openapi_docs import errors, streamed
 from gateway.api.protocol_chat import ChatCompletionChunk
 from gateway.api.protocol_completions import CompletionResponse
+from gateway.api.protocol_responses import ResponseStreamEvent
 from gateway.api.sse import event_stream
 from gateway.sessions.store import SessionRecord
 
@@ -59,7 +60,7 @@ async def cancel_session(session_id: str, caller: CallerDep, sessions: SessionsD
     "/v1/sessions/{session_id}/events",
     response_model=None,
     response_class=Response,  # documents no JSON body: the events are all it answers
-    responses={**streamed(CompletionResponse, ChatCompletionChunk), **errors(400, 404)},
+    responses={**streamed(CompletionResponse, ChatCompletionChunk, ResponseStreamEvent), **errors(400, 404)},
 )
 async def session_events(
     session_id: str,

@@ -27,7 +27,15 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 class ChatCharCodec(CharCodec):
     """The scripted codec with a trivial chat template (chat requests reach the engine)."""
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+    def chat_template(self) -> str | None:
+        return None
+
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
         return " ".join(str(m["content"]) for m in messages)
 
 

@@ -196,12 +196,16 @@ def write_gguf(model: PreTrainedModel, path: Path, arch: gguf.MODEL_ARCH, float1
     writer.add_embedding_length(config.hidden_size)
     writer.add_block_count(config.num_hidden_layers)
     writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_rope_dimension_count(config.head_dim)
+    writer.add_rope_dimension_count(
+        getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    )
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
     writer.add_vocab_size(config.vocab_size)
+    if arch == gguf.MODEL_ARCH.PHI3:  # transformers' Phi-3 GGUF default pad id (32000) lies outside a tiny vocab
+        writer.add_pad_token_id(0)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if float16 else gguf.LlamaFileType.ALL_F32)
     names = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
     for hf_name, tensor in model.state_dict().items():
@@ -255,6 +259,8 @@ GGUF_CASES = [
     pytest.param(GgufCase("llama_tied", gguf.MODEL_ARCH.LLAMA, float16=True), id="llama_tied-f16"),
     pytest.param(GgufCase("mistral", gguf.MODEL_ARCH.LLAMA, float16=False, transformers_loads=False), id="mistral-f32"),
     pytest.param(GgufCase("qwen2", gguf.MODEL_ARCH.QWEN2, float16=False), id="qwen2-f32"),
+    # Phi-3: fused qkv and gate_up projections under their own GGUF names.
+    pytest.param(GgufCase("phi3", gguf.MODEL_ARCH.PHI3, float16=True), id="phi3-f16"),
 ]
 
 

@@ -14,6 +14,7 @@ from swarm_node.cache_pool import CachePool
 from swarm_node.capacity import MIN_CACHE_TOKENS, block_weight_bytes, default_cache_tokens
 from swarm_node.kv_cache import SessionKV
 from swarm_node.sessions import SessionRegistry
+from tests.tiny_models import TINY_CONFIGS
 
 
 def tiny_kv(max_length: int = 4) -> SessionKV:
@@ -209,3 +210,12 @@ def test_quantized_blocks_take_a_fraction_of_the_memory() -> None:
     int8, nf4 = (block_weight_bytes(config, torch.bfloat16, quant) for quant in ("int8", "nf4"))
     assert 0.45 * plain < int8 < 0.6 * plain
     assert 0.2 * plain < nf4 < 0.3 * plain
+
+
+@pytest.mark.parametrize("variant", ["mixtral", "falcon_new", "bloom"])
+def test_block_weights_of_other_families_count_experts_and_their_own_names(variant: str) -> None:
+    """Mixtral's experts are most of its block and are quantized too; Falcon builds its layer by attention name."""
+    config = TINY_CONFIGS[variant]()
+    plain = block_weight_bytes(config, torch.bfloat16, "none")
+    nf4 = block_weight_bytes(config, torch.bfloat16, "nf4")
+    assert 0.2 * plain < nf4 < 0.35 * plain

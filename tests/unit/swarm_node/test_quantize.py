@@ -49,7 +49,7 @@ def test_plain_cpu_projections_are_stored_transposed_with_the_same_results(tiny_
     transposed = build_span(config, open_weights(source, config), 0, 6, transform=layout)
     spans = (plain, transposed)
     assert block_transform("none", torch.float32, torch.device("cuda")) is None
-    assert sum(isinstance(m, TransposedLinear) for m in transposed.modules()) == 6 * len(QUANTIZED_PROJECTIONS)
+    assert sum(isinstance(m, TransposedLinear) for m in transposed.modules()) == 6 * 7  # q k v o gate up down
     blocks = range(0, 6)
     outputs = [span(hidden, [span.new_session_kv(blocks, 9) for _ in hidden], [0, 0], blocks) for span in spans]
     torch.testing.assert_close(outputs[1], outputs[0], atol=1e-5, rtol=0)
@@ -93,19 +93,30 @@ def test_auto_quantizes_on_cuda_only() -> None:
     assert resolve_quant("int8", torch.device("cpu")) == "int8"
 
 
-@pytest.mark.parametrize("variant", ["llama", "qwen2"])  # qwen2: projections with biases
+# qwen2: projections with biases; phi3: fused qkv / gate_up; falcon_new, bloom: their own names (BLOOM with biases);
+# gemma2: soft-capped attention; mixtral: experts quantized one linear each.
+QUANT_VARIANTS = ["llama", "qwen2", "phi3", "falcon_new", "bloom", "gemma2", "mixtral"]
+
+
+@pytest.mark.parametrize("variant", QUANT_VARIANTS)
 @pytest.mark.parametrize("quant", ["int8", "nf4"])
 def test_tiny_quantized_span_is_within_tolerance(tiny_model: GetTinyModel, variant: str, quant: Quant) -> None:
     source = resolve_model(str(tiny_model(variant).folder))
     config = load_config(source)
     hidden = torch.randn(1, 13, config.hidden_size, generator=torch.Generator().manual_seed(0))
-    reference = forward_all(build_span(config, open_weights(source, config), 0, 6), hidden)
+    plain = build_span(config, open_weights(source, config), 0, 6)
+    projections = {n for n, m in plain.named_modules() if isinstance(m, nn.Linear)}
+    reference = forward_all(plain, hidden)
     span = build_span(config, open_weights(source, config), 0, 6, transform=block_transform(quant, torch.float32))
 
     quantized = {name for name, module in span.named_modules() if isinstance(module, QUANT_MODULES[quant])}
-    linear = {name for name, module in span.named_modules() if type(module) is nn.Linear}
-    assert {name.rsplit(".", 1)[-1] for name in quantized} == QUANTIZED_PROJECTIONS
-    assert len(quantized) == 6 * len(QUANTIZED_PROJECTIONS) and not linear
+    quant_type = QUANT_MODULES[quant]
+    linear = {n for n, m in span.named_modules() if isinstance(m, nn.Linear) and not isinstance(m, quant_type)}
+    experts = {name for name in quantized if ".experts." in name}  # MoE: one linear per expert and projection
+    assert quantized - experts == projections and not linear  # every linear layer of these blocks, and the experts
+    assert {name.rsplit(".", 1)[-1] for name in quantized - experts} <= QUANTIZED_PROJECTIONS
+    assert len(experts) == 6 * 2 * getattr(config, "num_local_experts", 0)
+    assert not any(param.dim() == 3 for param in span.parameters())  # no unquantized expert tensor is left
     output = forward_all(span, hidden)
     error = float((output - reference).norm() / reference.norm())
     assert 0 < error <= TINY_TOLERANCE[quant]

@@ -85,7 +85,7 @@ def test_chain_hidden_states_match_transformers(tiny: TinyModel, cuts: tuple[int
     chain = build_chain(tiny.folder, cuts)
     ids = random_ids(13, seed=1)  # longer than the Mistral / Qwen2 sliding windows
     with torch.inference_mode():
-        expected = tiny.model.model(ids).last_hidden_state
+        expected = tiny.model.base_model(ids).last_hidden_state
     hidden = chain.forward(chain.head.embed(ids), [chain.new_session()], [0])
     torch.testing.assert_close(chain.head.norm(hidden), expected, atol=ATOL, rtol=0)
 

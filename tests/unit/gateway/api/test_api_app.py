@@ -96,10 +96,33 @@ async def test_a_model_without_chat_template_answers_chat_with_400() -> None:
         assert both.status_code == 400
 
 
-async def test_unknown_fields_are_ignored_and_usage_counts_tokens() -> None:
+async def test_fields_that_change_nothing_are_ignored_and_usage_counts_tokens() -> None:
+    harmless = {"user": "u1", "store": False, "metadata": {"k": "v"}, "service_tier": "auto"}
     async with client_for(ScriptedEngine()) as client:
-        response = await client.post("/v1/completions", json=completion(max_tokens=5, some_vendor_field={"x": 1}))
+        response = await client.post("/v1/completions", json=completion(max_tokens=5, **harmless))
     body = response.json()
     assert body["choices"][0]["text"] == "hello" and body["choices"][0]["finish_reason"] == "length"
     assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 5, "total_tokens": 7}
     assert response.headers["x-session-id"] == body["id"]
+
+
+@pytest.mark.parametrize(
+    ("path", "field"),
+    [
+        ("/v1/completions", "some_vendor_field"),
+        ("/v1/completions", "guided_json"),
+        ("/v1/chat/completions", "functions"),
+        ("/v1/chat/completions", "audio"),
+        ("/v1/chat/completions", "reasoning_effort"),
+    ],
+)
+async def test_a_field_that_would_change_the_result_and_is_not_implemented_is_a_400_naming_it(
+    path: str, field: str
+) -> None:
+    chat = {"model": "scripted", "messages": [{"role": "user", "content": "hi"}]}
+    body: dict[str, object] = completion() if path == "/v1/completions" else chat
+    async with client_for(ScriptedEngine()) as client:
+        response = await client.post(path, json={**body, field: {"x": 1}})
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "unsupported_parameter"
+    assert response.json()["error"]["param"] == field

@@ -24,7 +24,15 @@ MB = 1024 * 1024
 class TemplateCodec(CharCodec):
     """Renders a chat as its contents, one token per character: ``[user "abc"]`` is 3 prompt tokens."""
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+    def chat_template(self) -> str | None:
+        return None
+
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
         return "".join(message["content"] for message in messages)
 
 

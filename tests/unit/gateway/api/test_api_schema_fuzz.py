@@ -42,7 +42,15 @@ class FuzzedCodec(CharCodec):
     def token_bytes(self, token_id: int) -> bytes:
         return (ALPHABET[token_id] if token_id < len(ALPHABET) else f"<{token_id}>").encode()
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+    def chat_template(self) -> str | None:
+        return None
+
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
         return "".join(f"{message['role']} {message['content']} " for message in messages)
 
 
@@ -105,6 +113,7 @@ def test_streams_and_their_resumption_match_the_documented_events() -> None:
             "top_logprobs": 2,
             "stream_options": {"include_usage": True},
         },
+        "/v1/responses": {"model": "scripted", "input": "hi", "max_output_tokens": 5, "stream": True},
     }
     for path, body in bodies.items():
         response = schema[path]["POST"].Case(body=body).call_and_validate()

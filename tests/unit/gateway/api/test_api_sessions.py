@@ -47,7 +47,7 @@ def make_client(
     engine: ScriptedEngine, keys: list[str] | None = None, max_running: int = 0, max_bytes: int = 1 << 20
 ) -> httpx.AsyncClient:
     tracker = SessionTracker(SessionStore(RedisLink(None), "test"), None, engine.model_name, 0.0, max_running)
-    authenticator = Authenticator(keys or [], None, required=False)
+    authenticator = Authenticator(keys or [], None, enabled=bool(keys))
     app = create_app(engine, ServingConfig(engine.model_name, max_request_bytes=max_bytes), tracker, authenticator)
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway")
 

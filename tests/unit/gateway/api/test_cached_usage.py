@@ -27,7 +27,15 @@ class Codec:
     def token_bytes(self, token_id: int) -> bytes:
         return ALPHABET[token_id].encode()
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+    def chat_template(self) -> str | None:
+        return None
+
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
         return "".join(m["content"] for m in messages)
 
     def fim_ids(self) -> tuple[int, int, int] | None:
@@ -60,6 +68,9 @@ class ReusingEngine:
 
     async def missing_blocks(self) -> list[int]:
         return []
+
+    async def announced_models(self) -> list[str]:
+        return [self.model_name]
 
     async def swarm_report(self) -> dict[str, Any]:
         return {}

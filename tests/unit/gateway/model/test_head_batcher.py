@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from gateway.model.head_batcher import HeadBatcher
+from tests.helpers.polling import eventually
 
 D, V = 16, 50
 
@@ -31,9 +32,9 @@ async def test_concurrent_rows_share_a_batch_and_each_gets_its_own_argmax(head: 
     batcher = HeadBatcher(logits)
     rows = [torch.randn(1, 1, D) for _ in range(6)]
     first = asyncio.create_task(batcher.score(rows[0], lambda lg: int(lg.argmax())))
-    await asyncio.sleep(0.05)
+    await eventually(lambda: calls == [1])  # the lone row is computing
     rest = [asyncio.create_task(batcher.score(row, lambda lg: int(lg.argmax()))) for row in rows[1:]]
-    await asyncio.sleep(0.05)
+    await eventually(lambda: batcher.pending == 5)
     release.set()
     results = await asyncio.gather(first, *rest)
     with torch.no_grad():
@@ -43,9 +44,10 @@ async def test_concurrent_rows_share_a_batch_and_each_gets_its_own_argmax(head: 
 
 
 async def test_a_failing_row_and_a_cancelled_caller_leave_the_others_untouched(head: torch.nn.Linear) -> None:
-    gate = threading.Event()
+    gate, computing = threading.Event(), threading.Event()
 
     def logits(hidden: torch.Tensor) -> torch.Tensor:
+        computing.set()
         gate.wait(5)
         return head(hidden)
 
@@ -54,11 +56,11 @@ async def test_a_failing_row_and_a_cancelled_caller_leave_the_others_untouched(h
 
     batcher = HeadBatcher(logits)
     blocker = asyncio.create_task(batcher.score(torch.randn(1, 1, D), lambda lg: 0))
-    await asyncio.sleep(0.05)
+    await eventually(computing.is_set)
     good = asyncio.create_task(batcher.score(torch.randn(1, 1, D), lambda lg: int(lg.argmax())))
     bad = asyncio.create_task(batcher.score(torch.randn(1, 1, D), boom))
     gone = asyncio.create_task(batcher.score(torch.randn(1, 1, D), lambda lg: 1))
-    await asyncio.sleep(0.05)
+    await eventually(lambda: batcher.pending == 3)
     gone.cancel()
     gate.set()
     assert await blocker == 0

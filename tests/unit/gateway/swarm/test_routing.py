@@ -135,3 +135,16 @@ def test_bans_double_with_consecutive_failures_and_reset_on_success() -> None:
     assert bans.status("X").failures == 3 and bans.status("X").banned_for == pytest.approx(60)
     bans.record_success("X")
     assert bans.banned() == frozenset() and bans.record_failure("X") == 15
+
+
+def test_a_pushing_chain_counts_the_link_between_nodes_not_the_gateways_rtt_to_the_second() -> None:
+    # B2 is far from the gateway but next door to A; B1 is nearer the gateway but far from A (as A announced).
+    first = server("A", 0, 15).model_copy(update={"next_rtts": {"B1": 0.2, "B2": 0.001}})
+    swarm = view(first, server("B1", 15, 30), server("B2", 15, 30))
+    rtts = {"A": 0.01, "B1": 0.05, "B2": 0.15}
+    assert plan_route(swarm, RouteRequest(64, rtts=rtts), MIN_LATENCY)[1].peer_id == "B1"  # a relay per node
+    # Pushed: B1 costs 0.2/2 in + 0.05/2 back; B2 costs 0.001/2 in + 0.15/2 back.
+    assert plan_route(swarm, RouteRequest(64, rtts=rtts, push=True), MIN_LATENCY)[1].peer_id == "B2"
+    # A link its predecessor never measured costs the gateway's own RTT to the node.
+    unmeasured = view(server("A", 0, 15), server("B1", 15, 30), server("B2", 15, 30))
+    assert plan_route(unmeasured, RouteRequest(64, rtts=rtts, push=True), MIN_LATENCY)[1].peer_id == "B1"

@@ -1,0 +1,38 @@
+"""/v1/responses: create (JSON or SSE), retrieve, cancel and delete stored responses."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import Response
+
+from gateway.api.auth import CallerDep
+from gateway.api.dependencies import ContextDep, ResponsesDep, respond
+from gateway.api.openapi_docs import errors, streamed
+from gateway.api.protocol_responses import DeletedResponse, ResponseObject, ResponsesRequest, ResponseStreamEvent
+
+router = APIRouter(responses=errors(400, 401, 404))
+
+
+@router.post(
+    "/v1/responses",
+    response_model=None,
+    responses={**streamed(ResponseStreamEvent, json_model=ResponseObject), **errors(409, 413, 429, 503)},
+)
+async def create_response(body: ResponsesRequest, serving: ResponsesDep, context: ContextDep) -> Response:
+    return respond(await serving.create(body, context))
+
+
+@router.get("/v1/responses/{response_id}")
+async def get_response(response_id: str, caller: CallerDep, serving: ResponsesDep) -> ResponseObject:
+    return await serving.retrieve(response_id, caller)
+
+
+@router.post("/v1/responses/{response_id}/cancel")
+async def cancel_response(response_id: str, caller: CallerDep, serving: ResponsesDep) -> ResponseObject:
+    """Stops a response still being made (streamed or not, on any replica); the response as it ended."""
+    return await serving.cancel(response_id, caller)
+
+
+@router.delete("/v1/responses/{response_id}")
+async def delete_response(response_id: str, caller: CallerDep, serving: ResponsesDep) -> DeletedResponse:
+    return await serving.delete(response_id, caller)

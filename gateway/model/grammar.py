@@ -1,0 +1,120 @@
+"""Constrained decoding: a grammar (JSON schema, Lark, regex) turned into a mask over the vocabulary per token.
+
+    Grammar ─GrammarCompiler.constraint→ Constraint ─mask (worker thread, while the nodes compute)→ bitmask [1, W]
+    sampled token ─Constraint.advance→ the matcher moves on, and the next mask starts computing at once
+
+The engine is llguidance (Microsoft's Rust Earley parser + token trie, MIT, released every few weeks and used by
+vLLM, SGLang and llama.cpp). Measured on this 2-core CPU with SmolLM2's 49152-token vocabulary, random tokens
+walking each grammar (``bench/bench_grammar.py`` reruns the llguidance figures):
+
+    engine            compile (5 schemas)   mask per token (median)   JSON schema coverage
+    llguidance 1.9    1-2 ms                0.11 ms                   bounds, patterns, formats, $ref, anyOf: all kept
+    xgrammar 0.2.9    1-13 ms               0.06-0.24 ms              all kept, but the wheel requires torch + triton
+    outlines-core     10 ms-5.7 s           0.01-6.6 ms               integer bounds ignored; {"type":"object"} 5.7 s
+
+llguidance has the coverage, a mask far under a millisecond, no dependencies (xgrammar declares triton and a torch
+of its own), and it never raises on a bad token: the matcher enters an error state we turn into "end here".
+
+The mask for the next token is computed in a worker thread started once a token is sampled (``prefetch``, from the
+engine's loop, not inside the sampling thread: a thread woken there fights it for the GIL, which measured
+milliseconds on this busy 2-core box), so it overlaps the nodes' forward of that token; ``apply`` only takes it
+(usually done) and writes -inf over the rest.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import json
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import llguidance
+import llguidance.hf
+import numpy
+import torch
+from transformers import PreTrainedTokenizerBase, TokenizersBackend
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
+
+from gateway.generation import Grammar, InvalidGrammar
+
+# Masks are a few hundred microseconds each: a couple of threads serve every constrained sequence of the gateway.
+_MASK_THREADS = 2
+
+# Compact JSON (no free whitespace): a model that likes newlines cannot fill the budget with them.
+_JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False}
+
+
+class Constraint:
+    """One sequence's grammar state: which tokens may come next.
+
+    ``prefetch`` starts the next mask in a worker thread (the engine calls it once a token is sampled, while the
+    nodes run that token); ``apply`` takes it, or computes it on the spot when nothing was prefetched.
+    """
+
+    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, pool: concurrent.futures.Executor) -> None:
+        self._matcher = matcher
+        self._pool = pool
+        self._vocab_size = vocab_size
+        self._next: concurrent.futures.Future[torch.Tensor] | None = None
+        self.prefetch()  # the first mask computes while the prompt is prefilled
+
+    def prefetch(self) -> None:
+        if self._next is None:
+            self._next = self._pool.submit(self._compute)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits: [V] -> a copy with every token the grammar forbids next at -inf."""
+        allowed = self._compute() if self._next is None else self._next.result()
+        return logits.masked_fill(~allowed, float("-inf"))
+
+    def advance(self, token: int) -> None:
+        """``token`` was sampled: the matcher takes it (tens of microseconds); the next mask is not started here,
+        since a worker thread woken inside the sampling path contends for the GIL with the rest of that path."""
+        self._matcher.consume_token(token)
+        self._next = None
+
+    def _compute(self) -> torch.Tensor:
+        """-> allowed [V] bool."""
+        words = numpy.zeros((self._vocab_size + 31) // 32, dtype=numpy.int32)  # [W]: bit j of word i: token 32i+j
+        self._matcher.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
+        # numpy, not torch: a few microseconds, and no torch intra-op thread pool woken from a second thread
+        bits = numpy.unpackbits(words.view(numpy.uint8), bitorder="little")[: self._vocab_size]  # [V] 0/1
+        return torch.from_numpy(bits.astype(numpy.bool_))
+
+
+class GrammarCompiler:
+    """Grammars compiled against the served model's tokenizer (its token trie is built once, about a second)."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, vocab_size: int, stop_ids: Iterable[int]) -> None:
+        self._vocab_size = vocab_size
+        if not isinstance(tokenizer, TokenizersBackend):
+            raise InvalidGrammar("constrained decoding needs a fast (Rust) tokenizer; this model's is not one")
+        self._tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=sorted(stop_ids))
+        self._pool = concurrent.futures.ThreadPoolExecutor(_MASK_THREADS, thread_name_prefix="grammar-mask")
+
+    def constraint(self, grammar: Grammar) -> Constraint:
+        """A fresh matcher for ``grammar``; raises ``InvalidGrammar`` when it does not compile. Blocks (up to
+        hundreds of ms for huge schemas): call it from a worker thread."""
+        matcher = llguidance.LLMatcher(self._tokenizer, _grammar_text(grammar), log_level=0)
+        if matcher.is_error():
+            raise InvalidGrammar(f"the {grammar.kind} cannot be compiled: {matcher.get_error()}", grammar.param)
+        return Constraint(matcher, self._vocab_size, self._pool)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+@functools.lru_cache(maxsize=256)
+def _grammar_text(grammar: Grammar) -> str:
+    try:
+        if grammar.kind == "json_schema":
+            schema = json.loads(grammar.source)
+            return str(llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_OPTIONS))
+        if grammar.kind == "lark":
+            return str(llguidance.LLMatcher.grammar_from_lark(grammar.source))
+        return str(llguidance.LLMatcher.grammar_from_regex(grammar.source))
+    except (ValueError, TypeError) as exc:
+        raise InvalidGrammar(f"the {grammar.kind} is not valid: {exc}", grammar.param) from None

@@ -1,0 +1,83 @@
+"""One decode step of a chain, pushed node to node: gateway → A → B → … → gateway instead of a relay per node.
+
+The gateway sends the step to the first node with the rest of the route, and asks every later node for its pushed
+step at the same moment. Every node answers the gateway (a later one with the input it ran on too), so the gateway
+holds each hop's inputs exactly as when it relays, and failover replays them the same way:
+
+* the first node fails: fail it over, then relay the whole step;
+* a later node's pushed step does not come within its grace (the push was late, refused or lost), or came with an
+  input that is not the previous hop's output: relay from that node on; the node runs a step once whether it came
+  by push or by relay, so a push that was only late costs nothing twice;
+* a later node fails: fail it over (its replacement is replayed its inputs), then relay from it on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from shared.errors import PushMissing
+
+if TYPE_CHECKING:
+    from gateway.swarm.remote_session import ChainSession, Segment
+
+# Seconds a pushed hop may take beyond the previous hop's answer (plus two of its round trips) before the gateway
+# relays the input itself: long enough for a busy node's forward, short enough that a lost push costs little.
+PUSH_GRACE = 1.0
+
+
+async def push_step(chain: ChainSession, hidden: torch.Tensor, position: int) -> torch.Tensor:
+    """hidden: [1, 1, D] at ``position`` -> the last block's output [1, 1, D]."""
+    segments = list(chain.segments)
+    nexts = [segment.session.next_hop for segment in segments[1:]]
+    route = [hop for hop in nexts if hop is not None]
+    if len(route) != len(nexts):
+        return await chain.relay(hidden, position, 0)
+    first: asyncio.Future[Any] = asyncio.ensure_future(segments[0].session.step(hidden, position, route))
+    later: list[asyncio.Future[Any]] = [
+        asyncio.ensure_future(segment.session.pushed(position, hidden)) for segment in segments[1:]
+    ]
+    try:
+        try:
+            output = await first
+        except Exception as error:
+            await chain.fail_over(segments[0], error)
+            return await chain.relay(hidden, position, 0)
+        _done(chain, segments[0], position, hidden, pushed=False)
+        for index, (segment, future) in enumerate(zip(segments[1:], later, strict=True), start=1):
+            grace = PUSH_GRACE + 2 * chain.router.rtts.get(segment.session.hop.peer_id, 0.0)
+            try:
+                received, result = await asyncio.wait_for(asyncio.shield(future), grace)
+                if not torch.equal(received, output):
+                    raise PushMissing("the pushed input is not the previous hop's output")
+            except (TimeoutError, PushMissing):
+                return await chain.relay(output, position, index)
+            except Exception as error:
+                await chain.fail_over(segment, error)
+                return await chain.relay(output, position, index)
+            _done(chain, segment, position, received, pushed=True)
+            output = result
+        return output
+    finally:
+        for future in [first, *later]:
+            future.cancel()
+            future.add_done_callback(_retrieve)
+
+
+def _done(chain: ChainSession, segment: Segment, position: int, received: torch.Tensor, pushed: bool) -> None:
+    segment.record(position, received)
+    chain.router.record_success(segment.session.hop.peer_id)
+    if pushed:
+        chain.router.stats.pushed_hops += 1
+    else:
+        chain.router.stats.relayed_hops += 1
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """An abandoned pushed step's error is expected (the step went on without it): never logged as unretrieved."""
+    if not future.cancelled():
+        with contextlib.suppress(Exception):
+            future.exception()

@@ -1,0 +1,168 @@
+"""Node-to-node push: rows of decode steps run through their sessions' step slots, and outputs go on to the next node.
+
+A row of a batch step (from the gateway) or of a push (from the previous node) may name the rest of its chain. Once
+the row has run here, its output goes to the next node in one ``PushStep`` per next node — a batch that arrived
+together leaves together — on one long-lived stream per next node (``PushLinks``), fire and forget: the gateway gets
+every output anyway and relays a step whose push went missing.
+
+    gateway ──BatchStep(rows, next=[B, C])──▶ A ──PushStep(next=[C])──▶ B ──PushStep──▶ C
+        ▲  ◀──────── outputs ──────────────────┘            │                           │
+        └──────────────── outputs + inputs (pushed rows) ───┴───────────────────────────┘
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import torch
+from hivemind.p2p import P2P, PeerID
+from hivemind.proto import runtime_pb2
+
+from shared.errors import NodeInternalError, RemoteError
+from shared.protocol import (
+    PUSH_HANDLER,
+    BatchRow,
+    ErrorReply,
+    PushAccepted,
+    PushStep,
+    decode_server_message,
+    encode_request,
+)
+from swarm_node.sessions import Session
+
+logger = logging.getLogger(__name__)
+
+# Runs one session's step: (session, hidden [1, 1, D], position) -> output [1, 1, D].
+StepFn = Callable[[Session, torch.Tensor, int], Awaitable[torch.Tensor]]
+
+
+@dataclass
+class RowsOutcome:
+    outputs: torch.Tensor  # [B, 1, D]; a failed row is zeros
+    inputs: torch.Tensor  # [B, 1, D]: what each row ran on
+    errors: list[ErrorReply | None]
+
+
+class PushLinks:
+    """One push stream to each next node, opened on first use; a broken one is dropped and reopened on next use."""
+
+    def __init__(self, p2p: P2P) -> None:
+        self._p2p = p2p
+        self._outboxes: dict[str, asyncio.Queue[runtime_pb2.ExpertRequest | None]] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self.sent = 0  # push messages sent (tests)
+
+    def send(self, peer_id: str, rows: list[BatchRow], hidden: torch.Tensor) -> None:
+        """Queue a push of ``hidden`` [B, 1, D] to ``peer_id`` (rows name its sessions); never waits."""
+        outbox = self._outboxes.get(peer_id)
+        if outbox is None or self._tasks[peer_id].done():
+            outbox = self._outboxes[peer_id] = asyncio.Queue()
+            self._tasks[peer_id] = asyncio.create_task(self._serve(peer_id, outbox), name=f"push-{peer_id[-6:]}")
+        outbox.put_nowait(encode_request(PushStep(rows=rows), (hidden,)))
+        self.sent += 1
+
+    async def _serve(self, peer_id: str, outbox: asyncio.Queue[runtime_pb2.ExpertRequest | None]) -> None:
+        async def requests() -> AsyncIterator[runtime_pb2.ExpertRequest]:
+            while (request := await outbox.get()) is not None:
+                yield request
+
+        try:
+            replies = await self._p2p.iterate_protobuf_handler(
+                PeerID.from_base58(peer_id), PUSH_HANDLER, requests(), runtime_pb2.ExpertResponse
+            )
+            async for response in replies:
+                reply, _ = decode_server_message(response)
+                errors = reply.errors if isinstance(reply, PushAccepted) else [reply]
+                for error in errors:
+                    if isinstance(error, ErrorReply):
+                        logger.debug("push to %s: %s %s", peer_id, error.code, error.message)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the gateway relays what did not arrive; the next push opens a new stream
+            logger.info("push stream to %s ended: %s", peer_id, exc)
+
+    def stop(self) -> None:
+        """End every push stream (the node is stopping)."""
+        for outbox in self._outboxes.values():
+            outbox.put_nowait(None)
+        for task in self._tasks.values():
+            task.cancel()
+
+
+async def run_rows(
+    rows: list[BatchRow],
+    hidden: torch.Tensor,
+    sessions: list[Session | RemoteError],
+    step: StepFn,
+    links: PushLinks,
+    pushed: bool = False,
+) -> RowsOutcome:
+    """Run each row (hidden [B, 1, D]) through its session's step slot, once however often it arrives; then push
+    every row this call started onward, one message per next node. ``pushed``: the rows came from the previous node,
+    which may never rewind a session."""
+
+    async def one(b: int, session: Session | RemoteError) -> tuple[torch.Tensor, bool]:
+        if isinstance(session, RemoteError):
+            raise session
+
+        async def run(row_hidden: torch.Tensor, position: int) -> torch.Tensor:
+            return await step(session, row_hidden, position)
+
+        pushed_at = session.kv.length if pushed else None
+        slot, fresh = session.slots.offer(hidden[b : b + 1], rows[b].position, run, pushed_at)
+        return await asyncio.shield(slot.output), fresh
+
+    results = await asyncio.gather(*(one(b, s) for b, s in enumerate(sessions)), return_exceptions=True)
+    outcome = _outcome(results, hidden, hidden)
+    onward: dict[str, list[tuple[BatchRow, torch.Tensor]]] = {}
+    for b, result in enumerate(results):
+        if isinstance(result, tuple) and result[1] and rows[b].next:
+            following = rows[b].next
+            row = BatchRow(session_id=following[0].session_id, position=rows[b].position, next=following[1:])
+            onward.setdefault(following[0].peer_id, []).append((row, result[0]))
+    for peer_id, batch in onward.items():
+        links.send(peer_id, [row for row, _ in batch], torch.cat([output for _, output in batch]))
+    return outcome
+
+
+async def wait_rows(
+    rows: list[BatchRow], sessions: list[Session | RemoteError], wait: float, width: int
+) -> RowsOutcome:
+    """Each row's (input, output) once its pushed step has run here (``width``: the hidden size)."""
+
+    async def one(b: int, session: Session | RemoteError) -> tuple[torch.Tensor, torch.Tensor]:
+        if isinstance(session, RemoteError):
+            raise session
+        return await session.slots.wait(rows[b].position, wait)
+
+    results = await asyncio.gather(*(one(b, s) for b, s in enumerate(sessions)), return_exceptions=True)
+    template = next((r[1] for r in results if isinstance(r, tuple)), torch.zeros(1, 1, width))
+    like = template.new_zeros(len(rows), 1, width)
+    inputs = like.clone()
+    for b, result in enumerate(results):
+        if isinstance(result, tuple):
+            inputs[b : b + 1] = result[0]
+    return _outcome([(r[1], True) if isinstance(r, tuple) else r for r in results], like, inputs)
+
+
+def _outcome(
+    results: list[tuple[torch.Tensor, bool] | BaseException], like: torch.Tensor, inputs: torch.Tensor
+) -> RowsOutcome:
+    errors: list[ErrorReply | None] = []
+    outputs = []
+    for b, result in enumerate(results):
+        if isinstance(result, tuple):
+            errors.append(None)
+            outputs.append(result[0])
+            continue
+        if not isinstance(result, RemoteError):
+            if not isinstance(result, Exception):
+                raise result
+            logger.error("batched step failed", exc_info=result)
+            result = NodeInternalError("internal error on the node")
+        errors.append(ErrorReply.of(result))
+        outputs.append(torch.zeros_like(like[b : b + 1]))
+    return RowsOutcome(torch.cat(outputs), inputs, errors)

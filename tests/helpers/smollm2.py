@@ -1,0 +1,24 @@
+"""SmolLM2 on two local nodes (blocks 0:15 and 15:30) and transformers' own model of it: the exactness reference."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from tests.helpers.processes import LocalSwarm
+
+SPANS = ("0:15", "15:30")
+Reference = tuple[PreTrainedModel, PreTrainedTokenizerBase]
+
+
+def start_smollm2_swarm(swarm: LocalSwarm, gguf: Path) -> Reference:
+    """A DHT and the two nodes, serving once this returns; the reference loads while the nodes do."""
+    swarm.start_dht()
+    nodes = [swarm.start_node(gguf, span) for span in SPANS]
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    for node in nodes:
+        swarm.wait_serving(node)
+    return model, tokenizer

@@ -1,0 +1,208 @@
+"""Node-to-node push with real node processes: chains that push equal transformers, failover of any position of a
+three-node chain keeps the tokens, strangers may not push, and a step that arrives twice runs once."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import torch
+from hivemind.p2p import P2P
+
+from gateway.model.head import ModelHead, build_head
+from gateway.swarm.node_session import NodeSession
+from gateway.swarm.remote_session import ChainSession
+from gateway.swarm.router import Router
+from gateway.swarm.routing import Hop
+from gateway.swarm.step_links import StepLinks
+from gateway.swarm.view import SwarmMonitor
+from shared.dht_records import fetch_servers
+from shared.model_source import load_config, resolve_model
+from shared.protocol import PUSH_HANDLER, BatchRow, PushAccepted, PushStep, encode_request
+from shared.rpc_client import fetch_info
+from shared.weights import open_weights
+from tests.helpers.processes import LocalSwarm
+from tests.helpers.raw_stream import RawStream
+from tests.integration.conftest import client_dht
+from tests.tiny_models import NUM_LAYERS, GetTinyModel
+
+pytestmark = pytest.mark.timeout(600)
+
+HIDDEN = 64
+SPANS = ["0:2", "2:4", "4:6"]
+PROMPT = [7, 1, 8, 2, 8]
+
+
+@pytest.fixture
+async def other_p2p(module_swarm: LocalSwarm) -> AsyncIterator[P2P]:
+    """A second peer: the predecessor a session names, or a stranger."""
+    dht = client_dht(module_swarm.initial_peers)
+    try:
+        yield await dht.replicate_p2p()
+    finally:
+        dht.shutdown()
+
+
+async def tokens_processed(p2p: P2P, peer: str) -> int:
+    info, _ = await fetch_info(p2p, peer, 30)
+    return info.tokens_processed
+
+
+async def push(p2p: P2P, peer: str, session_id: str, position: int, hidden: torch.Tensor) -> PushAccepted:
+    async with RawStream(p2p, peer, PUSH_HANDLER) as stream:
+        reply, _ = await stream.send(
+            encode_request(PushStep(rows=[BatchRow(session_id=session_id, position=position)]), (hidden,))
+        )
+    assert isinstance(reply, PushAccepted)
+    return reply
+
+
+async def test_only_the_opener_or_the_named_predecessor_may_push_and_a_step_pushed_and_relayed_runs_once(
+    client_p2p: P2P, other_p2p: P2P, node_peer: str, module_swarm: LocalSwarm
+) -> None:
+    stranger_dht = client_dht(module_swarm.initial_peers)
+    stranger = await stranger_dht.replicate_p2p()
+    links = StepLinks(client_p2p, step_timeout=60)
+    session = NodeSession(client_p2p, Hop(node_peer, 0, NUM_LAYERS), 16, 60, links=links)
+    session.pusher = other_p2p.peer_id.to_base58()
+    try:
+        torch.manual_seed(0)
+        await session.open()
+        await session.step(torch.randn(1, 4, HIDDEN), 0)
+        session_id = session.next_hop.session_id if session.next_hop else ""
+        step = torch.randn(1, 1, HIDDEN)
+
+        before = await tokens_processed(client_p2p, node_peer)
+        refused = await push(stranger, node_peer, session_id, 4, step)
+        assert refused.errors[0] is not None and refused.errors[0].code == "push_refused"
+        assert await tokens_processed(client_p2p, node_peer) == before  # nothing ran
+
+        # The named predecessor pushes; the gateway's "answer me when pushed" gets that step's input and output, and
+        # the same step relayed by the gateway afterwards is answered from that run, not run again.
+        waiting = asyncio.ensure_future(session.pushed(4, step))
+        accepted = await push(other_p2p, node_peer, session_id, 4, step)
+        assert accepted.errors == [None]
+        received, pushed_output = await waiting
+        assert torch.equal(received, step)
+        relayed_output = await session.step(step, 4)
+        assert torch.equal(relayed_output, pushed_output)
+        assert await tokens_processed(client_p2p, node_peer) == before + 1
+
+        # A different input at the same position is a new step (a replacement predecessor's): it rewinds and runs.
+        other = await session.step(torch.randn(1, 1, HIDDEN), 4)
+        assert not torch.equal(other, pushed_output)
+        assert await tokens_processed(client_p2p, node_peer) == before + 2
+    finally:
+        await session.close()
+        await links.close()
+        stranger_dht.shutdown()
+
+
+class PushClient:
+    """The gateway's parts for one model (head, view, router, links), with chains that push."""
+
+    def __init__(self, folder: Path, swarm: LocalSwarm) -> None:
+        source = resolve_model(str(folder))
+        self.config = load_config(source)
+        self.dht = client_dht(swarm.initial_peers)
+        self.head: ModelHead = build_head(self.config, open_weights(source, self.config))
+        self.model_name = source.name
+
+    async def __aenter__(self) -> PushClient:
+        self.p2p = await self.dht.replicate_p2p()
+        monitor = SwarmMonitor(self.dht, self.model_name, self.config.num_hidden_layers, max_age=0.5)
+        self.router = Router(monitor, self.p2p)
+        self.links = StepLinks(self.p2p, 3.0, self.router.liveness)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.links.close()
+        await self.router.close()
+        self.dht.shutdown()
+
+    def chain(self, push: bool = True, push_min_rtt: float = 0.0) -> ChainSession:
+        return ChainSession(
+            self.p2p, self.router, 64, 3.0, links=self.links, push=push, failover_wait=30, push_min_rtt=push_min_rtt
+        )
+
+    async def greedy(self, chain: ChainSession, new_tokens: int) -> AsyncIterator[int]:
+        ids, position = PROMPT, 0
+        for _ in range(new_tokens):
+            output = await chain.step(self.head.embed(torch.tensor([ids])), position)
+            token = int(self.head.logits(output[:, -1:])[0, -1].argmax())
+            yield token
+            position += len(ids)
+            ids = [token]
+
+    async def wait_nodes(self, count: int, limit: float = 60.0) -> None:
+        deadline = time.monotonic() + limit
+        while len(await fetch_servers(self.dht, self.model_name, self.config.num_hidden_layers)) < count:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"fewer than {count} nodes announced within {limit}s")
+            await asyncio.sleep(0.3)
+
+
+def start_chain_nodes(swarm: LocalSwarm, folder: Path, spans: list[str]) -> None:
+    swarm.start_dht()
+    nodes = [swarm.start_node(folder, span) for span in spans]
+    for node in nodes:
+        swarm.wait_serving(node)
+
+
+async def test_a_three_node_chain_that_pushes_equals_generate(
+    local_swarm: LocalSwarm, tiny_model: GetTinyModel
+) -> None:
+    tiny = tiny_model("llama")
+    start_chain_nodes(local_swarm, tiny.folder, SPANS)
+    expected = tiny.model.generate(torch.tensor([PROMPT]), max_new_tokens=12, do_sample=False)[0, 5:].tolist()
+    async with PushClient(tiny.folder, local_swarm) as client:
+        await client.wait_nodes(3)
+        async with client.chain(push=False) as chain:
+            relayed = [t async for t in client.greedy(chain, 12)]
+        before = client.router.stats.pushed_hops, client.router.stats.relayed_hops
+        async with client.chain() as chain:
+            assert len(chain.hops) == 3
+            pushed = [t async for t in client.greedy(chain, 12)]
+        assert pushed == relayed == expected
+        # 11 decode steps: the gateway sent each to the first node only; the two later hops came node to node.
+        assert client.router.stats.pushed_hops - before[0] == 22
+        assert client.router.stats.relayed_hops - before[1] == 11
+        # Nodes nearer the gateway than push_min_rtt (loopback here) are relayed to: pushing would not pay.
+        async with client.chain(push_min_rtt=10.0) as chain:
+            assert [t async for t in client.greedy(chain, 12)] == expected
+        assert client.router.stats.pushed_hops - before[0] == 22
+        assert client.router.stats.relayed_hops - before[1] == 11 + 33
+
+
+@pytest.mark.parametrize("position", [0, 1, 2])
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["kill", "freeze"])
+async def test_losing_any_node_of_a_pushing_chain_keeps_the_tokens(
+    local_swarm: LocalSwarm, tiny_model: GetTinyModel, position: int, how: signal.Signals
+) -> None:
+    tiny = tiny_model("llama")
+    start_chain_nodes(local_swarm, tiny.folder, [*SPANS, SPANS[position]])  # a spare for the victim's blocks
+    expected = tiny.model.generate(torch.tensor([PROMPT]), max_new_tokens=16, do_sample=False)[0, 5:].tolist()
+    async with PushClient(tiny.folder, local_swarm) as client:
+        await client.wait_nodes(4)
+        async with client.chain() as chain:
+            victim_peer = chain.hops[position].peer_id
+            victim = next(p for p in local_swarm.processes if p.peer_id == victim_peer)
+            tokens: list[int] = []
+            pushed_at_loss = 0
+            try:
+                async for token in client.greedy(chain, 16):
+                    tokens.append(token)
+                    if len(tokens) == 5:
+                        victim.send(how)
+                        pushed_at_loss = client.router.stats.pushed_hops
+            finally:
+                if how == signal.SIGSTOP:
+                    victim.send(signal.SIGCONT)
+            assert chain.failovers >= 1 and victim_peer not in [hop.peer_id for hop in chain.hops]
+            assert chain.push  # the chain pushes on through the replacement
+        assert tokens == expected
+        assert client.router.stats.pushed_hops >= pushed_at_loss + 2 * 8  # the steps after the loss pushed too
