@@ -167,6 +167,7 @@ class StreamEnd:
         return self
 
 
+@pytest.mark.timeout(900)  # a 36 s freeze, then a failover that may wait for the node to announce again
 def test_a_stream_stalled_past_every_timeout_ends_with_its_whole_text_or_an_error_then_done(
     replicas: list[Gateway], module_swarm: LocalSwarm, chat_model: TinyModel, redis_server: RedisServer
 ) -> None:
