@@ -8,6 +8,7 @@ new ones — and hands out only what the new tokens added, holding it back while
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -46,16 +47,7 @@ class IncrementalDetokenizer:
             return ""
         # ``after`` normally starts with ``before``; when the context itself ended mid-character it does not,
         # and the common prefix is the part already emitted.
-        shared = len(before) if after.startswith(before) else _common_prefix(before, after)
+        shared = len(before) if after.startswith(before) else len(os.path.commonprefix([before, after]))
         # The tokens just emitted become the next window's context.
         self._prefix, self._read = self._read, len(self._ids)
         return after[shared:]
-
-
-def _common_prefix(a: str, b: str) -> int:
-    size = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        size += 1
-    return size

@@ -10,6 +10,7 @@ request ends well.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -39,12 +40,7 @@ class Taken(Generic[T]):
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    length = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        length += 1
-    return length
+    return len(os.path.commonprefix([list(a), list(b)]))
 
 
 class ConversationPool(Generic[T]):

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -110,6 +111,13 @@ class LocalSwarm:
         args = ["swarm_node.cli", "serve", str(model), "--blocks", blocks, "--num-threads", "1"]
         args += ["--initial-peers", *self.initial_peers, *extra]
         return self._spawn(name or f"node-{blocks.replace(':', '-')}-{len(self.processes)}", args, wrapper)
+
+    def start_nodes(self, model: str | Path, spans: Iterable[str], *extra: str) -> list[ManagedProcess]:
+        """One node per span, all started before any is waited for (they load side by side), then serving."""
+        nodes = [self.start_node(model, span, *extra) for span in spans]
+        for node in nodes:
+            self.wait_serving(node)
+        return nodes
 
     def wait_serving(self, node: ManagedProcess, timeout: float = 180.0) -> str:
         """Block until the node logs that it serves; returns its peer id."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from collections.abc import AsyncIterator, Iterator
@@ -15,6 +16,7 @@ from transformers import AutoTokenizer
 from shared.dht_records import ModelRecord, ServerRecord
 from shared.membership import record_validators
 from tests.helpers.processes import LocalSwarm, save_tiny_tokenizer
+from tests.helpers.redis_server import RedisServer, running_redis
 from tests.tiny_models import NUM_LAYERS, VOCAB, GetTinyModel, TinyModel
 
 
@@ -63,6 +65,14 @@ def client_dht(initial_peers: list[str], secret: bytes | None = None) -> hivemin
 
 
 @pytest.fixture(scope="module")
+def module_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A private redis-server the module's tests share (gateways started once per module use it); they may freeze,
+    kill or restart it. ``redis_server`` (tests/conftest.py) is one per test."""
+    with running_redis(tmp_path_factory.mktemp("redis")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
 def node_peer(module_swarm: LocalSwarm, tiny_model: GetTinyModel) -> str:
     """One node serving every block of the tiny llama (300 cache tokens), for tests that drive its RPCs directly."""
     module_swarm.start_dht()
@@ -70,13 +80,20 @@ def node_peer(module_swarm: LocalSwarm, tiny_model: GetTinyModel) -> str:
     return module_swarm.wait_serving(node)
 
 
-@pytest.fixture
-async def client_p2p(module_swarm: LocalSwarm) -> AsyncIterator[P2P]:
-    dht = client_dht(module_swarm.initial_peers)
+@contextlib.asynccontextmanager
+async def client_peer(initial_peers: list[str]) -> AsyncIterator[P2P]:
+    """A client-mode DHT peer of the swarm, shut down on exit: its P2P speaks to the nodes."""
+    dht = client_dht(initial_peers)
     try:
         yield await dht.replicate_p2p()
     finally:
         dht.shutdown()
+
+
+@pytest.fixture
+async def client_p2p(module_swarm: LocalSwarm) -> AsyncIterator[P2P]:
+    async with client_peer(module_swarm.initial_peers) as p2p:
+        yield p2p
 
 
 CONTEXT = 1024  # longer than the tiny model's own, so long generations can be cancelled mid-way

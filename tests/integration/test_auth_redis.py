@@ -20,15 +20,27 @@ from tests.helpers.redis_server import RedisServer
 pytestmark = pytest.mark.timeout(120)
 
 
+OPERATOR_KEY = "sk-operator-key"
+
+
 def bearer(key: str) -> str:
     return f"Bearer {key}"
 
 
+@pytest.fixture
+def store(link: RedisLink) -> KeyStore:
+    return KeyStore(link)
+
+
+@pytest.fixture
+def auth(store: KeyStore) -> Authenticator:
+    """Keys required (fail closed), with one operator key given at start."""
+    return Authenticator([OPERATOR_KEY], store, enabled=True)
+
+
 async def test_redis_restarted_empty_refuses_every_key_it_lost_and_opens_nothing(
-    link: RedisLink, redis_server: RedisServer
+    store: KeyStore, auth: Authenticator, redis_server: RedisServer
 ) -> None:
-    store = KeyStore(link)
-    auth = Authenticator(["sk-operator-key"], store, enabled=True)
     _, user = await store.create("user")
     _, admin = await store.create("root", admin=True)
     assert (await auth.caller(bearer(user))).admin is False
@@ -38,15 +50,13 @@ async def test_redis_restarted_empty_refuses_every_key_it_lost_and_opens_nothing
     for presented in (None, bearer(user), bearer(admin), bearer("sk-made-up")):
         with pytest.raises(Unauthorized):
             await auth.caller(presented)
-    operator = await auth.caller(bearer("sk-operator-key"))  # the operator's key needs no Redis
+    operator = await auth.caller(bearer(OPERATOR_KEY))  # the operator's key needs no Redis
     assert operator.admin and operator.key_id is not None and operator.key_id.startswith("op-")
 
 
 async def test_while_redis_is_down_only_keys_it_confirmed_pass_and_others_get_503(
-    link: RedisLink, redis_server: RedisServer
+    store: KeyStore, auth: Authenticator, redis_server: RedisServer
 ) -> None:
-    store = KeyStore(link)
-    auth = Authenticator(["sk-operator-key"], store, enabled=True)
     _, confirmed = await store.create("confirmed")
     _, never_seen = await store.create("never-seen")
     await auth.caller(bearer(confirmed))
@@ -58,7 +68,7 @@ async def test_while_redis_is_down_only_keys_it_confirmed_pass_and_others_get_50
         assert refused.value.code == "auth_unavailable" and refused.value.status == 503
     with pytest.raises(Unauthorized):
         await auth.caller(None)  # no key is 401 whatever Redis does
-    assert (await auth.caller(bearer("sk-operator-key"))).admin
+    assert (await auth.caller(bearer(OPERATOR_KEY))).admin
 
 
 async def test_quotas_split_between_the_replicas_redis_counted_without_the_flag(

@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
-import torch
 from hivemind import DHT
 from hivemind.p2p import P2P
 
@@ -24,6 +23,7 @@ from shared.dht_records import NodeState, ServerRecord, fetch_servers
 from shared.model_source import load_config, resolve_model
 from shared.rpc_client import fetch_info
 from shared.weights import open_weights
+from tests.helpers.chain_greedy import chain_greedy
 from tests.helpers.processes import LocalSwarm, ManagedProcess
 from tests.integration.conftest import client_dht
 from tests.tiny_models import NUM_LAYERS, GetTinyModel
@@ -62,14 +62,8 @@ class Client:
         self.links.append(StepLinks(self.p2p, step_timeout))
         return ChainSession(self.p2p, self.router, max_length, step_timeout, links=self.links[-1])
 
-    async def greedy(self, prompt: list[int], new_tokens: int, chain: ChainSession) -> AsyncIterator[int]:
-        ids, position = prompt, 0
-        for _ in range(new_tokens):
-            output = await chain.step(self.head.embed(torch.tensor([ids])), position)
-            token = int(self.head.logits(output[:, -1:])[0, -1].argmax())
-            yield token
-            position += len(ids)
-            ids = [token]
+    def greedy(self, prompt: list[int], new_tokens: int, chain: ChainSession) -> AsyncIterator[int]:
+        return chain_greedy(self.head, chain, prompt, new_tokens)
 
     async def wait_for(
         self, predicate: str, check: Callable[[dict[str, ServerRecord]], bool], limit: float = 60.0
@@ -84,9 +78,7 @@ class Client:
 
 
 def start_nodes(swarm: LocalSwarm, model: Path, spans: list[str], *extra: str) -> list[ManagedProcess]:
-    nodes = [swarm.start_node(model, span, *extra) for span in spans]
-    for node in nodes:
-        swarm.wait_serving(node)
+    nodes = swarm.start_nodes(model, spans, *extra)
     return nodes
 
 

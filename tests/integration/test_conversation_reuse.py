@@ -28,9 +28,7 @@ GREEDY = SamplingParams(temperature=0.0)
 def tiny_nodes(module_swarm: LocalSwarm, tiny_with_tokenizer: GetTinyModel) -> LocalSwarm:
     module_swarm.start_dht()
     folder = tiny_with_tokenizer("llama").folder
-    nodes = [module_swarm.start_node(folder, span, "--session-idle-timeout", "2") for span in ("0:3", "3:6")]
-    for node in nodes:
-        module_swarm.wait_serving(node)
+    module_swarm.start_nodes(folder, ("0:3", "3:6"), "--session-idle-timeout", "2")
     return module_swarm
 
 

@@ -27,9 +27,7 @@ async def test_tiny_qwen3_across_three_nodes_matches_generate(
 ) -> None:
     tiny = tiny_with_tokenizer("qwen3")
     local_swarm.start_dht()
-    nodes = [local_swarm.start_node(tiny.folder, span) for span in ("0:2", "2:5", "5:6")]
-    for node in nodes:
-        local_swarm.wait_serving(node)
+    nodes = local_swarm.start_nodes(tiny.folder, ("0:2", "2:5", "5:6"))
     engine = await GenerationEngine.create(engine_settings(tiny.folder, local_swarm))
     try:
         await _wait_covered(engine)

@@ -19,18 +19,12 @@ import pytest
 
 from tests.helpers.gateway import Gateway, start_gateway, stop_gracefully
 from tests.helpers.processes import LocalSwarm, ManagedProcess
-from tests.helpers.redis_server import RedisServer, free_port, running_redis
+from tests.helpers.redis_server import RedisServer, free_port
 from tests.tiny_models import NUM_LAYERS, TinyModel
 
 pytestmark = pytest.mark.timeout(900)
 
 ADMIN = "sk-operator-from-a-secret-0123456789"
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    with running_redis(tmp_path_factory.mktemp("redis")) as server:
-        yield server
 
 
 @pytest.fixture(scope="module")
@@ -52,13 +46,13 @@ def gateway(
     module_swarm: LocalSwarm,
     chat_model: TinyModel,
     node: tuple[ManagedProcess, int],
-    redis_server: RedisServer,
+    module_redis: RedisServer,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Gateway:
     key_file = tmp_path_factory.mktemp("secret") / "admin-key"
     key_file.write_text(ADMIN + "\n")
     return start_gateway(
-        module_swarm, chat_model.folder, "--redis-url", redis_server.url, "--admin-key-file", str(key_file)
+        module_swarm, chat_model.folder, "--redis-url", module_redis.url, "--admin-key-file", str(key_file)
     )
 
 
@@ -108,8 +102,8 @@ def _status(client: httpx.Client, path: str) -> int:
         return 0
 
 
-def test_keys_refused_after_redis_restarts_empty_and_nothing_opens(gateway: Gateway, redis_server: RedisServer) -> None:
-    user = create_key(redis_server.url, "user")
+def test_keys_refused_after_redis_restarts_empty_and_nothing_opens(gateway: Gateway, module_redis: RedisServer) -> None:
+    user = create_key(module_redis.url, "user")
     with gateway.http() as client:
         for path in ("/v1/models", "/v1/sessions"):
             refused = client.get(path)
@@ -120,8 +114,8 @@ def test_keys_refused_after_redis_restarts_empty_and_nothing_opens(gateway: Gate
         session_id = made.json()["id"]
         assert session_id in [s["id"] for s in client.get("/v1/sessions", headers=bearer(ADMIN)).json()["data"]]
 
-        redis_server.stop()
-        redis_server.start()  # the same address, empty: every key made with `gateway keys create` is gone
+        module_redis.stop()
+        module_redis.start()  # the same address, empty: every key made with `gateway keys create` is gone
         until(lambda: client.get("/ready").json()["redis"] == "up", "the gateway never saw Redis back")
         for headers in ({}, bearer(user), bearer("sk-made-up")):
             for path in ("/v1/models", "/v1/sessions", f"/v1/sessions/{session_id}"):
@@ -131,14 +125,14 @@ def test_keys_refused_after_redis_restarts_empty_and_nothing_opens(gateway: Gate
             assert refused.status_code == 401
         assert client.post("/v1/completions", json=body, headers=bearer(ADMIN)).status_code == 200  # no Redis needed
 
-        redis_server.stop()  # and while Redis is gone: keys nobody can vouch for are 503, never let in
+        module_redis.stop()  # and while Redis is gone: keys nobody can vouch for are 503, never let in
         try:
             unknown = client.get("/v1/models", headers=bearer("sk-made-up"))
             assert unknown.status_code == 503 and unknown.json()["error"]["code"] == "auth_unavailable"
             assert client.get("/v1/sessions").status_code == 401
             assert client.get("/v1/models", headers=bearer(ADMIN)).status_code == 200
         finally:
-            redis_server.start()
+            module_redis.start()
 
 
 def test_a_model_name_no_node_announces_is_named_in_ready_and_the_log(

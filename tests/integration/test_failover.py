@@ -61,8 +61,7 @@ def test_the_sole_replica_killed_mid_stream_waits_for_its_replacement_and_keeps_
     expected = reference_text(tiny, 40)
     try:
         local_swarm.start_dht()
-        for node in [local_swarm.start_node(tiny.folder, span, *DISTANCE) for span in ("0:3", "3:6")]:
-            local_swarm.wait_serving(node)
+        local_swarm.start_nodes(tiny.folder, ("0:3", "3:6"), *DISTANCE)
         victim = local_swarm.processes[-1]
         gateway = start_gateway(local_swarm, tiny.folder, "--failover-wait", "300")
         body = {"model": gateway.model, "prompt": PROMPT, "max_tokens": 40, "temperature": 0, "stream": True}
@@ -103,8 +102,7 @@ def test_a_burst_of_opens_beyond_a_nodes_pool_bans_nobody_and_every_request_comp
     try:
         local_swarm.start_dht()
         # 100 tokens of room: two sessions of 7 + 30 tokens fit at once, the burst is three times that.
-        node = local_swarm.start_node(tiny.folder, "0:6", "--cache-tokens", "100", *DISTANCE)
-        local_swarm.wait_serving(node)
+        local_swarm.start_nodes(tiny.folder, ["0:6"], "--cache-tokens", "100", *DISTANCE)
         gateway = start_gateway(local_swarm, tiny.folder)
         client = gateway.openai()
 

@@ -30,7 +30,7 @@ from tests.helpers.gateway import Gateway, start_gateway, stop_gracefully
 from tests.helpers.node_info import wait_all_free
 from tests.helpers.polling import wait_until
 from tests.helpers.processes import LocalSwarm
-from tests.helpers.redis_server import RedisServer, running_redis
+from tests.helpers.redis_server import RedisServer
 from tests.helpers.sse import Event, sse_events
 from tests.integration.conftest import CONTEXT
 from tests.tiny_models import TinyModel
@@ -42,19 +42,11 @@ PROMPT = [5, 17, 99, 3, 42, 8, 1]
 
 
 @pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    with running_redis(tmp_path_factory.mktemp("redis")) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def replicas(module_swarm: LocalSwarm, chat_model: TinyModel, redis_server: RedisServer) -> Iterator[list[Gateway]]:
+def replicas(module_swarm: LocalSwarm, chat_model: TinyModel, module_redis: RedisServer) -> Iterator[list[Gateway]]:
     try:
         module_swarm.start_dht()
-        nodes = [module_swarm.start_node(chat_model.folder, s, "--cache-tokens", "8192") for s in ("0:3", "3:6")]
-        for node in nodes:
-            module_swarm.wait_serving(node)
-        shared = ["--redis-url", redis_server.url, "--api-keys", ADMIN, "--step-timeout", "10"]
+        module_swarm.start_nodes(chat_model.folder, ("0:3", "3:6"), "--cache-tokens", "8192")
+        shared = ["--redis-url", module_redis.url, "--api-keys", ADMIN, "--step-timeout", "10"]
         yield [start_gateway(module_swarm, chat_model.folder, *shared, "--replica-id", name) for name in "AB"]
     finally:
         stop_gracefully(module_swarm)
@@ -169,13 +161,13 @@ class StreamEnd:
 
 @pytest.mark.timeout(900)  # a 36 s freeze, then a failover that may wait for the node to announce again
 def test_a_stream_stalled_past_every_timeout_ends_with_its_whole_text_or_an_error_then_done(
-    replicas: list[Gateway], module_swarm: LocalSwarm, chat_model: TinyModel, redis_server: RedisServer
+    replicas: list[Gateway], module_swarm: LocalSwarm, chat_model: TinyModel, module_redis: RedisServer
 ) -> None:
     """A node's process frozen for longer than the stale window: three clients (raw SSE and the openai client on
     the replica running the stream, a follower on the other replica) each get the whole text or an error event,
     then [DONE], with keep-alive comments meanwhile — never a silent end."""
     _, b = replicas
-    flags = ["--redis-url", redis_server.url, "--api-keys", ADMIN, "--replica-id", "C"]
+    flags = ["--redis-url", module_redis.url, "--api-keys", ADMIN, "--replica-id", "C"]
     c = start_gateway(module_swarm, chat_model.folder, *flags, "--step-timeout", str(STALL_SECONDS + 60))
     node = next(p for p in module_swarm.processes if p.name.startswith("node-0-3"))
     try:
@@ -233,10 +225,10 @@ def _openai_stream(gateway: Gateway, started: threading.Event) -> str:
 
 
 def test_api_keys_authenticate_own_their_sessions_and_never_reach_redis_in_plaintext(
-    replicas: list[Gateway], redis_server: RedisServer
+    replicas: list[Gateway], module_redis: RedisServer
 ) -> None:
     a, b = replicas
-    alice, bob = create_key(redis_server.url, "alice"), create_key(redis_server.url, "bob")
+    alice, bob = create_key(module_redis.url, "alice"), create_key(module_redis.url, "bob")
     with a.http() as anonymous:
         for headers in ({}, bearer("sk-not-a-key"), {"Authorization": "Basic abc"}):
             response = anonymous.get("/v1/models", headers=headers)
@@ -253,12 +245,12 @@ def test_api_keys_authenticate_own_their_sessions_and_never_reach_redis_in_plain
         assert client.get(f"/v1/sessions/{session_id}", headers=bearer(ADMIN)).json()["status"] == "finished"
     key_id = bob.split("-")[1]
     subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "keys", "revoke", key_id, "--redis-url", redis_server.url], check=True
+        [sys.executable, "-m", "gateway.cli", "keys", "revoke", key_id, "--redis-url", module_redis.url], check=True
     )
     with b.http() as client:
         assert client.get("/v1/models", headers=bearer(bob)).status_code == 401
         assert client.get("/v1/models", headers=bearer(alice)).status_code == 200
-    stored = _everything_in(redis_server.url)
+    stored = _everything_in(module_redis.url)
     for plaintext in (alice, bob, ADMIN):
         assert plaintext not in stored and plaintext.split("-", 2)[-1] not in stored  # sg-<id>-<secret>
 
@@ -289,12 +281,12 @@ def _outside_minute_edge() -> None:
         time.sleep(61 - time.time() % 60)
 
 
-def test_each_per_key_limit_trips_at_exactly_its_count(replicas: list[Gateway], redis_server: RedisServer) -> None:
+def test_each_per_key_limit_trips_at_exactly_its_count(replicas: list[Gateway], module_redis: RedisServer) -> None:
     a, b = replicas
     _outside_minute_edge()
-    rpm = create_key(redis_server.url, "rpm", "--requests-per-minute", "3")
-    tpm = create_key(redis_server.url, "tpm", "--tokens-per-minute", "100")
-    streams = create_key(redis_server.url, "streams", "--concurrent-streams", "1")
+    rpm = create_key(module_redis.url, "rpm", "--requests-per-minute", "3")
+    tpm = create_key(module_redis.url, "tpm", "--tokens-per-minute", "100")
+    streams = create_key(module_redis.url, "streams", "--concurrent-streams", "1")
     with a.http() as client_a, b.http() as client_b:
         # Requests per minute, counted across both replicas.
         statuses = [
@@ -373,7 +365,7 @@ def _all_sessions(gateway: Gateway) -> list[dict[str, object]]:
 
 
 def test_a_frozen_redis_costs_a_request_at_most_its_socket_timeout_and_ready_says_so(
-    replicas: list[Gateway], redis_server: RedisServer
+    replicas: list[Gateway], module_redis: RedisServer
 ) -> None:
     a, _ = replicas
     body = completion(a, max_tokens=3)
@@ -381,7 +373,7 @@ def test_a_frozen_redis_costs_a_request_at_most_its_socket_timeout_and_ready_say
         began = time.monotonic()
         assert client.post("/v1/completions", json=body).status_code == 200
         normal = time.monotonic() - began
-        redis_server.freeze()
+        module_redis.freeze()
         try:
             began = time.monotonic()
             frozen = client.post("/v1/completions", json=body)
@@ -389,7 +381,7 @@ def test_a_frozen_redis_costs_a_request_at_most_its_socket_timeout_and_ready_say
             assert frozen.status_code == 200, frozen.text
             assert client.get("/ready").json()["redis"] == "down"
         finally:
-            redis_server.thaw()
+            module_redis.thaw()
         # One socket timeout (0.5 s) marks Redis down; after that no call waits on it. Generous for a loaded machine.
         assert took < normal + 5, (took, normal)
         deadline = time.monotonic() + 15
@@ -401,7 +393,7 @@ def test_a_frozen_redis_costs_a_request_at_most_its_socket_timeout_and_ready_say
 
 
 def test_redis_killed_mid_stream_leaves_it_to_complete_and_is_written_through_when_back(
-    replicas: list[Gateway], redis_server: RedisServer
+    replicas: list[Gateway], module_redis: RedisServer
 ) -> None:
     a, b = replicas
     body = completion(a, max_tokens=150, stream=True)
@@ -410,7 +402,7 @@ def test_redis_killed_mid_stream_leaves_it_to_complete_and_is_written_through_wh
             session_id = response.headers["x-session-id"]
             events = sse_events(response)
             first = [next(events) for _ in range(5)]
-            redis_server.stop()
+            module_redis.stop()
             rest = list(events)
         assert rest[-1].data == "[DONE]"
         assert sum(1 for event in first + rest[:-1] if chunk_text(event)) == 150  # every token, no error event
@@ -418,7 +410,7 @@ def test_redis_killed_mid_stream_leaves_it_to_complete_and_is_written_through_wh
         assert ready["redis"] == "down"
         # New requests are served meanwhile (the operator key needs no Redis).
         assert client.post("/v1/completions", json=completion(a, max_tokens=3)).status_code == 200
-        redis_server.start()
+        module_redis.start()
         deadline = time.monotonic() + 15
         while client.get("/ready").json()["redis"] != "up" and time.monotonic() < deadline:
             time.sleep(0.2)

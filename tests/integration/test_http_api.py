@@ -50,9 +50,7 @@ def gateway(module_swarm: LocalSwarm, chat_model: TinyModel) -> Iterator[Gateway
             body = {"model": gateway.model, "prompt": "t1 t2", "max_tokens": 2}
             _assert_error(client.post("/v1/completions", json=body), 503, "missing_blocks")
         spans = ("0:3", "3:6")
-        nodes = [module_swarm.start_node(chat_model.folder, span, "--cache-tokens", "8192") for span in spans]
-        for node in nodes:
-            module_swarm.wait_serving(node)
+        module_swarm.start_nodes(chat_model.folder, spans, "--cache-tokens", "8192")
         gateway.wait_ready()
         yield gateway
     finally:

@@ -25,9 +25,10 @@ from shared.model_source import load_config, resolve_model
 from shared.protocol import PUSH_HANDLER, BatchRow, PushAccepted, PushStep, encode_request
 from shared.rpc_client import fetch_info
 from shared.weights import open_weights
+from tests.helpers.chain_greedy import chain_greedy
 from tests.helpers.processes import LocalSwarm
 from tests.helpers.raw_stream import RawStream
-from tests.integration.conftest import client_dht
+from tests.integration.conftest import client_dht, client_peer
 from tests.tiny_models import NUM_LAYERS, GetTinyModel
 
 pytestmark = pytest.mark.timeout(600)
@@ -40,11 +41,8 @@ PROMPT = [7, 1, 8, 2, 8]
 @pytest.fixture
 async def other_p2p(module_swarm: LocalSwarm) -> AsyncIterator[P2P]:
     """A second peer: the predecessor a session names, or a stranger."""
-    dht = client_dht(module_swarm.initial_peers)
-    try:
-        yield await dht.replicate_p2p()
-    finally:
-        dht.shutdown()
+    async with client_peer(module_swarm.initial_peers) as p2p:
+        yield p2p
 
 
 async def tokens_processed(p2p: P2P, peer: str) -> int:
@@ -129,14 +127,8 @@ class PushClient:
             self.p2p, self.router, 64, 3.0, links=self.links, push=push, failover_wait=30, push_min_rtt=push_min_rtt
         )
 
-    async def greedy(self, chain: ChainSession, new_tokens: int) -> AsyncIterator[int]:
-        ids, position = PROMPT, 0
-        for _ in range(new_tokens):
-            output = await chain.step(self.head.embed(torch.tensor([ids])), position)
-            token = int(self.head.logits(output[:, -1:])[0, -1].argmax())
-            yield token
-            position += len(ids)
-            ids = [token]
+    def greedy(self, chain: ChainSession, new_tokens: int) -> AsyncIterator[int]:
+        return chain_greedy(self.head, chain, PROMPT, new_tokens)
 
     async def wait_nodes(self, count: int, limit: float = 60.0) -> None:
         deadline = time.monotonic() + limit
@@ -148,9 +140,7 @@ class PushClient:
 
 def start_chain_nodes(swarm: LocalSwarm, folder: Path, spans: list[str]) -> None:
     swarm.start_dht()
-    nodes = [swarm.start_node(folder, span) for span in spans]
-    for node in nodes:
-        swarm.wait_serving(node)
+    swarm.start_nodes(folder, spans)
 
 
 async def test_a_three_node_chain_that_pushes_equals_generate(

@@ -20,7 +20,7 @@ import pytest
 
 from tests.helpers.gateway import Gateway, start_gateway, stop_gracefully
 from tests.helpers.processes import LocalSwarm
-from tests.helpers.redis_server import RedisServer, running_redis
+from tests.helpers.redis_server import RedisServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -28,19 +28,11 @@ ORIGIN = "http://localhost:3000"
 
 
 @pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    with running_redis(tmp_path_factory.mktemp("redis")) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def replicas(module_swarm: LocalSwarm, smollm2_gguf: Path, redis_server: RedisServer) -> Iterator[list[Gateway]]:
+def replicas(module_swarm: LocalSwarm, smollm2_gguf: Path, module_redis: RedisServer) -> Iterator[list[Gateway]]:
     try:
         module_swarm.start_dht()
-        nodes = [module_swarm.start_node(smollm2_gguf, span) for span in ("0:15", "15:30")]
-        for node in nodes:
-            module_swarm.wait_serving(node)
-        shared = ["--redis-url", redis_server.url, "--conversation-keep-alive", "30", "--default-max-tokens", "64"]
+        module_swarm.start_nodes(smollm2_gguf, ("0:15", "15:30"))
+        shared = ["--redis-url", module_redis.url, "--conversation-keep-alive", "30", "--default-max-tokens", "64"]
         a = start_gateway(
             module_swarm, smollm2_gguf, *shared, "--replica-id", "A", "--allowed-origins", ORIGIN, timeout=600
         )

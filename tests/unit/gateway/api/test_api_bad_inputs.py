@@ -8,6 +8,7 @@ ranges, and the non-finite numbers Python's json reads (``NaN``, ``Infinity``).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -223,20 +224,19 @@ WRONG_TYPE = [
 ]
 
 
-@pytest.mark.parametrize(("field", "value"), OUT_OF_RANGE + COMPLETIONS_ONLY + WRONG_TYPE)
-async def test_completions_parameters_out_of_range_or_of_the_wrong_type_are_400(field: str, value: object) -> None:
-    engine, client = make_client()
-    async with client:
-        response = await client.post("/v1/completions", json=completion(**{field: value}))
-    assert_refused(response, 400, param=field)
-    assert engine.active == 0
+REFUSED_BY_ENDPOINT = [
+    *[("/v1/completions", completion, f, v) for f, v in OUT_OF_RANGE + COMPLETIONS_ONLY + WRONG_TYPE],
+    *[("/v1/chat/completions", chat, f, v) for f, v in OUT_OF_RANGE + CHAT_ONLY + WRONG_TYPE],
+]
 
 
-@pytest.mark.parametrize(("field", "value"), OUT_OF_RANGE + CHAT_ONLY + WRONG_TYPE)
-async def test_chat_parameters_out_of_range_or_of_the_wrong_type_are_400(field: str, value: object) -> None:
+@pytest.mark.parametrize(("path", "body", "field", "value"), REFUSED_BY_ENDPOINT)
+async def test_parameters_out_of_range_or_of_the_wrong_type_are_400(
+    path: str, body: Callable[..., dict[str, object]], field: str, value: object
+) -> None:
     engine, client = make_client()
     async with client:
-        response = await client.post("/v1/chat/completions", json=chat(**{field: value}))
+        response = await client.post(path, json=body(**{field: value}))
     assert_refused(response, 400, param=field)
     assert engine.active == 0
 
