@@ -62,7 +62,8 @@ class EngineSettings(P2PSettings):
         None,
         gt=0,
         description="longest prompt + completion in tokens; longer requests get 400 context_length_exceeded;"
-        " default: the model's max_position_embeddings (a larger value is refused at start)",
+        " default: the smaller of the model's max_position_embeddings and the longest session the swarm's nodes"
+        " can hold (their KV-cache pools, as they announce them); a value over the model's is refused at start",
     )
 
 

@@ -54,6 +54,8 @@ class ServerRecord(BaseModel):
     throughput: float = Field(0.0, ge=0)  # decode tokens/s one session gets through the whole span
     prefill_throughput: float = Field(0.0, ge=0)  # prompt tokens/s through the whole span
     cache_tokens_left: int = Field(0, ge=0)
+    # The node's whole KV-cache pool: the longest session it can ever hold (0: not said, an older node).
+    cache_tokens_total: int = Field(0, ge=0)
     queue_depth: int = Field(0, ge=0)  # steps waiting for the compute thread when announced
     next_rtts: dict[str, float] = Field(default_factory=dict)  # seconds to the nodes that serve our `end` block
     # How peers reach the node (shared.reachability): directly, through a relay (dial relay_addrs first), or not at

@@ -250,6 +250,7 @@ class SpanServer:
             throughput=decode,
             prefill_throughput=prefill,
             cache_tokens_left=self.pool.tokens_left,
+            cache_tokens_total=self.pool.total_tokens,
             queue_depth=self.handlers.backend.queue_depth if self.handlers else 0,
             next_rtts=self.next_rtts,
             reachability=self.reachability,

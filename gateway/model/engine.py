@@ -76,7 +76,7 @@ class GenerationEngine:
         self.tokenizer = tokenizer
         self.head = head
         self.stop_ids = stop_token_ids(config, tokenizer)
-        self.context_length = model_len(config, settings.max_model_len)
+        self._model_len = model_len(config, settings.max_model_len)
         self.sampling_defaults: dict[str, float] = {}  # from generation_config.json (``create`` reads it)
         self.codec = HFTokenCodec(tokenizer, head.vocab_size)
         self.heads = HeadBatcher(head.logits)  # every session's next-token scoring, batched
@@ -106,6 +106,16 @@ class GenerationEngine:
         engine.sampling_defaults = defaults
         await engine.start(dht)
         return engine
+
+    @property
+    def context_length(self) -> int:
+        """Prompt + completion tokens a request may use: ``--max-model-len`` when given; else the model's window,
+        or less when the swarm's nodes cannot hold that long a session (a request no chain could ever hold is a 400,
+        not a wait for room that never comes). Follows the swarm as nodes come and go."""
+        if self.settings.max_model_len is not None or self._router is None or self._router.last_view is None:
+            return self._model_len
+        longest = self._router.last_view.longest_session()
+        return self._model_len if longest is None else min(self._model_len, longest)
 
     @property
     def model_name(self) -> str:

@@ -83,6 +83,7 @@ class Router:
         self.departures = Departures()
         self.liveness = Liveness(p2p, self.auth)
         self.waiting: Counter[str] = Counter()  # sessions waiting for a node, by block range ("15:30")
+        self.last_view: SwarmView | None = None  # the latest view() returned (the prober refreshes it)
 
     def start(self) -> None:
         self._prober = asyncio.create_task(self._probe_forever())
@@ -151,7 +152,8 @@ class Router:
 
     async def view(self, fresh: bool = False, max_age: float | None = None) -> SwarmView:
         """What routing sees: the DHT's records, less nodes outside the allowlist and departed nodes."""
-        return self.departures.filter(self._allowed(await self.monitor.view(fresh=fresh, max_age=max_age)))
+        self.last_view = self.departures.filter(self._allowed(await self.monitor.view(fresh=fresh, max_age=max_age)))
+        return self.last_view
 
     def _allowed(self, view: SwarmView) -> SwarmView:
         if self.allowed_peers is None:

@@ -34,6 +34,12 @@ class SwarmView:
     def missing_blocks(self) -> list[int]:
         return [block for block in range(self.num_blocks) if not self.servers_for(block)]
 
+    def longest_session(self) -> int | None:
+        """Tokens of the longest session some chain can hold: for each block the largest pool among its nodes, the
+        smallest of those over the blocks; None while a block has no node or no node of it says its pool's size."""
+        room = [max((s.cache_tokens_total for s in self.servers_for(b)), default=0) for b in range(self.num_blocks)]
+        return min(room) if room and min(room) > 0 else None
+
 
 class SwarmMonitor:
     """Reads the model's server records from the DHT; callers get a view at most ``max_age`` seconds old."""

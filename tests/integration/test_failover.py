@@ -15,6 +15,7 @@ import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import openai
 import pytest
 import torch
 from transformers import AutoTokenizer
@@ -124,6 +125,13 @@ def test_a_burst_of_opens_beyond_a_nodes_pool_bans_nobody_and_every_request_comp
             metrics = http.get("/metrics").text
         assert re.search(r"^swarmgate_bans_total 0\.0$", metrics, re.MULTILINE)
         assert re.search(r"^swarmgate_swarm_nodes_banned 0\.0$", metrics, re.MULTILINE)
+        # Without --max-model-len the context is what the swarm can hold (the node's 100-token pool, not the model's
+        # 256), so a request no node could ever hold is a 400 at once, not a wait for room that never comes.
+        (card,) = client.models.list().data
+        assert card.model_extra is not None and card.model_extra["max_model_len"] == 100
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.completions.create(model=gateway.model, prompt=PROMPT, max_tokens=94)
+        assert refused.value.code == "context_length_exceeded" and "maximum context length is 100" in str(refused.value)
     finally:
         stop_gracefully(local_swarm)
 

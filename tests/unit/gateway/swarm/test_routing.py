@@ -20,6 +20,7 @@ def server(
     *,
     throughput: float = 20.0,
     cache: int = 10_000,
+    pool: int = 0,
     queue: int = 0,
     state: NodeState = NodeState.ONLINE,
 ) -> ServerRecord:
@@ -30,6 +31,7 @@ def server(
         state=state,
         throughput=throughput,
         cache_tokens_left=cache,
+        cache_tokens_total=pool,
         queue_depth=queue,
         version="test",
         protocol=1,
@@ -148,3 +150,17 @@ def test_a_pushing_chain_counts_the_link_between_nodes_not_the_gateways_rtt_to_t
     # A link its predecessor never measured costs the gateway's own RTT to the node.
     unmeasured = view(server("A", 0, 15), server("B1", 15, 30), server("B2", 15, 30))
     assert plan_route(unmeasured, RouteRequest(64, rtts=rtts, push=True), MIN_LATENCY)[1].peer_id == "B1"
+
+
+def test_longest_session_is_the_smallest_over_blocks_of_the_largest_pool_serving_each() -> None:
+    # Blocks 0:15 are held by pools of 4000 and 9000 tokens (a session may take the larger); 15:30 by 6000 only.
+    swarm = view(server("A", 0, 15, pool=4000), server("B", 0, 15, pool=9000), server("C", 15, 30, pool=6000))
+    assert swarm.longest_session() == 6000
+    # A draining node's pool holds no new session.
+    assert (
+        view(server("A", 0, 30, pool=4000), server("B", 0, 30, pool=9000, state=NodeState.DRAINING)).longest_session()
+        == 4000
+    )
+    # Unknown: a block without a node, or only nodes that do not say their pool's size (older nodes).
+    assert view(server("A", 0, 15, pool=4000)).longest_session() is None
+    assert view(server("A", 0, 15, pool=4000), server("C", 15, 30)).longest_session() is None
