@@ -64,6 +64,7 @@ class Row:
     pushed: float = 0.0
     single_windows: list[tuple[float, float]] = field(default_factory=list)  # wall clock of single-stream runs
     load: float = 0.0  # 1-minute load average once measured
+    trace: str = ""  # where a single-stream token's time went (--trace)
 
 
 def free_port() -> int:
@@ -193,7 +194,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> list[Row]:
                     shutil.copy(path, kept / path.name)
                 for row in rows:
                     breakdown = step_trace_report.collect(trace_log, [n.log for n in nodes], row.single_windows)
-                    print(f"\n{row.mode}, RTT {row.rtt * 1000:.0f} ms, single stream:\n{breakdown}", flush=True)
+                    row.trace = f"{row.mode}, RTT {row.rtt * 1000:.0f} ms, single stream:\n{breakdown}"
+                    print(f"\n{row.trace}", flush=True)
             return rows
         finally:
             for engine in engines.values():
@@ -328,6 +330,8 @@ async def main() -> None:
     with tempfile.TemporaryDirectory(prefix="swarmgate-wan-") as tmp:
         rows = await run(args, Path(tmp))
     text = table(rows, args.label)
+    if traces := [row.trace for row in rows if row.trace]:
+        text += "\n\nWhere a single-stream token's time goes (`--trace`):\n\n```\n" + "\n\n".join(traces) + "\n```"
     text += f"\n\n{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; {args.new_tokens} new tokens, greedy."
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)
