@@ -62,29 +62,29 @@ def report(
         a, b = events[a_key], later[b_key]
         pushed = "node-push-in" in b and "gw-pushed-out" in b
         kind = "pushed" if pushed else "relayed"
-        stages = [("gateway → A", "gw-step-out", "node-step-in", a), *_hop("A", a, "node-step-in")]
-        if pushed:
-            stages.append(
-                ("A: ran → push sent", "node-ran", "node-push-out", {**a, "node-push-out": b["node-push-out"]})
-            )
-            stages.append(("push A → B", "node-push-out", "node-push-in", b))
-            stages.append(("(the gateway's ask reaches B)", "gw-pushed-out", "node-pushed-in", b))
-            stages += _hop("B", b, "node-push-in")
+        spans = [("gateway → A", "gw-step-out", "node-step-in", a), *_hop("A", a, "node-step-in")]
+        if pushed:  # A marks its push under B's session id
+            pushed_by_a = {**a, **{s: t for s, t in b.items() if s == "node-push-out"}}
+            spans.append(("A: ran → push sent", "node-ran", "node-push-out", pushed_by_a))
+            spans.append(("push A → B", "node-push-out", "node-push-in", b))
+            spans.append(("(the gateway's ask reaches B)", "gw-pushed-out", "node-pushed-in", b))
+            spans += _hop("B", b, "node-push-in")
         else:
-            stages.append(("gateway: A's answer → B's step sent", "gw-in", "gw-step-out", {**b, "gw-in": a["gw-in"]}))
-            stages.append(("gateway → B", "gw-step-out", "node-step-in", b))
-            stages += _hop("B", b, "node-step-in")
-        for label, x, y, where in stages:
+            relayed_to_b = {**b, **{s: t for s, t in a.items() if s == "gw-in"}}
+            spans.append(("gateway: A's answer → B's step sent", "gw-in", "gw-step-out", relayed_to_b))
+            spans.append(("gateway → B", "gw-step-out", "node-step-in", b))
+            spans += _hop("B", b, "node-step-in")
+        for label, x, y, where in spans:
             if x in where and y in where:
                 rows[kind][label].append(where[y] - where[x])
         if (following := next_send.get(a_key)) is not None and "gw-in" in b:
             rows[kind]["gateway: B's answer → next token sent"].append(following - b["gw-in"])
             rows[kind]["token (A sent → next A sent)"].append(following - a["gw-step-out"])
     lines = []
-    for kind, stages in rows.items():
-        count = len(stages.get("token (A sent → next A sent)", []))
+    for kind, by_stage in rows.items():
+        count = len(by_stage.get("token (A sent → next A sent)", []))
         lines.append(f"{kind} tokens ({count} traced): median ms per stage")
-        lines += [f"  {label:45s} {statistics.median(v) * 1000:7.1f}" for label, v in stages.items()]
+        lines += [f"  {label:45s} {statistics.median(v) * 1000:7.1f}" for label, v in by_stage.items()]
     return "\n".join(lines)
 
 
