@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -41,10 +43,12 @@ from typing import Any
 
 import torch
 
+from bench import step_trace_report
 from bench.capacity import PROMPTS, SPANS, LocalSwarm, smollm2_path, wait_covered
 from gateway.generation import SamplingParams
 from gateway.model.engine import GenerationEngine, GenerationRequest
 from gateway.settings import EngineSettings
+from shared import step_trace
 
 STREAMS = 8
 
@@ -58,6 +62,9 @@ class Row:
     aggregate: list[float] = field(default_factory=list)  # tokens/s of STREAMS streams
     relayed: float = 0.0  # per decode token
     pushed: float = 0.0
+    single_windows: list[tuple[float, float]] = field(default_factory=list)  # wall clock of single-stream runs
+    load: float = 0.0  # 1-minute load average once measured
+    trace: str = ""  # where a single-stream token's time went (--trace)
 
 
 def free_port() -> int:
@@ -96,27 +103,34 @@ async def many_streams(engine: GenerationEngine, prompts: list[list[int]], new_t
 
 
 async def measure_rtt(
-    engine: GenerationEngine, prompts: list[list[int]], mode: str, rtt: float, args: argparse.Namespace
-) -> Row:
-    row = Row(mode, rtt)
-    before = counters(engine)
+    engines: dict[str, GenerationEngine], prompts: list[list[int]], rtt: float, args: argparse.Namespace
+) -> list[Row]:
+    """One row per mode at ``rtt``; the modes take turns, run by run, so that the machine's load (shared, drifting)
+    weighs on each alike."""
+    rows = {mode: Row(mode, rtt) for mode in engines}
     for _ in range(args.repeats):
-        ttft, decode = await one_stream(engine, prompts[0], args.new_tokens)
-        row.ttft.append(ttft)
-        row.decode.append(decode)
-    after = counters(engine)
-    decode_steps = args.repeats * (args.new_tokens - 1)  # every step after the prefill's
-    row.relayed = (after[0] - before[0]) / decode_steps
-    row.pushed = (after[1] - before[1]) / decode_steps
+        for mode, engine in engines.items():
+            row, before, began = rows[mode], counters(engine), time.time()
+            ttft, decode = await one_stream(engine, prompts[0], args.new_tokens)
+            after = counters(engine)
+            row.single_windows.append((began, time.time()))
+            row.ttft.append(ttft)
+            row.decode.append(decode)
+            decode_steps = args.repeats * (args.new_tokens - 1)  # every step after the prefill's
+            row.relayed += (after[0] - before[0]) / decode_steps
+            row.pushed += (after[1] - before[1]) / decode_steps
     for _ in range(args.repeats):
-        row.aggregate.append(await many_streams(engine, prompts, args.new_tokens))
-    print(
-        f"  {mode} rtt {rtt * 1000:.0f} ms: 1 stream {statistics.median(row.decode):.1f} tok/s,"
-        f" ttft {statistics.median(row.ttft) * 1000:.0f} ms, {STREAMS} streams"
-        f" {statistics.median(row.aggregate):.1f} tok/s",
-        flush=True,
-    )
-    return row
+        for mode, engine in engines.items():
+            rows[mode].aggregate.append(await many_streams(engine, prompts, args.new_tokens))
+    for row in rows.values():
+        row.load = os.getloadavg()[0]
+        print(
+            f"  {row.mode} rtt {rtt * 1000:.0f} ms: 1 stream {statistics.median(row.decode):.1f} tok/s,"
+            f" ttft {statistics.median(row.ttft) * 1000:.0f} ms, {STREAMS} streams"
+            f" {statistics.median(row.aggregate):.1f} tok/s (load {row.load:.1f})",
+            flush=True,
+        )
+    return list(rows.values())
 
 
 def start_proxy(rtt_file: Path, mappings: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -132,6 +146,13 @@ async def run(args: argparse.Namespace, workdir: Path) -> list[Row]:
     rtt_file = workdir / "rtt"
     rtt_file.write_text("0")
     swarm = LocalSwarm(workdir, args.threads)
+    trace_log = workdir / "gateway-trace.log"
+    if args.trace:  # every process marks its stages of a decode step (shared/step_trace.py)
+        swarm.env[step_trace.ENV] = "1"
+        step_trace.enable()
+        handler = logging.FileHandler(trace_log)
+        handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+        step_trace.logger.addHandler(handler)
     proxy: subprocess.Popen[bytes] | None = None
     try:
         swarm.start_dht()
@@ -165,8 +186,16 @@ async def run(args: argparse.Namespace, workdir: Path) -> list[Row]:
                     for _ in range(4):
                         peers = list(engine.router.rtts)
                         await asyncio.gather(*(engine.router._probe_one(p) for p in peers))  # noqa: SLF001
-                for mode, engine in engines.items():
-                    rows.append(await measure_rtt(engine, prompts, mode, rtt, args))
+                rows += await measure_rtt(engines, prompts, rtt, args)
+            if args.trace:
+                kept = args.out / "trace"  # the raw records, for a closer look
+                kept.mkdir(parents=True, exist_ok=True)
+                for path in [trace_log, *(n.log for n in nodes)]:
+                    shutil.copy(path, kept / path.name)
+                for row in rows:
+                    breakdown = step_trace_report.collect(trace_log, [n.log for n in nodes], row.single_windows)
+                    row.trace = f"{row.mode}, RTT {row.rtt * 1000:.0f} ms, single stream:\n{breakdown}"
+                    print(f"\n{row.trace}", flush=True)
             return rows
         finally:
             for engine in engines.values():
@@ -180,7 +209,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> list[Row]:
 
 def table(rows: list[Row], label: str) -> str:
     head = ["mode", "RTT ms", "1 stream decode tok/s", "TTFT ms", f"{STREAMS} streams tok/s", "relays/token"]
-    head += ["pushes/token", "RTTs/token", "floor c+2·RTT", "floor c+1.5·RTT", "vs 1.5 floor"]
+    head += ["pushes/token", "RTTs/token", "floor c+2·RTT", "floor c+1.5·RTT", "vs 1.5 floor", "load"]
     lines = [head, ["---"] * len(head)]
     computes = compute_times(rows)
     for row in rows:
@@ -194,7 +223,7 @@ def table(rows: list[Row], label: str) -> str:
         else:
             floor15 = 1 / (compute + 1.5 * row.rtt)
             cells += [f"{1 / (compute + 2 * row.rtt):.1f}", f"{floor15:.1f}", f"{decode / floor15:.2f}"]
-        lines.append(cells)
+        lines.append([*cells, f"{row.load:.1f}"])
     text = f"**{label}**\n\n" + "\n".join("| " + " | ".join(cells) + " |" for cells in lines)
     for mode, compute in computes.items():
         text += (
@@ -215,8 +244,25 @@ def table(rows: list[Row], label: str) -> str:
                 f"\n\nRTT {row.rtt * 1000:.0f} ms, push / relay: 1 stream {single:.2f}x, {STREAMS} streams {many:.2f}x;"
                 f" push 1 stream {decode:.2f} tok/s against the floor c'+1.5·RTT {floor:.2f} tok/s"
                 f" (c' = {same_load * 1000:.0f} ms from the relay run beside it): {decode / floor:.2f} of the floor."
+                + paired(row, relay)
             )
     return text
+
+
+def paired(push: Row, relay: Row) -> str:
+    """The same comparisons run by run: each push run and the relay run right after it share the machine's load."""
+    singles = [p / r for p, r in zip(push.decode, relay.decode, strict=True)]
+    manys = [p / r for p, r in zip(push.aggregate, relay.aggregate, strict=True)]
+    # per pair, push's time a token against the floor c'+1.5·RTT with c' from the relay run beside it
+    floors = [(1 / r - 0.5 * push.rtt) * p for p, r in zip(push.decode, relay.decode, strict=True)]
+
+    def spread(values: list[float]) -> str:
+        return f"{statistics.median(values):.2f} ({min(values):.2f}–{max(values):.2f})"
+
+    return (
+        f" Run by run, median (range) of {len(singles)} pairs: 1 stream {spread(singles)}x,"
+        f" {STREAMS} streams {spread(manys)}x, push against its floor {spread(floors)}."
+    )
 
 
 def compute_times(rows: list[Row]) -> dict[str, float]:
@@ -270,6 +316,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--node-flag", action="append", default=[], help="extra `swarm_node serve` flag (repeat)")
     parser.add_argument("--modes", default="push,relay", help="push, relay and/or default (default: %(default)s)")
     parser.add_argument("--label", default="this branch", help="names the run in the table (default: %(default)s)")
+    parser.add_argument("--trace", action="store_true", help="print where a single-stream token's time goes")
     parser.add_argument("--out", type=Path, default=Path("bench/results"), help="folder for the table and plot")
     args = parser.parse_args()
     args.rtts = [int(ms) / 1000 for ms in args.rtts.split(",")]
@@ -283,6 +330,8 @@ async def main() -> None:
     with tempfile.TemporaryDirectory(prefix="swarmgate-wan-") as tmp:
         rows = await run(args, Path(tmp))
     text = table(rows, args.label)
+    if traces := [row.trace for row in rows if row.trace]:
+        text += "\n\nWhere a single-stream token's time goes (`--trace`):\n\n```\n" + "\n\n".join(traces) + "\n```"
     text += f"\n\n{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; {args.new_tokens} new tokens, greedy."
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,8 @@ import os
 
 from hivemind.utils.logging import use_hivemind_log_handler
 
+from shared import step_trace
+
 
 def configure_logging(level: str | None = None) -> None:
     logging.basicConfig(
@@ -15,3 +17,4 @@ def configure_logging(level: str | None = None) -> None:
     )
     # hivemind installs its own handler by default; send its records through ours instead.
     use_hivemind_log_handler("in_root_logger")
+    step_trace.enable_from_env()

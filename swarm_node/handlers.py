@@ -16,6 +16,7 @@ import torch
 from hivemind.p2p import P2P, P2PContext
 from hivemind.proto import runtime_pb2
 
+from shared import step_trace
 from shared.dht_records import NodeState
 from shared.errors import (
     BadRequest,
@@ -196,6 +197,7 @@ class SpanHandlers:
         await self._emulate_distance()
         try:
             message, tensors = decode_batch_step(request)
+            _mark_rows("node-pushed-in" if message.pushed else "node-step-in", message.rows)
             sessions = self._row_sessions(message.rows, lambda session_id: self.sessions.owned(session_id, owner))
             if message.pushed:
                 if tensors:
@@ -205,6 +207,7 @@ class SpanHandlers:
             else:
                 outcome = await self._run_rows(message.rows, self._check_batch(message, tensors), sessions)
                 outputs = (self._corrupt(outcome.outputs),)
+            _mark_rows("node-answer", message.rows)
             return encode_response(BatchStepResult(errors=outcome.errors), outputs)
         except RemoteError as error:
             return encode_response(ErrorReply.of(error))
@@ -216,6 +219,7 @@ class SpanHandlers:
         await self._emulate_distance()
         try:
             message, tensors = decode_push_step(request)
+            _mark_rows("node-push-in", message.rows)
             sessions = self._row_sessions(message.rows, lambda session_id: self.sessions.pushable(session_id, pusher))
             hidden = self._check_batch(message, tensors)
             outcome = await self._run_rows(message.rows, hidden, sessions, pushed=True)
@@ -402,6 +406,11 @@ class SpanHandlers:
         if not torch.isfinite(hidden).all():
             raise BadRequest("hidden states contain NaN or infinity")
         return hidden
+
+
+def _mark_rows(stage: str, rows: list[BatchRow]) -> None:
+    for row in rows:
+        step_trace.mark(stage, row.session_id, row.position)
 
 
 def check_protocol(version: int) -> None:

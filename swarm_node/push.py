@@ -21,6 +21,7 @@ import torch
 from hivemind.p2p import P2P, PeerID
 from hivemind.proto import runtime_pb2
 
+from shared import step_trace
 from shared.errors import NodeInternalError, RemoteError
 from shared.protocol import (
     PUSH_HANDLER,
@@ -109,7 +110,10 @@ async def run_rows(
             raise session
 
         async def run(row_hidden: torch.Tensor, position: int) -> torch.Tensor:
-            return await step(session, row_hidden, position)
+            step_trace.mark("node-run", session.session_id, position)
+            output = await step(session, row_hidden, position)
+            step_trace.mark("node-ran", session.session_id, position)
+            return output
 
         pushed_at = session.kv.length if pushed else None
         slot, fresh = session.slots.offer(hidden[b : b + 1], rows[b].position, run, pushed_at)
@@ -124,6 +128,8 @@ async def run_rows(
             row = BatchRow(session_id=following[0].session_id, position=rows[b].position, next=following[1:])
             onward.setdefault(following[0].peer_id, []).append((row, result[0]))
     for peer_id, batch in onward.items():
+        for row, _ in batch:
+            step_trace.mark("node-push-out", row.session_id, row.position)
         links.send(peer_id, [row for row, _ in batch], torch.cat([output for _, output in batch]))
     return outcome
 

@@ -29,6 +29,7 @@ from hivemind.p2p import P2P, PeerID
 from hivemind.proto import runtime_pb2
 
 from gateway.swarm.liveness import Liveness
+from shared import step_trace
 from shared.batching import Batcher, Job
 from shared.errors import MalformedReply, NodeUnreachable, SwarmError
 from shared.protocol import (
@@ -79,6 +80,8 @@ class _Stream:
         else:
             request = encode_request(BatchStep(rows=batch_rows, pushed=True, wait=max(r.wait for r in rows)))
         self._sent.append(rows)
+        for row in rows:
+            step_trace.mark("gw-pushed-out" if row.hidden is None else "gw-step-out", row.session_id, row.position)
         self._outbox.put_nowait(request)
 
     def fail(self, error: Exception) -> None:
@@ -139,6 +142,7 @@ def _answer(rows: list[_Row], response: runtime_pb2.ExpertResponse, peer_id: str
     ):
         failure = MalformedReply(f"node {peer_id} sent a malformed batch reply")
     for index, row in enumerate(rows):
+        step_trace.mark("gw-in", row.session_id, row.position)
         if row.future.done():  # the session gave up on this step (cancelled, timed out)
             continue
         if failure is not None:

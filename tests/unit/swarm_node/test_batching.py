@@ -10,18 +10,24 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import cast
 
 import pytest
 import torch
+from hivemind.p2p import P2P
 
 from gateway.model.head import ModelHead, build_head
 from shared.arrival_forecast import ArrivalForecast
 from shared.model_source import load_config, resolve_model
+from shared.protocol import BatchRow, NextHop
 from shared.weights import open_weights
 from swarm_node.backend import SpanBackend
 from swarm_node.batcher import BatchPolicy
+from swarm_node.cache_pool import CachePool
 from swarm_node.kv_cache import SessionKV
+from swarm_node.push import PushLinks, run_rows
 from swarm_node.quantize import block_transform
+from swarm_node.sessions import Session
 from swarm_node.span import build_span
 from tests.tiny_models import VOCAB, GetTinyModel
 
@@ -220,3 +226,54 @@ def test_the_forecast_expects_sessions_by_their_rhythm() -> None:
     assert forecast.due(now=0.28, until=100.0, present=()) == 2
     forecast.forget(slow)
     assert forecast.due(now=0.28, until=100.0, present=()) == 1
+
+
+class RecordingLinks(PushLinks):
+    """Push links that record what a node would send on (the seam; the real streams run in test_push.py)."""
+
+    def __init__(self) -> None:
+        super().__init__(cast(P2P, None))
+        self.sends: list[tuple[str, list[BatchRow], torch.Tensor]] = []
+
+    def send(self, peer_id: str, rows: list[BatchRow], hidden: torch.Tensor) -> None:
+        self.sends.append((peer_id, rows, hidden))
+
+
+async def test_a_push_of_several_sessions_runs_as_one_forward_and_goes_on_as_one_push(
+    chain_factory: ChainFactory,
+) -> None:
+    """A pushed batch reaches the next node's decode batcher together: one forward for all its sessions, whose
+    outputs equal each session's step alone, and one push onward per next node."""
+    chain = chain_factory(BatchPolicy())
+    backend = chain.backends[0]
+    hidden_size = chain.head.embed_tokens.embedding_dim
+    generator = torch.Generator().manual_seed(11)
+    contexts = [torch.randn(1, length, hidden_size, generator=generator) for length in PROMPT_LENGTHS]
+    steps = torch.randn(len(PROMPT_LENGTHS), 1, hidden_size, generator=generator)
+    pool = CachePool(4096)
+
+    async def prefilled() -> list[Session]:
+        sessions = []
+        for context in contexts:
+            kv = await backend.new_session_kv(range(0, 3), 32)
+            await backend.serve_step(kv, context, 0)
+            sessions.append(Session(kv, await pool.allocate(32), 0.0))
+        return sessions
+
+    alone = [await backend.serve_step(s.kv, steps[b : b + 1], s.kv.length) for b, s in enumerate(await prefilled())]
+
+    async def step(session: Session, row: torch.Tensor, position: int) -> torch.Tensor:
+        return await backend.serve_step(session.kv, row, position)
+
+    sessions = await prefilled()
+    onward = [NextHop(peer_id="node-c", session_id=f"c{b}") for b in range(len(sessions))]
+    rows = [BatchRow(session_id=s.session_id, position=s.kv.length, next=[onward[b]]) for b, s in enumerate(sessions)]
+    links = RecordingLinks()
+    backend.batcher.batch_sizes.clear()
+    outcome = await run_rows(rows, steps, list(sessions), step, links, pushed=True)
+    assert list(backend.batcher.batch_sizes) == [len(PROMPT_LENGTHS)]
+    assert outcome.errors == [None] * len(PROMPT_LENGTHS)
+    torch.testing.assert_close(outcome.outputs, torch.cat(alone), atol=1e-5, rtol=0)
+    ((peer, sent_rows, sent),) = links.sends
+    assert peer == "node-c" and [r.session_id for r in sent_rows] == [hop.session_id for hop in onward]
+    assert torch.equal(sent, outcome.outputs)
