@@ -13,43 +13,27 @@ from gateway.swarm.departures import Departures
 from gateway.swarm.recovery import RECOVERY, Recovery, recovery_for
 from gateway.swarm.router import Router
 from gateway.swarm.view import SwarmMonitor, SwarmView
+from shared import errors
 from shared.dht_records import NodeState, ServerRecord
-from shared.errors import (
-    BadRequest,
-    CacheFull,
-    MalformedReply,
-    MissingBlocks,
-    NodeDraining,
-    NodeInternalError,
-    NodeUnreachable,
-    PositionOutOfRange,
-    ProtocolMismatch,
-    RemoteError,
-    StepTimeout,
-    Unauthorized,
-    UnknownSession,
-    WrongSpan,
-    error_from_code,
-)
 
 
 @pytest.mark.parametrize(
     ("error", "recovery"),
     [
-        (NodeUnreachable("gone"), Recovery.GONE),
-        (StepTimeout("slow"), Recovery.FAULT),
-        (MalformedReply("nan"), Recovery.FAULT),
-        (NodeInternalError("boom"), Recovery.FAULT),
-        (CacheFull("full"), Recovery.BUSY),
-        (NodeDraining("draining"), Recovery.STALE),
-        (WrongSpan("moved"), Recovery.STALE),
-        (ProtocolMismatch("old"), Recovery.STALE),
-        (MissingBlocks([3]), Recovery.WAIT),
-        (BadRequest("ours"), Recovery.FAIL),
-        (UnknownSession("lost"), Recovery.FAIL),
-        (PositionOutOfRange("long"), Recovery.FAIL),
-        (Unauthorized("secret"), Recovery.FAIL),
-        (error_from_code("code_of_a_newer_node", "?"), Recovery.FAIL),
+        (errors.NodeUnreachable("gone"), Recovery.GONE),
+        (errors.StepTimeout("slow"), Recovery.FAULT),
+        (errors.MalformedReply("nan"), Recovery.FAULT),
+        (errors.NodeInternalError("boom"), Recovery.FAULT),
+        (errors.CacheFull("full"), Recovery.BUSY),
+        (errors.NodeDraining("draining"), Recovery.STALE),
+        (errors.WrongSpan("moved"), Recovery.STALE),
+        (errors.ProtocolMismatch("old"), Recovery.STALE),
+        (errors.MissingBlocks([3]), Recovery.WAIT),
+        (errors.BadRequest("ours"), Recovery.FAIL),
+        (errors.UnknownSession("lost"), Recovery.FAIL),
+        (errors.PositionOutOfRange("long"), Recovery.FAIL),
+        (errors.Unauthorized("secret"), Recovery.FAIL),
+        (errors.error_from_code("code_of_a_newer_node", "?"), Recovery.FAIL),
         (RuntimeError("not ours"), Recovery.FAIL),
     ],
 )
@@ -60,15 +44,22 @@ def test_each_error_code_has_one_recovery(error: BaseException, recovery: Recove
 def test_only_faults_ban_and_capacity_or_state_never_does() -> None:
     assert {r for r in Recovery if r.bans} == {Recovery.FAULT}
     assert {r for r in Recovery if r.until_announced} == {Recovery.GONE, Recovery.STALE}
-    for code in (CacheFull.code, NodeDraining.code):
+    for code in (errors.CacheFull.code, errors.NodeDraining.code):
         assert not RECOVERY[code].bans
 
 
 def test_every_retryable_error_is_recovered_from() -> None:
-    retryable = [CacheFull, NodeDraining, NodeInternalError, NodeUnreachable, StepTimeout, MalformedReply]
+    retryable = [
+        errors.CacheFull,
+        errors.NodeDraining,
+        errors.NodeInternalError,
+        errors.NodeUnreachable,
+        errors.StepTimeout,
+        errors.MalformedReply,
+    ]
     for cls in retryable:
         assert cls.retryable and RECOVERY[cls.code] is not Recovery.FAIL, cls
-    assert not RemoteError.retryable and RemoteError.code not in RECOVERY
+    assert not errors.RemoteError.retryable and errors.RemoteError.code not in RECOVERY
 
 
 def test_a_burst_of_failures_bans_for_minutes_not_hours() -> None:
