@@ -5,9 +5,10 @@ gateway those of the embeddings and the LM head (and their ``modules_to_save`` c
 base weights: a batch mixes rows of several adapters (and of none), each row adding its own ``scale * B(A(x))``.
 
 PEFT names a module's pair ``base_model.model.<module>.lora_A.weight`` / ``lora_B.weight`` (an embedding's
-``lora_embedding_A`` [r, V] / ``lora_embedding_B`` [D, r]), a full replacement (``modules_to_save``) ``<module>.weight``;
-``<module>`` is the transformers model's own name (``model.layers.3.self_attn.q_proj``). The update is scaled by
-``lora_alpha / r`` (``/ sqrt(r)`` with rsLoRA), per module where ``rank_pattern`` / ``alpha_pattern`` say so.
+``lora_embedding_A`` [r, V] / ``lora_embedding_B`` [D, r]), a module replaced whole (``modules_to_save``)
+``<module>.weight``; ``<module>`` is the transformers model's own name (``model.layers.3.self_attn.q_proj``). The
+update is scaled by ``lora_alpha / r`` (``/ sqrt(r)`` with rsLoRA), per module where ``rank_pattern`` /
+``alpha_pattern`` say so.
 """
 
 from __future__ import annotations

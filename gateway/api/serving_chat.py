@@ -63,7 +63,7 @@ class ChatPlan:
 
 class ChatServing(ServingBase):
     async def create(self, body: ChatCompletionRequest, context: RequestContext) -> ChatCompletionResponse | Stream:
-        self.check_model(body.model)
+        adapter = await self.resolve_model(body.model)
         reject_unsupported(body)
         self._check_options(body)
         plan = self.plan(body)
@@ -71,7 +71,7 @@ class ChatServing(ServingBase):
         plan = dataclasses.replace(plan, reasoning_inside=plan.reasoning and starts_inside(prompt))
         prompt_ids = await self.encode_prompt(prompt)
         budget = self.completion_budget(len(prompt_ids), body.max_completion_tokens or body.max_tokens, "messages")
-        specs = self._specs(body, prompt_ids, budget, context.caller.scope, plan.grammar)
+        specs = self.with_adapter(self._specs(body, prompt_ids, budget, context.caller.scope, plan.grammar), adapter)
         record = RequestRecord(new_id("chatcmpl"), "chat", len(specs), len(prompt_ids))
         if body.stream:
             return await self.run_streamed(

@@ -47,12 +47,12 @@ class Prompt:
 
 class CompletionServing(ServingBase):
     async def create(self, body: CompletionRequest, context: RequestContext) -> CompletionResponse | Stream:
-        self.check_model(body.model)
+        adapter = await self.resolve_model(body.model)
         reject_unsupported(body)
         n, best_of = self._choice_counts(body)
         prompts = await self._prompts(body)
         budgets = [self.completion_budget(len(p.ids), body.max_tokens, "max_tokens") for p in prompts]
-        specs = self._specs(body, prompts, budgets, best_of)
+        specs = self.with_adapter(self._specs(body, prompts, budgets, best_of), adapter)
         record = RequestRecord(new_id("cmpl"), "completions", len(specs), sum(len(p.ids) for p in prompts))
         if body.stream:
             return await self.run_streamed(
