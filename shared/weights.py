@@ -19,6 +19,7 @@ from transformers import PretrainedConfig
 
 from shared.errors import ModelLoadError
 from shared.families import family_of
+from shared.gguf_rewrites import REWRITES
 from shared.model_source import ModelSource
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -110,8 +111,12 @@ class GgufReader:
         self._name_map = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
 
     def _gguf_name(self, hf_name: str) -> str | None:
-        name = self._name_map.get_name(hf_name, try_suffixes=(".weight", ".bias"))
-        return name if name in self._tensors else None
+        # gguf's table names some tensors without the base model's prefix (BLOOM's ``word_embeddings_layernorm``).
+        for candidate in (hf_name, hf_name.removeprefix("transformer.")):
+            name = self._name_map.get_name(candidate, try_suffixes=(".weight", ".bias"))
+            if name in self._tensors:
+                return name
+        return None
 
     def names(self) -> set[str]:
         layout = self._family.layout
@@ -145,7 +150,8 @@ class GgufReader:
             if ".attn_k." in gguf_name:
                 heads = self._config.num_key_value_heads
             weights = _unpermute_rotary_rows(weights, heads)
-        return weights
+        rewrite = REWRITES.get(self._family.name)
+        return weights if rewrite is None else rewrite(gguf_name, weights, self._config)
 
 
 def _unpermute_rotary_rows(weights: np.ndarray, heads: int) -> np.ndarray:

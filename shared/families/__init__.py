@@ -194,6 +194,7 @@ FAMILIES: dict[str, Family] = {
         _layer_norm,
         gguf_arch="bloom",
         gguf_permutes_qk=False,
+        gguf_supported=True,
         sliding_window=_no_window,
         layout=TensorLayout(
             blocks="transformer.h",
@@ -212,6 +213,7 @@ FAMILIES: dict[str, Family] = {
         _rms(modeling_gemma2.Gemma2RMSNorm),
         gguf_arch="gemma2",
         gguf_permutes_qk=False,
+        gguf_supported=True,
         sliding_window=_per_layer_window,
         embed_scale=_gemma_embed_scale,
         final_logit_softcap=_final_softcap,
@@ -223,6 +225,7 @@ FAMILIES: dict[str, Family] = {
         _rms(modeling_gemma3.Gemma3RMSNorm),
         gguf_arch="gemma3",
         gguf_permutes_qk=False,
+        gguf_supported=True,
         sliding_window=_per_layer_window,
         layer_kind=_layer_type,
         embed_scale=_gemma_embed_scale,

@@ -26,7 +26,7 @@ from shared.weights import SAFETENSORS_INDEX, GgufReader, WeightReader, open_wei
 from swarm_node.span import BlockSpan, build_span
 from tests.tiny_models import NUM_LAYERS, VOCAB, GetTinyModel, TinyModel
 
-BLOCK = re.compile(r"^model\.layers\.(\d+)\.")
+BLOCK = re.compile(r"^(?:model\.layers|transformer\.h)\.(\d+)\.")
 
 
 def blocks_of(names: list[str]) -> set[int | None]:
@@ -184,25 +184,63 @@ def _llama_cpp_permute(weights: np.ndarray, heads: int) -> np.ndarray:
     )
 
 
-def write_gguf(model: PreTrainedModel, path: Path, arch: gguf.MODEL_ARCH, float16: bool, name: str) -> None:
-    """Writes ``model`` as llama.cpp's converter would: the arch's metadata, GGUF tensor names, Q/K rows permuted
-    for the llama arch, matrices in F16 (``float16``) or F32 and norms / biases in F32, no output tensor when the
-    embeddings are tied. ``name`` is ``general.name``: transformers reads a llama-arch file as Mistral only when
-    that field is exactly "mistral"."""
-    config = model.config
-    writer = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[arch])
-    writer.add_name(name)
+def _llama_cpp_bloom_qkv(weights: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's BLOOM conversion: per-head interleaved q/k/v rows -> all queries, all keys, all values."""
+    parts = weights.reshape(heads, 3, weights.shape[0] // heads // 3, *weights.shape[1:])
+    return np.concatenate([parts[:, i].reshape(-1, *weights.shape[1:]) for i in range(3)])
+
+
+def _add_metadata(writer: gguf.GGUFWriter, config: PretrainedConfig, arch: gguf.MODEL_ARCH) -> None:
+    """The metadata llama.cpp writes for the arch that transformers builds the config from."""
+    if arch == gguf.MODEL_ARCH.BLOOM:
+        writer.add_context_length(2048)
+        writer.add_embedding_length(config.hidden_size)
+        writer.add_block_count(config.n_layer)
+        writer.add_feed_forward_length(4 * config.hidden_size)
+        writer.add_head_count(config.n_head)
+        writer.add_head_count_kv(config.n_head)
+        writer.add_layer_norm_eps(config.layer_norm_epsilon)
+        return
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
     writer.add_block_count(config.num_hidden_layers)
     writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_rope_dimension_count(
-        getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    )
+    writer.add_rope_dimension_count(head_dim)
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    rope = config.rope_parameters
+    writer.add_rope_freq_base((rope.get("full_attention") or rope)["rope_theta"])
+    if arch in (gguf.MODEL_ARCH.GEMMA2, gguf.MODEL_ARCH.GEMMA3):
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+        writer.add_sliding_window(config.sliding_window)
+
+
+def _llama_cpp_tensor(hf_name: str, weights: np.ndarray, config: PretrainedConfig, arch: gguf.MODEL_ARCH) -> np.ndarray:
+    """A tensor as llama.cpp's converter rewrites it for the arch."""
+    if arch == gguf.MODEL_ARCH.LLAMA and hf_name.endswith("q_proj.weight"):
+        return _llama_cpp_permute(weights, config.num_attention_heads)
+    if arch == gguf.MODEL_ARCH.LLAMA and hf_name.endswith("k_proj.weight"):
+        return _llama_cpp_permute(weights, config.num_key_value_heads)
+    if arch in (gguf.MODEL_ARCH.GEMMA2, gguf.MODEL_ARCH.GEMMA3) and hf_name.endswith("norm.weight"):
+        return weights + 1  # Gemma's norms scale by 1 + w; llama.cpp's by w
+    if arch == gguf.MODEL_ARCH.BLOOM and "query_key_value" in hf_name:
+        return _llama_cpp_bloom_qkv(weights, config.n_head)
+    return weights
+
+
+def write_gguf(model: PreTrainedModel, path: Path, arch: gguf.MODEL_ARCH, float16: bool, name: str) -> None:
+    """Writes ``model`` as llama.cpp's converter would: the arch's metadata, GGUF tensor names, tensors rewritten
+    as it rewrites them (Q/K rows permuted for the llama arch, Gemma's norms + 1, BLOOM's q/k/v regrouped),
+    matrices in F16 (``float16``) or F32 and norms / biases in F32, no output tensor when the embeddings are tied.
+    ``name`` is ``general.name``: transformers reads a llama-arch file as Mistral only when that field is exactly
+    "mistral"."""
+    config = model.config
+    writer = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[arch])
+    writer.add_name(name)
+    _add_metadata(writer, config, arch)
     writer.add_vocab_size(config.vocab_size)
     if arch == gguf.MODEL_ARCH.PHI3:  # transformers' Phi-3 GGUF default pad id (32000) lies outside a tiny vocab
         writer.add_pad_token_id(0)
@@ -211,13 +249,11 @@ def write_gguf(model: PreTrainedModel, path: Path, arch: gguf.MODEL_ARCH, float1
     for hf_name, tensor in model.state_dict().items():
         if hf_name == "lm_head.weight" and config.tie_word_embeddings:
             continue
-        gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        suffixes = (".weight", ".bias")
+        gguf_name = names.get_name(hf_name, try_suffixes=suffixes)
+        gguf_name = gguf_name or names.get_name(hf_name.removeprefix("transformer."), try_suffixes=suffixes)
         assert gguf_name is not None, hf_name
-        weights = tensor.numpy()
-        if arch == gguf.MODEL_ARCH.LLAMA and hf_name.endswith("q_proj.weight"):
-            weights = _llama_cpp_permute(weights, config.num_attention_heads)
-        elif arch == gguf.MODEL_ARCH.LLAMA and hf_name.endswith("k_proj.weight"):
-            weights = _llama_cpp_permute(weights, config.num_key_value_heads)
+        weights = _llama_cpp_tensor(hf_name, tensor.numpy(), config, arch)
         if float16 and weights.ndim == 2:
             weights = weights.astype(np.float16)
         writer.add_tensor(gguf_name, weights)
@@ -261,6 +297,10 @@ GGUF_CASES = [
     pytest.param(GgufCase("qwen2", gguf.MODEL_ARCH.QWEN2, float16=False), id="qwen2-f32"),
     # Phi-3: fused qkv and gate_up projections under their own GGUF names.
     pytest.param(GgufCase("phi3", gguf.MODEL_ARCH.PHI3, float16=True), id="phi3-f16"),
+    # Families whose tensors llama.cpp rewrites: Gemma 2 / 3 (norms + 1), BLOOM (q/k/v regrouped, weight and bias).
+    pytest.param(GgufCase("gemma2", gguf.MODEL_ARCH.GEMMA2, float16=False), id="gemma2-f32"),
+    pytest.param(GgufCase("gemma3", gguf.MODEL_ARCH.GEMMA3, float16=True), id="gemma3-f16"),
+    pytest.param(GgufCase("bloom", gguf.MODEL_ARCH.BLOOM, float16=False), id="bloom-f32"),
 ]
 
 

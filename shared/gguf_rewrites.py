@@ -1,0 +1,38 @@
+"""What llama.cpp's converter rewrites in some families' tensors, undone as transformers' own GGUF loader undoes it.
+
+* Gemma 2 / Gemma 3 store every RMSNorm weight plus one (their norms scale by ``1 + w``; llama.cpp's by ``w``).
+* BLOOM stores its fused ``query_key_value`` rows as all queries, then all keys, then all values, where the
+  checkpoint interleaves them per head (``[head, q|k|v, head_dim]``); the bias likewise.
+
+Each rewrite takes the GGUF tensor name and the dequantized array in the checkpoint's (row-major) shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+from transformers import PretrainedConfig
+
+Rewrite = Callable[[str, np.ndarray, PretrainedConfig], np.ndarray]
+
+
+def _gemma_norms(gguf_name: str, weights: np.ndarray, config: PretrainedConfig) -> np.ndarray:
+    return weights - 1 if "norm.weight" in gguf_name else weights
+
+
+def _bloom_qkv(gguf_name: str, weights: np.ndarray, config: PretrainedConfig) -> np.ndarray:
+    if "attn_qkv" not in gguf_name:
+        return weights
+    heads = int(config.n_head)
+    hidden = int(config.hidden_size)
+    rest = weights.shape[1:]  # (D,) for the weight, () for the bias
+    q, k, v = (part.reshape(heads, hidden // heads, *rest) for part in np.split(weights, 3, axis=0))
+    return np.stack([q, k, v], axis=1).reshape(weights.shape)
+
+
+REWRITES: dict[str, Rewrite] = {
+    "gemma2": _gemma_norms,
+    "gemma3_text": _gemma_norms,
+    "bloom": _bloom_qkv,
+}
