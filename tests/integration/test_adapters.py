@@ -81,6 +81,12 @@ async def test_models_lists_each_adapter_every_block_of_which_is_served(gateway:
             with pytest.raises(openai.NotFoundError) as error:
                 await client.completions.create(model=missing, prompt=[1, 2, 3], max_tokens=2)
             assert error.value.code == "model_not_found"
+    with gateway.http() as http:
+        nodes = http.get("/v1/swarm").json()["nodes"]
+    assert sorted((node["start"], tuple(node["adapters"])) for node in nodes) == [
+        (0, ("half", "one", "two")),
+        (3, ("one", "two")),
+    ]
 
 
 async def test_adapters_and_the_base_model_at_once_each_equal_peft_alone(
