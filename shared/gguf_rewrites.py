@@ -1,6 +1,7 @@
 """What llama.cpp's converter rewrites in some families' tensors, undone as transformers' own GGUF loader undoes it.
 
 * Gemma 2 / Gemma 3 store every RMSNorm weight plus one (their norms scale by ``1 + w``; llama.cpp's by ``w``).
+* Qwen2-MoE stores the shared expert's gate [1, D] as a vector [D].
 * BLOOM stores its fused ``query_key_value`` rows as all queries, then all keys, then all values, where the
   checkpoint interleaves them per head (``[head, q|k|v, head_dim]``); the bias likewise.
 
@@ -31,7 +32,12 @@ def _bloom_qkv(gguf_name: str, weights: np.ndarray, config: PretrainedConfig) ->
     return np.stack([q, k, v], axis=1).reshape(weights.shape)
 
 
+def _shared_expert_gate(gguf_name: str, weights: np.ndarray, config: PretrainedConfig) -> np.ndarray:
+    return weights[None] if "ffn_gate_inp_shexp" in gguf_name and weights.ndim == 1 else weights
+
+
 REWRITES: dict[str, Rewrite] = {
+    "qwen2_moe": _shared_expert_gate,
     "gemma2": _gemma_norms,
     "gemma3_text": _gemma_norms,
     "bloom": _bloom_qkv,

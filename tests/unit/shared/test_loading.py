@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,14 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedModel,
+    Qwen2MoeConfig,
+    Qwen3MoeConfig,
+)
 
 import shared.weights
 from gateway.model.head import build_head
@@ -24,7 +32,9 @@ from shared.errors import ModelLoadError
 from shared.model_source import ModelSource, load_config, resolve_model
 from shared.weights import SAFETENSORS_INDEX, GgufReader, WeightReader, open_weights
 from swarm_node.span import BlockSpan, build_span
-from tests.tiny_models import NUM_LAYERS, VOCAB, GetTinyModel, TinyModel
+from tests.tiny_models import _COMMON, NUM_LAYERS, VOCAB, GetTinyModel, TinyModel
+
+MOE_GGUF_COMMON: dict[str, Any] = {**_COMMON, "num_experts": 4, "num_experts_per_tok": 2, "tie_word_embeddings": False}
 
 BLOCK = re.compile(r"^(?:model\.layers|transformer\.h)\.(\d+)\.")
 
@@ -212,10 +222,15 @@ def _add_metadata(writer: gguf.GGUFWriter, config: PretrainedConfig, arch: gguf.
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     rope = config.rope_parameters
     writer.add_rope_freq_base((rope.get("full_attention") or rope)["rope_theta"])
-    if arch in (gguf.MODEL_ARCH.GEMMA2, gguf.MODEL_ARCH.GEMMA3):
+    if arch in (gguf.MODEL_ARCH.GEMMA2, gguf.MODEL_ARCH.GEMMA3, gguf.MODEL_ARCH.QWEN3MOE):
         writer.add_key_length(head_dim)
         writer.add_value_length(head_dim)
+    if arch in (gguf.MODEL_ARCH.GEMMA2, gguf.MODEL_ARCH.GEMMA3):
         writer.add_sliding_window(config.sliding_window)
+    if arch in (gguf.MODEL_ARCH.QWEN2MOE, gguf.MODEL_ARCH.QWEN3MOE):
+        writer.add_expert_count(config.num_experts)
+        writer.add_expert_used_count(config.num_experts_per_tok)
+        writer.add_expert_feed_forward_length(config.moe_intermediate_size)
 
 
 def _llama_cpp_tensor(hf_name: str, weights: np.ndarray, config: PretrainedConfig, arch: gguf.MODEL_ARCH) -> np.ndarray:
@@ -228,7 +243,24 @@ def _llama_cpp_tensor(hf_name: str, weights: np.ndarray, config: PretrainedConfi
         return weights + 1  # Gemma's norms scale by 1 + w; llama.cpp's by w
     if arch == gguf.MODEL_ARCH.BLOOM and "query_key_value" in hf_name:
         return _llama_cpp_bloom_qkv(weights, config.n_head)
+    if hf_name.endswith("shared_expert_gate.weight"):
+        return weights[0]  # [1, D] -> [D]
     return weights
+
+
+def _gguf_tensors(hf_name: str, names: Any) -> list[tuple[str, slice | None]]:
+    """(GGUF name, the rows of dimension 1 it takes) of one HF tensor: fused experts split into llama.cpp's stacks."""
+    stacked = re.match(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)$", hf_name)
+    if stacked is None:
+        suffixes = (".weight", ".bias")
+        gguf_name = names.get_name(hf_name, try_suffixes=suffixes)
+        gguf_name = gguf_name or names.get_name(hf_name.removeprefix("transformer."), try_suffixes=suffixes)
+        assert gguf_name is not None, hf_name
+        return [(gguf_name, None)]
+    block, kind = stacked.groups()
+    if kind == "down_proj":
+        return [(f"blk.{block}.ffn_down_exps.weight", None)]
+    return [(f"blk.{block}.ffn_gate_exps.weight", slice(0, 1)), (f"blk.{block}.ffn_up_exps.weight", slice(1, 2))]
 
 
 def write_gguf(model: PreTrainedModel, path: Path, arch: gguf.MODEL_ARCH, float16: bool, name: str) -> None:
@@ -249,14 +281,16 @@ def write_gguf(model: PreTrainedModel, path: Path, arch: gguf.MODEL_ARCH, float1
     for hf_name, tensor in model.state_dict().items():
         if hf_name == "lm_head.weight" and config.tie_word_embeddings:
             continue
-        suffixes = (".weight", ".bias")
-        gguf_name = names.get_name(hf_name, try_suffixes=suffixes)
-        gguf_name = gguf_name or names.get_name(hf_name.removeprefix("transformer."), try_suffixes=suffixes)
-        assert gguf_name is not None, hf_name
         weights = _llama_cpp_tensor(hf_name, tensor.numpy(), config, arch)
-        if float16 and weights.ndim == 2:
+        if float16 and weights.ndim >= 2:
             weights = weights.astype(np.float16)
-        writer.add_tensor(gguf_name, weights)
+        for gguf_name, half in _gguf_tensors(hf_name, names):
+            if half is not None:  # [E, 2I, D]: gate rows, then up rows
+                rows = weights.shape[1] // 2
+                weights_part = weights[:, half.start * rows : half.stop * rows]
+                writer.add_tensor(gguf_name, np.ascontiguousarray(weights_part))
+            else:
+                writer.add_tensor(gguf_name, weights)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -301,13 +335,28 @@ GGUF_CASES = [
     pytest.param(GgufCase("gemma2", gguf.MODEL_ARCH.GEMMA2, float16=False), id="gemma2-f32"),
     pytest.param(GgufCase("gemma3", gguf.MODEL_ARCH.GEMMA3, float16=True), id="gemma3-f16"),
     pytest.param(GgufCase("bloom", gguf.MODEL_ARCH.BLOOM, float16=False), id="bloom-f32"),
+    # Experts stacked per block (ffn_{gate,up,down}_exps); Qwen2-MoE's shared expert gate stored as a vector.
+    pytest.param(GgufCase("qwen2_moe_gguf", gguf.MODEL_ARCH.QWEN2MOE, float16=False), id="qwen2_moe-f32"),
+    pytest.param(GgufCase("qwen3_moe_gguf", gguf.MODEL_ARCH.QWEN3MOE, float16=True), id="qwen3_moe-f16"),
 ]
+
+# transformers reads neither expert width from a GGUF file (its config keeps the defaults: Qwen2-MoE 1408 / 5632,
+# Qwen3-MoE 768, the flagship models' widths), so MoE files are tested at those widths.
+GGUF_ONLY_MODELS: dict[str, Callable[[], PretrainedConfig]] = {
+    "qwen2_moe_gguf": lambda: Qwen2MoeConfig(**MOE_GGUF_COMMON),
+    "qwen3_moe_gguf": lambda: Qwen3MoeConfig(**MOE_GGUF_COMMON),
+}
 
 
 @pytest.fixture(params=GGUF_CASES)
 def tiny_gguf(request: pytest.FixtureRequest, tiny_model: GetTinyModel, tmp_path: Path) -> TinyGguf:
     case: GgufCase = request.param
-    tiny = tiny_model(case.variant)
+    if case.variant in GGUF_ONLY_MODELS:
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(GGUF_ONLY_MODELS[case.variant](), dtype=torch.float32).eval()
+        tiny = TinyModel(tmp_path, model)
+    else:
+        tiny = tiny_model(case.variant)
     path = tmp_path / f"tiny-{case.variant}.gguf"
     write_gguf(tiny.model, path, case.arch, case.float16, name=tiny.model.config.model_type)
     return TinyGguf(path, tiny, case)
