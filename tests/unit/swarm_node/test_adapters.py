@@ -7,6 +7,7 @@ of the base model, at different lengths; every row's logits equal PEFT's for tha
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -222,3 +223,15 @@ def test_a_replaced_lm_head_is_the_adapters_own(tiny_model: GetTinyModel, tmp_pa
     generated = [int(logits.argmax()) for logits in rows[0][len(prompt) - 1 : -1]]
     torch.testing.assert_close(torch.stack(rows[0]), reference(saved.model, prompt, generated), atol=ATOL, rtol=0)
     assert (torch.stack(rows[0][:5]) - torch.stack(rows[1][:5])).abs().max() > 0.1
+
+
+def test_rows_equal_peft_merge_and_unload(tiny_model: GetTinyModel, adapters_of: Any) -> None:
+    """The adapter merged into the weights (PEFT's merge_and_unload) gives what our unmerged per-row update gives."""
+    tiny = tiny_model("llama")
+    one, two = adapters_of("llama")
+    swarm = Swarm(tiny.folder, {"one": one.folder, "two": two.folder}, cut=4)
+    prompt = [9, 8, 7, 6, 5, 4]
+    rows = swarm.run([prompt, prompt], ["two", "one"], 0)
+    for row, adapter in enumerate((two, one)):
+        merged = copy.deepcopy(adapter.model).merge_and_unload()
+        torch.testing.assert_close(torch.stack(rows[row]), reference(merged, prompt, []), atol=ATOL, rtol=0)
