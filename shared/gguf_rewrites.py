@@ -5,6 +5,9 @@
 * BLOOM stores its fused ``query_key_value`` rows as all queries, then all keys, then all values, where the
   checkpoint interleaves them per head (``[head, q|k|v, head_dim]``); the bias likewise.
 
+Falcon files are read only in Falcon 7B's shape (one key/value head): llama.cpp regroups the new architecture's
+q/k/v rows, which transformers does not undo (its GGUF config has no ``new_decoder_architecture`` either).
+
 Each rewrite takes the GGUF tensor name and the dequantized array in the checkpoint's (row-major) shape.
 """
 
@@ -14,6 +17,8 @@ from collections.abc import Callable
 
 import numpy as np
 from transformers import PretrainedConfig
+
+from shared.errors import ModelLoadError
 
 Rewrite = Callable[[str, np.ndarray, PretrainedConfig], np.ndarray]
 
@@ -42,3 +47,16 @@ REWRITES: dict[str, Rewrite] = {
     "gemma3_text": _gemma_norms,
     "bloom": _bloom_qkv,
 }
+
+
+def _falcon_multi_query_only(config: PretrainedConfig, kv_heads: int | None) -> None:
+    """``kv_heads``: the file's ``attention.head_count_kv`` (transformers' Falcon config does not take it)."""
+    if config.new_decoder_architecture or not config.multi_query or (kv_heads or 1) > 1:
+        raise ModelLoadError(
+            "GGUF files of Falcon's new decoder architecture (several key/value heads) are not supported; use its"
+            " safetensors"
+        )
+
+
+# Per family: raises ModelLoadError for files the reader cannot serve right (given the file's key/value head count).
+CHECKS: dict[str, Callable[[PretrainedConfig, int | None], None]] = {"falcon": _falcon_multi_query_only}

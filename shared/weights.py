@@ -20,7 +20,7 @@ from transformers import PretrainedConfig
 
 from shared.errors import ModelLoadError
 from shared.families import family_of
-from shared.gguf_rewrites import REWRITES
+from shared.gguf_rewrites import CHECKS, REWRITES
 from shared.model_source import ModelSource
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -109,11 +109,20 @@ class GgufReader:
         self._family = family_of(config)
         if not self._family.gguf_supported:
             raise ModelLoadError(f"GGUF files of the {self._family.name} family are not supported; use its safetensors")
+        check = CHECKS.get(self._family.name)
+        if check is not None:
+            check(config, None)  # what the config alone rules out, before opening the file
         self.loaded: list[str] = []
         self._reader = gguf.GGUFReader(path)
+        if check is not None:
+            check(config, self._kv_heads())
         self._tensors = {t.name: t for t in self._reader.tensors}
         arch = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == self._family.gguf_arch)
         self._name_map = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
+
+    def _kv_heads(self) -> int | None:
+        field = self._reader.fields.get(f"{self._family.gguf_arch}.attention.head_count_kv")
+        return None if field is None else int(field.parts[field.data[0]][0])
 
     def _gguf_names(self, hf_name: str) -> tuple[str, ...] | None:
         """The GGUF tensors ``hf_name`` is made of (several for fused experts), or None if the file lacks them."""

@@ -180,6 +180,7 @@ FAMILIES: dict[str, Family] = {
         _layer_norm,
         gguf_arch="falcon",
         gguf_permutes_qk=False,
+        gguf_supported=True,
         sliding_window=_no_window,
         layout=_TRANSFORMER,
         layer_call="falcon",

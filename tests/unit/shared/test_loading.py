@@ -211,6 +211,16 @@ def _add_metadata(writer: gguf.GGUFWriter, config: PretrainedConfig, arch: gguf.
         writer.add_head_count_kv(config.n_head)
         writer.add_layer_norm_eps(config.layer_norm_epsilon)
         return
+    if arch == gguf.MODEL_ARCH.FALCON:  # Falcon 7B's shape: one key/value head (multi-query), parallel attention
+        writer.add_context_length(config.max_position_embeddings)
+        writer.add_embedding_length(config.hidden_size)
+        writer.add_block_count(config.num_hidden_layers)
+        writer.add_feed_forward_length(4 * config.hidden_size)
+        writer.add_head_count(config.num_attention_heads)
+        writer.add_head_count_kv(1)
+        writer.add_layer_norm_eps(config.layer_norm_epsilon)
+        writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+        return
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
@@ -335,6 +345,8 @@ GGUF_CASES = [
     pytest.param(GgufCase("gemma2", gguf.MODEL_ARCH.GEMMA2, float16=False), id="gemma2-f32"),
     pytest.param(GgufCase("gemma3", gguf.MODEL_ARCH.GEMMA3, float16=True), id="gemma3-f16"),
     pytest.param(GgufCase("bloom", gguf.MODEL_ARCH.BLOOM, float16=False), id="bloom-f32"),
+    # Falcon 7B's architecture (multi-query: llama.cpp's q/k/v regrouping leaves its rows as they are).
+    pytest.param(GgufCase("falcon", gguf.MODEL_ARCH.FALCON, float16=True), id="falcon-f16"),
     # Experts stacked per block (ffn_{gate,up,down}_exps); Qwen2-MoE's shared expert gate stored as a vector.
     pytest.param(GgufCase("qwen2_moe_gguf", gguf.MODEL_ARCH.QWEN2MOE, float16=False), id="qwen2_moe-f32"),
     pytest.param(GgufCase("qwen3_moe_gguf", gguf.MODEL_ARCH.QWEN3MOE, float16=True), id="qwen3_moe-f16"),
@@ -486,3 +498,19 @@ def test_span_objects_are_block_spans(tiny_model: GetTinyModel) -> None:
 def _touch(path: Path) -> str:
     path.write_bytes(b"")
     return str(path)
+
+
+def test_a_falcon_gguf_with_several_key_value_heads_is_refused(tiny_model: GetTinyModel, tmp_path: Path) -> None:
+    """Falcon 40B's shape: transformers' config from the file says nothing of the new architecture; the file's
+    key/value head count does."""
+    config = load_config(resolve_model(str(tiny_model("falcon").folder)))
+    path = tmp_path / "falcon-new.gguf"
+    writer = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.FALCON])
+    writer.add_head_count_kv(2)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ModelLoadError, match="new decoder architecture"):
+        GgufReader(str(path), config)
