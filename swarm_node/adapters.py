@@ -77,7 +77,18 @@ def attach_adapters(
     for adapter in adapters:
         for local, name in block_modules(prefix, set(adapter.pairs)).items():
             wrapped = _wrapped(layer, local, rows, name)
-            wrapped.pairs[adapter.name] = adapter.pairs[name].to(device, dtype)
+            pair = adapter.pairs[name]
+            _check_shape(wrapped.base, pair, f"adapter {adapter.name}'s {name}")
+            wrapped.pairs[adapter.name] = pair.to(device, dtype)
+
+
+def _check_shape(base: nn.Module, pair: LoraPair, what: str) -> None:
+    """An adapter of another model would fail mid-forward: refuse it at load (quantized layers keep the sizes too)."""
+    sizes = getattr(base, "in_features", None), getattr(base, "out_features", None)
+    if None not in sizes and (pair.a.shape[1], pair.b.shape[0]) != sizes:
+        raise ModelLoadError(
+            f"{what} maps {pair.a.shape[1]} -> {pair.b.shape[0]} features; the layer {sizes[0]} -> {sizes[1]}"
+        )
 
 
 def _wrapped(layer: nn.Module, local: str, rows: AdapterRows, name: str) -> LoraLinear:

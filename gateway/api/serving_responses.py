@@ -125,7 +125,7 @@ class ResponsesServing:
         specs = chat._specs(request, prompt_ids, budget, caller.scope, plan.grammar)
         response = ResponseObject(
             id=response_id(),
-            model=chat.config.model_name,
+            model=body.model,  # the base model or the adapter asked for
             instructions=body.instructions,
             max_output_tokens=body.max_output_tokens,
             previous_response_id=body.previous_response_id,

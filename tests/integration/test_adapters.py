@@ -103,6 +103,7 @@ async def test_adapters_and_the_base_model_at_once_each_equal_peft_alone(
                 logprobs=0,
                 extra_body={"ignore_eos": True},
             )
+            assert response.model == (name or gateway.model)  # answered as the model asked for
             return tokens_of(response.choices[0])
 
         for _ in range(2):  # streams of the three models interleave on both nodes

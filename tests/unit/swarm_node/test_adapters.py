@@ -18,7 +18,7 @@ from torch import nn
 from gateway.model.head import ModelHead, build_head
 from gateway.model.head_adapters import load_head_adapters
 from shared.errors import ModelLoadError
-from shared.lora import parse_adapter_specs
+from shared.lora import LoraAdapter, LoraPair, parse_adapter_specs
 from shared.model_source import load_config, resolve_model
 from shared.weights import open_weights
 from swarm_node.adapters import AdapterRows, LoraLinear, load_span_adapters
@@ -203,6 +203,12 @@ def test_unservable_adapters_are_refused(tiny_model: GetTinyModel, tmp_path: Pat
         load_head_adapters({"norm": norm.folder}, config)
     with pytest.raises(ValueError, match="NAME=PATH"):
         parse_adapter_specs(["nameless"])
+    source = resolve_model(str(tiny_model("llama").folder))
+    other_model = LoraAdapter(
+        "other", {"model.layers.0.self_attn.q_proj": LoraPair(torch.zeros(2, 32), torch.zeros(64, 2), 1.0)}
+    )
+    with pytest.raises(ModelLoadError, match="maps 32 -> 64 features; the layer 64 -> 64"):
+        build_span(config, open_weights(source, config), 0, 1, adapters=[other_model])
     rows = AdapterRows()
     rows.names = ["a", None, "a"]
     assert {k: v.tolist() for k, v in rows.groups().items()} == {"a": [0, 2]}
