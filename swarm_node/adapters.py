@@ -22,18 +22,28 @@ from shared.lora import LoraAdapter, LoraPair, adapter_modules, load_adapter, re
 
 
 class AdapterRows:
-    """Which adapter each row of the running forward uses (None: the base model); set by the span per forward."""
+    """Which adapter each row of the running forward uses (None: the base model); set by the span per forward.
+
+    The rows of each adapter are indexed once per forward, on the span's device, for every adapted layer to use."""
 
     def __init__(self) -> None:
         self.names: Sequence[str | None] = ()
+        self._groups: dict[str, torch.Tensor] = {}
+
+    def set(self, names: Sequence[str | None], device: torch.device | str = "cpu") -> None:
+        self.names = names
+        rows: dict[str, list[int]] = {}
+        for row, name in enumerate(names):
+            if name is not None:
+                rows.setdefault(name, []).append(row)
+        self._groups = {name: torch.tensor(indices, device=device) for name, indices in rows.items()}
+
+    def clear(self) -> None:
+        self.set(())
 
     def groups(self) -> dict[str, torch.Tensor]:
         """adapter -> indices of its rows (only adapters some row uses)."""
-        rows: dict[str, list[int]] = {}
-        for row, name in enumerate(self.names):
-            if name is not None:
-                rows.setdefault(name, []).append(row)
-        return {name: torch.tensor(indices) for name, indices in rows.items()}
+        return self._groups
 
 
 class LoraLinear(nn.Module):
@@ -54,7 +64,6 @@ class LoraLinear(nn.Module):
         by_row = output.reshape(batch, -1, output.shape[-1])  # [B, tokens per row, out]
         inputs = x.reshape(batch, -1, x.shape[-1])  # [B, tokens per row, in]
         for name, rows in groups.items():
-            rows = rows.to(x.device)
             delta = self.pairs[name].delta(inputs[rows]).to(output.dtype)
             by_row = by_row.index_add(0, rows, delta)
         return by_row.reshape(output.shape)

@@ -136,12 +136,12 @@ class BlockSpan(nn.Module):
         broadcast = self.family.kv_broadcast(self.config)
         cache = BatchCache(sessions, starts, hidden.shape[1], self._windows, lengths, ragged, broadcast)
         inputs = _LayerInputs(self, cache, hidden)
-        self.adapter_rows.names = [session.adapter for session in sessions]
+        self.adapter_rows.set([session.adapter for session in sessions], hidden.device)
         try:
             for block in blocks:
                 hidden = inputs.call(self.layers[str(block)], block, hidden)
         finally:
-            self.adapter_rows.names = ()
+            self.adapter_rows.clear()
         cache.commit()
         return hidden
 

@@ -160,11 +160,11 @@ def test_the_update_is_added_on_top_of_a_quantized_layer(tiny_model: GetTinyMode
     assert adapted and all(type(m.base).__name__ != "Linear" for m in adapted)  # LoRA wraps the int8 layer
     layer = adapted[0]
     x = torch.randn(2, 3, layer.pairs["one"].a.shape[1])
-    layer.rows.names = ["one", None]
+    layer.rows.set(["one", None])
     try:
         out = layer(x)
     finally:
-        layer.rows.names = ()
+        layer.rows.clear()
     base = layer.base(x)
     torch.testing.assert_close(out[1], base[1])
     torch.testing.assert_close(out[0], base[0] + layer.pairs["one"].delta(x[0]), atol=1e-5, rtol=0)
@@ -210,7 +210,7 @@ def test_unservable_adapters_are_refused(tiny_model: GetTinyModel, tmp_path: Pat
     with pytest.raises(ModelLoadError, match="maps 32 -> 64 features; the layer 64 -> 64"):
         build_span(config, open_weights(source, config), 0, 1, adapters=[other_model])
     rows = AdapterRows()
-    rows.names = ["a", None, "a"]
+    rows.set(["a", None, "a"])
     assert {k: v.tolist() for k, v in rows.groups().items()} == {"a": [0, 2]}
 
 
