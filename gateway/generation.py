@@ -68,6 +68,7 @@ class GenerationRequest:
     # request of the same scope that continues its tokens (a chat's next turn). None: nothing is kept or reused.
     reuse_scope: str | None = None
     grammar: Grammar | None = None  # constrained decoding: only tokens that keep the text within it are sampled
+    adapter: str | None = None  # the LoRA adapter the request's ``model`` names (None: the base model)
 
 
 @dataclass(frozen=True)
@@ -171,6 +172,10 @@ class Engine(Protocol):
 
     async def missing_blocks(self) -> list[int]:
         """Blocks no live node serves now (empty: every request can be routed)."""
+        ...
+
+    async def served_adapters(self) -> list[str]:
+        """The LoRA adapters this engine knows that live nodes serve for every block now (each a model of the API)."""
         ...
 
     async def announced_models(self) -> list[str]:

@@ -62,6 +62,9 @@ class ServerRecord(BaseModel):
     # all (it announces itself so operators see it, but nobody routes to it).
     reachability: Reachability = Reachability.DIRECT
     relay_addrs: list[str] = Field(default_factory=list, max_length=8)
+    # LoRA adapters a session may name (``OpenSession.adapter``), for every block of the span. Announced only when
+    # set (``record_json``), so a node without adapters announces what gateways before adapters can read.
+    adapters: list[str] = Field(default_factory=list, max_length=64)
     version: str
     protocol: int
 
@@ -78,6 +81,15 @@ class ServerRecord(BaseModel):
 MODELS_KEY = "swarmgate.models"
 
 
+def record_json(server: ServerRecord) -> dict[str, Any]:
+    """The record as stored: fields added since the first release left out while unset, so older readers (which
+    forbid unknown fields) still accept a record that uses none of them."""
+    data = server.model_dump(mode="json")
+    if not server.adapters:
+        del data["adapters"]
+    return data
+
+
 def model_key(model: str) -> str:
     return f"{model}.model"
 
@@ -89,7 +101,7 @@ def block_key(model: str, block: int) -> str:
 async def announce(dht: DHT, model: ModelRecord, server: ServerRecord, expiration: float) -> None:
     """Store ``server`` under each of its blocks and the model record, all expiring in ``expiration`` seconds."""
     keys = [model_key(model.name), MODELS_KEY] + [block_key(model.name, i) for i in server.blocks]
-    values: list[Any] = [model.model_dump(mode="json")] * 2 + [server.model_dump(mode="json")] * len(server.blocks)
+    values: list[Any] = [model.model_dump(mode="json")] * 2 + [record_json(server)] * len(server.blocks)
     await dht.run_coroutine(
         partial(_store_many, keys=keys, values=values, subkey=owner_subkey(server.peer_id), expiration=expiration),
         return_future=True,

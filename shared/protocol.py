@@ -34,7 +34,15 @@ from typing import Annotated, Any, Literal
 import torch
 from hivemind.compression import deserialize_torch_tensor, serialize_torch_tensor
 from hivemind.proto import runtime_pb2
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    TypeAdapter,
+    ValidationError,
+    model_serializer,
+)
 
 from shared.errors import BadRequest, RemoteError, error_from_code
 
@@ -68,6 +76,16 @@ class OpenSession(_Message):
     auth: str | None = None  # call token of a private swarm (shared.membership)
     alloc_timeout: float = Field(0.0, ge=0, le=600)  # seconds to wait for cache room (0: refuse at once)
     pusher: str | None = Field(None, max_length=128)  # peer id of the node before this one, allowed to push into it
+    # The LoRA adapter the session's steps run with (None: the base model). Sent only when set, so a node from
+    # before adapters still accepts every base-model session (it forbids unknown fields).
+    adapter: str | None = Field(None, min_length=1, max_length=128)
+
+    @model_serializer(mode="wrap")
+    def _without_unset_adapter(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if self.adapter is None:
+            data.pop("adapter", None)
+        return data
 
 
 class AllowPush(_Message):

@@ -7,6 +7,7 @@ record every name they materialise in ``loaded`` so tests can prove a node never
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -19,6 +20,7 @@ from transformers import PretrainedConfig
 
 from shared.errors import ModelLoadError
 from shared.families import family_of
+from shared.gguf_rewrites import CHECKS, REWRITES
 from shared.model_source import ModelSource
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -88,6 +90,10 @@ def hub_reader(repo_id: str, revision: str | None) -> SafetensorsReader:
     return SafetensorsReader(fetch, has_file)
 
 
+# transformers' fused experts of a block, which llama.cpp keeps as ``blk.{i}.ffn_{gate,up,down}_exps``.
+_STACKED_EXPERTS = re.compile(r"^model\.layers\.(?P<block>\d+)\.mlp\.experts\.(?P<kind>gate_up_proj|down_proj)$")
+
+
 class GgufReader:
     """Tensors of a ``.gguf`` file, dequantized to float32 with the ``gguf`` package.
 
@@ -103,15 +109,34 @@ class GgufReader:
         self._family = family_of(config)
         if not self._family.gguf_supported:
             raise ModelLoadError(f"GGUF files of the {self._family.name} family are not supported; use its safetensors")
+        check = CHECKS.get(self._family.name)
+        if check is not None:
+            check(config, None)  # what the config alone rules out, before opening the file
         self.loaded: list[str] = []
         self._reader = gguf.GGUFReader(path)
+        if check is not None:
+            check(config, self._kv_heads())
         self._tensors = {t.name: t for t in self._reader.tensors}
         arch = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == self._family.gguf_arch)
         self._name_map = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
 
-    def _gguf_name(self, hf_name: str) -> str | None:
-        name = self._name_map.get_name(hf_name, try_suffixes=(".weight", ".bias"))
-        return name if name in self._tensors else None
+    def _kv_heads(self) -> int | None:
+        field = self._reader.fields.get(f"{self._family.gguf_arch}.attention.head_count_kv")
+        return None if field is None else int(field.parts[field.data[0]][0])
+
+    def _gguf_names(self, hf_name: str) -> tuple[str, ...] | None:
+        """The GGUF tensors ``hf_name`` is made of (several for fused experts), or None if the file lacks them."""
+        stacked = _STACKED_EXPERTS.match(hf_name)
+        if stacked is not None:  # llama.cpp stacks each expert projection of a block in one [E, out, in] tensor
+            kinds = ("gate", "up") if stacked["kind"] == "gate_up_proj" else ("down",)
+            names = tuple(f"blk.{stacked['block']}.ffn_{kind}_exps.weight" for kind in kinds)
+            return names if all(name in self._tensors for name in names) else None
+        # gguf's table names some tensors without the base model's prefix (BLOOM's ``word_embeddings_layernorm``).
+        for candidate in (hf_name, hf_name.removeprefix("transformer.")):
+            name = self._name_map.get_name(candidate, try_suffixes=(".weight", ".bias"))
+            if name in self._tensors:
+                return (name,)
+        return None
 
     def names(self) -> set[str]:
         layout = self._family.layout
@@ -123,15 +148,18 @@ class GgufReader:
         norms = [layout.final_norm, *([layout.embed_norm] if layout.embed_norm else [])]
         candidates += [layout.embed, layout.lm_head]
         candidates += [f"{norm}.{kind}" for norm in norms for kind in ("weight", "bias")]
-        return {name for name in candidates if self._gguf_name(name) is not None}
+        return {name for name in candidates if self._gguf_names(name) is not None}
 
     def read(self, names: Iterable[str]) -> dict[str, torch.Tensor]:
         tensors = {}
         for name in names:
-            gguf_name = self._gguf_name(name)
-            if gguf_name is None:
+            gguf_names = self._gguf_names(name)
+            if gguf_names is None:
                 raise ModelLoadError(f"tensor {name} is not in the GGUF file")
-            tensors[name] = torch.from_numpy(np.ascontiguousarray(self._dequantize(gguf_name)))
+            # Fused gate/up experts [E, 2I, D]: each expert's gate rows, then its up rows (transformers' layout).
+            parts = [self._dequantize(gguf_name) for gguf_name in gguf_names]
+            weights = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
+            tensors[name] = torch.from_numpy(np.ascontiguousarray(weights))
             self.loaded.append(name)
         return tensors
 
@@ -145,7 +173,8 @@ class GgufReader:
             if ".attn_k." in gguf_name:
                 heads = self._config.num_key_value_heads
             weights = _unpermute_rotary_rows(weights, heads)
-        return weights
+        rewrite = REWRITES.get(self._family.name)
+        return weights if rewrite is None else rewrite(gguf_name, weights, self._config)
 
 
 def _unpermute_rotary_rows(weights: np.ndarray, heads: int) -> np.ndarray:

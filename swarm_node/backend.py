@@ -53,8 +53,8 @@ class SpanBackend:
         finally:
             self._pending -= 1
 
-    async def new_session_kv(self, blocks: range, max_length: int) -> SessionKV:
-        return await self._run(lambda: self.span.new_session_kv(blocks, max_length))
+    async def new_session_kv(self, blocks: range, max_length: int, adapter: str | None = None) -> SessionKV:
+        return await self._run(lambda: self.span.new_session_kv(blocks, max_length, adapter))
 
     async def resize_session_kv(self, kv: SessionKV, max_length: int) -> None:
         # On the compute thread: no forward may read the tensors while they are swapped.

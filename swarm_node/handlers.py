@@ -275,9 +275,12 @@ class SpanHandlers:
             raise PositionOutOfRange(
                 f"max_length {message.max_length} exceeds this node's limit of {self.status.max_session_length}"
             )
+        if message.adapter is not None and message.adapter not in self.backend.span.adapters:
+            # Like blocks it does not serve: the router read a record that is out of date, or never listed it.
+            raise WrongSpan(f"this node serves no adapter {message.adapter!r}")
         allocation = await self.pool.allocate(message.max_length, message.alloc_timeout)
         try:
-            kv = await self.backend.new_session_kv(blocks, message.max_length)
+            kv = await self.backend.new_session_kv(blocks, message.max_length, message.adapter)
         except BaseException:  # cancelled or failed before the session exists: nobody else would release the room
             allocation.release()
             raise

@@ -36,8 +36,10 @@ class SessionKV:
         max_length: int,
         dtype: torch.dtype,
         device: torch.device,
+        adapter: str | None = None,
     ) -> None:
         shape = (num_layers, kv_heads, max_length, head_dim)
+        self.adapter = adapter  # the LoRA adapter the session's rows run with (None: the base model)
         self.first_block = first_block
         self.num_layers = num_layers
         self.max_length = max_length

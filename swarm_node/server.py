@@ -35,6 +35,7 @@ from shared.protocol import PROTOCOL_VERSION
 from shared.reachability import DialBackService, Reachability, open_paths
 from shared.rpc_client import fetch_info
 from shared.weights import open_weights
+from swarm_node.adapters import load_span_adapters
 from swarm_node.backend import SpanBackend
 from swarm_node.block_count import auto_num_blocks
 from swarm_node.cache_pool import CachePool
@@ -209,7 +210,11 @@ class SpanServer:
         transform = await asyncio.to_thread(
             block_transform, self.quant, self.dtype, self.device, self.settings.cpu_batched_copy
         )
-        span = await asyncio.to_thread(build_span, self.config, reader, start, end, self.dtype, self.device, transform)
+        prefixes = [family_of(self.config).layout.block_prefix(block) for block in range(start, end)]
+        adapters = await asyncio.to_thread(load_span_adapters, self.settings.adapter_folders(), prefixes)
+        span = await asyncio.to_thread(
+            build_span, self.config, reader, start, end, self.dtype, self.device, transform, adapters
+        )
         return SpanBackend(span, self.settings.batch_policy(), self.metrics)
 
     async def _choose_start(self, num_blocks: int) -> int:
@@ -255,6 +260,7 @@ class SpanServer:
             next_rtts=self.next_rtts,
             reachability=self.reachability,
             relay_addrs=self.relay_addrs,
+            adapters=sorted(self.settings.adapter_folders()),
             version=shared.__version__,
             protocol=PROTOCOL_VERSION,
         )

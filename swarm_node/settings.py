@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, field_validator
 
+from shared.lora import parse_adapter_specs
 from shared.settings import P2PSettings, positional
 
 if TYPE_CHECKING:
@@ -117,6 +119,12 @@ class ServeSettings(P2PSettings):
         description="when no peer can dial this node (behind NAT or a firewall), reserve a slot on a relay (the"
         " initial peers) and be reached through it; off: such a node is announced unreachable and gets no traffic",
     )
+    adapters: list[str] = Field(
+        default_factory=list,
+        description="PEFT LoRA adapters to serve beside the base model, as NAME=PATH (a folder with"
+        " adapter_config.json and adapter_model.safetensors); only the span's blocks' tensors are loaded, and NAME"
+        " is announced: a gateway serves NAME as a model of its own (it needs the same NAME=PATH)",
+    )
     metrics_host: str = Field(
         "127.0.0.1", description="address the metrics port binds; 0.0.0.0 lets a Prometheus on another host scrape"
     )
@@ -127,6 +135,15 @@ class ServeSettings(P2PSettings):
         if value is not None:
             parse_blocks(value)
         return value
+
+    @field_validator("adapters")
+    @classmethod
+    def _check_adapters(cls, values: list[str]) -> list[str]:
+        parse_adapter_specs(values)
+        return values
+
+    def adapter_folders(self) -> dict[str, Path]:
+        return parse_adapter_specs(self.adapters)
 
     def span(self) -> tuple[int, int] | None:
         return parse_blocks(self.blocks) if self.blocks else None

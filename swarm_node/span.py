@@ -22,7 +22,9 @@ from transformers.models.bloom import modeling_bloom
 from shared.block_tensors import read_block
 from shared.errors import ModelLoadError
 from shared.families import family_of
+from shared.lora import LoraAdapter
 from shared.weights import WeightReader
+from swarm_node.adapters import AdapterRows, attach_adapters
 from swarm_node.kv_cache import BatchCache, SessionKV, softcapped_attention
 
 ATTENTION = "swarmgate"
@@ -93,6 +95,8 @@ class BlockSpan(nn.Module):
         # (a quantized span's parameters are integers, so neither can be read off its parameters).
         self.device = torch.device("cpu")
         self.cache_dtype = torch.float32
+        self.adapter_rows = AdapterRows()  # each row's adapter during a forward (swarm_node.adapters)
+        self.adapters: frozenset[str] = frozenset()  # the LoRA adapters a session may name
 
     def _new_rotary(self) -> nn.Module | None:
         rotary = self.family.rotary_embedding
@@ -102,7 +106,9 @@ class BlockSpan(nn.Module):
     def hidden_size(self) -> int:
         return int(self.config.hidden_size)
 
-    def new_session_kv(self, blocks: range, max_length: int) -> SessionKV:
+    def new_session_kv(self, blocks: range, max_length: int, adapter: str | None = None) -> SessionKV:
+        if adapter is not None and adapter not in self.adapters:
+            raise ValueError(f"adapter {adapter!r} is not loaded on this span")
         return SessionKV(
             blocks.start,
             len(blocks),
@@ -111,6 +117,7 @@ class BlockSpan(nn.Module):
             max_length,
             dtype=self.cache_dtype,
             device=self.device,
+            adapter=adapter,
         )
 
     @torch.inference_mode()
@@ -129,8 +136,12 @@ class BlockSpan(nn.Module):
         broadcast = self.family.kv_broadcast(self.config)
         cache = BatchCache(sessions, starts, hidden.shape[1], self._windows, lengths, ragged, broadcast)
         inputs = _LayerInputs(self, cache, hidden)
-        for block in blocks:
-            hidden = inputs.call(self.layers[str(block)], block, hidden)
+        self.adapter_rows.set([session.adapter for session in sessions], hidden.device)
+        try:
+            for block in blocks:
+                hidden = inputs.call(self.layers[str(block)], block, hidden)
+        finally:
+            self.adapter_rows.clear()
         cache.commit()
         return hidden
 
@@ -206,11 +217,13 @@ def build_span(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
     transform: BlockTransform | None = None,
+    adapters: Sequence[LoraAdapter] = (),
 ) -> BlockSpan:
     """Build the span's modules without allocating random weights, then fill them with exactly its tensors.
 
     Blocks are loaded one at a time (read, optionally transformed, moved to ``device``), so the peak memory of
     loading is one block in ``dtype`` beyond the finished span — a quantized span never exists unquantized whole.
+    ``adapters``: LoRA pairs added on top of the (transformed) blocks' linears, kept in ``dtype``.
     """
     with torch.device("meta"):
         span = BlockSpan(config, start, end)
@@ -225,4 +238,7 @@ def build_span(
         layer.load_state_dict(state, strict=True, assign=True)
         if transform is not None:
             span.layers[str(block)] = transform(layer).to(device)
+        prefix = span.family.layout.block_prefix(block)
+        attach_adapters(span.layers[str(block)], prefix, adapters, span.adapter_rows, span.device, dtype)
+    span.adapters = frozenset(adapter.name for adapter in adapters)
     return span.eval()

@@ -144,6 +144,8 @@ class ModelCard(ResponseModel):
     object: Literal["model"] = "model"
     created: int = Field(default_factory=lambda: int(time.time()))
     owned_by: str = "swarmgate"
+    root: str | None = None  # vLLM's: what the model is served from (an adapter's: its own name)
+    parent: str | None = None  # an adapter's base model (vLLM's field); None for the base model itself
     context_length: int  # what chat frontends read to size conversations
     max_model_len: int  # vLLM's name for the same, read by some clients
 

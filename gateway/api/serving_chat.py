@@ -63,7 +63,7 @@ class ChatPlan:
 
 class ChatServing(ServingBase):
     async def create(self, body: ChatCompletionRequest, context: RequestContext) -> ChatCompletionResponse | Stream:
-        self.check_model(body.model)
+        adapter = await self.resolve_model(body.model)
         reject_unsupported(body)
         self._check_options(body)
         plan = self.plan(body)
@@ -71,7 +71,7 @@ class ChatServing(ServingBase):
         plan = dataclasses.replace(plan, reasoning_inside=plan.reasoning and starts_inside(prompt))
         prompt_ids = await self.encode_prompt(prompt)
         budget = self.completion_budget(len(prompt_ids), body.max_completion_tokens or body.max_tokens, "messages")
-        specs = self._specs(body, prompt_ids, budget, context.caller.scope, plan.grammar)
+        specs = self.with_adapter(self._specs(body, prompt_ids, budget, context.caller.scope, plan.grammar), adapter)
         record = RequestRecord(new_id("chatcmpl"), "chat", len(specs), len(prompt_ids))
         if body.stream:
             return await self.run_streamed(
@@ -80,7 +80,7 @@ class ChatServing(ServingBase):
         results = await self.run_collected(record, specs, context)
         choices = [self._choice(body, plan, result) for result in results]
         usage = Usage.of(record.prompt_tokens, record.completion_tokens, record.cached_tokens)
-        return ChatCompletionResponse(id=record.id, model=self.config.model_name, choices=choices, usage=usage)
+        return ChatCompletionResponse(id=record.id, model=body.model, choices=choices, usage=usage)
 
     def plan(self, body: ChatCompletionRequest) -> ChatPlan:
         template = self.engine.codec.chat_template()
@@ -216,7 +216,7 @@ class ChatServing(ServingBase):
                     yield self._chunk(body, record, event.index, Delta(), finish_reason=finish)
             if body.include_usage():
                 usage = Usage.of(record.prompt_tokens, record.completion_tokens, record.cached_tokens)
-                last = ChatCompletionChunk(id=record.id, model=self.config.model_name, choices=[], usage=usage)
+                last = ChatCompletionChunk(id=record.id, model=body.model, choices=[], usage=usage)
                 yield last.model_dump_json()
 
     def _chunk(
@@ -229,7 +229,7 @@ class ChatServing(ServingBase):
         finish_reason: ChatFinishReason | None = None,
     ) -> str:
         choice = ChatChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=finish_reason)
-        chunk = ChatCompletionChunk(id=record.id, model=self.config.model_name, choices=[choice])
+        chunk = ChatCompletionChunk(id=record.id, model=body.model, choices=[choice])
         # OpenAI sends "usage": null on every chunk only when the client asked for the usage chunk.
         return chunk.model_dump_json(exclude=None if body.include_usage() else {"usage"})
 

@@ -7,6 +7,7 @@ Serving classes depend on ``gateway.generation.Engine`` only; they return either
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
@@ -108,8 +109,24 @@ class ServingBase:
         return self.engine.codec.vocab_size
 
     def check_model(self, model: str) -> None:
+        """The base model only (tokenize / detokenize: the tokenizer is the same for every adapter)."""
         if model != self.config.model_name:
             raise model_not_found(model)
+
+    async def resolve_model(self, model: str) -> str | None:
+        """The LoRA adapter ``model`` names (None: the base model); ``model_not_found`` for any other name, and for an
+        adapter that no live node serves for every block now (it is not in /v1/models either)."""
+        if model == self.config.model_name:
+            return None
+        if model in await self.engine.served_adapters():
+            return model
+        raise model_not_found(model)
+
+    @staticmethod
+    def with_adapter(specs: list[ChoiceSpec], adapter: str | None) -> list[ChoiceSpec]:
+        if adapter is None:
+            return specs
+        return [dataclasses.replace(s, request=dataclasses.replace(s.request, adapter=adapter)) for s in specs]
 
     def sampling_params(self, body: SamplingFields) -> SamplingParams:
         # What the request leaves out comes from the model's generation_config.json, then OpenAI's defaults.

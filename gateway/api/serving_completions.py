@@ -47,12 +47,12 @@ class Prompt:
 
 class CompletionServing(ServingBase):
     async def create(self, body: CompletionRequest, context: RequestContext) -> CompletionResponse | Stream:
-        self.check_model(body.model)
+        adapter = await self.resolve_model(body.model)
         reject_unsupported(body)
         n, best_of = self._choice_counts(body)
         prompts = await self._prompts(body)
         budgets = [self.completion_budget(len(p.ids), body.max_tokens, "max_tokens") for p in prompts]
-        specs = self._specs(body, prompts, budgets, best_of)
+        specs = self.with_adapter(self._specs(body, prompts, budgets, best_of), adapter)
         record = RequestRecord(new_id("cmpl"), "completions", len(specs), sum(len(p.ids) for p in prompts))
         if body.stream:
             return await self.run_streamed(
@@ -148,7 +148,7 @@ class CompletionServing(ServingBase):
             for rank, result in enumerate(candidates):
                 choices.append(self._choice(body, prompt, result, p * n + rank))
         usage = Usage.of(record.prompt_tokens, record.completion_tokens)
-        return CompletionResponse(id=record.id, model=self.config.model_name, choices=choices, usage=usage)
+        return CompletionResponse(id=record.id, model=body.model, choices=choices, usage=usage)
 
     def _choice(self, body: CompletionRequest, prompt: Prompt, result: ChoiceResult, index: int) -> CompletionChoice:
         text = (prompt.text if body.echo else "") + result.text
@@ -218,7 +218,7 @@ class CompletionServing(ServingBase):
                     yield self._chunk(body, record, choice)
             if body.include_usage():
                 usage = Usage.of(record.prompt_tokens, record.completion_tokens)
-                last = CompletionResponse(id=record.id, model=self.config.model_name, choices=[], usage=usage)
+                last = CompletionResponse(id=record.id, model=body.model, choices=[], usage=usage)
                 yield last.model_dump_json()
 
     def _echo_choice(self, body: CompletionRequest, prompt: Prompt, event: ChoiceEvent) -> CompletionChoice:
@@ -229,7 +229,7 @@ class CompletionServing(ServingBase):
         return CompletionChoice(index=event.index, text=prompt.text, logprobs=logprobs)
 
     def _chunk(self, body: CompletionRequest, record: RequestRecord, choice: CompletionChoice) -> str:
-        chunk = CompletionResponse(id=record.id, model=self.config.model_name, choices=[choice])
+        chunk = CompletionResponse(id=record.id, model=body.model, choices=[choice])
         # OpenAI sends "usage": null on every chunk only when the client asked for the usage chunk.
         return chunk.model_dump_json(exclude=None if body.include_usage() else {"usage"})
 

@@ -18,16 +18,20 @@ logger = logging.getLogger(__name__)
 class ModelServing(ServingBase):
     _coverage_note: str | None = None  # the last gap logged, so each change is logged once
 
-    def card(self) -> ModelCard:
+    def card(self, adapter: str | None = None) -> ModelCard:
         length = self.engine.context_length
-        return ModelCard(id=self.config.model_name, context_length=length, max_model_len=length)
+        if adapter is None:
+            return ModelCard(id=self.config.model_name, context_length=length, max_model_len=length)
+        base = self.config.model_name
+        return ModelCard(id=adapter, root=adapter, parent=base, context_length=length, max_model_len=length)
 
-    def models(self) -> ModelList:
-        return ModelList(data=[self.card()])
+    async def models(self) -> ModelList:
+        """The base model, then each LoRA adapter some live node serves for every block (parent: the base model)."""
+        adapters = await self.engine.served_adapters()
+        return ModelList(data=[self.card(), *(self.card(adapter) for adapter in adapters)])
 
-    def model(self, model_id: str) -> ModelCard:
-        self.check_model(model_id)
-        return self.card()
+    async def model(self, model_id: str) -> ModelCard:
+        return self.card(await self.resolve_model(model_id))
 
     async def tokenize(self, body: TokenizeRequest) -> TokenizeResponse:
         if body.model is not None:

@@ -66,9 +66,10 @@ class ResponsesServing:
         self.store = store
 
     async def create(self, body: ResponsesRequest, context: RequestContext) -> ResponseObject | Stream:
-        self.chat.check_model(body.model)
+        adapter = await self.chat.resolve_model(body.model)
         reject_unsupported(body, IGNORED_FIELDS | IGNORED_RESPONSES_FIELDS)
         turn, specs = await self._plan(body, context.caller)
+        specs = self.chat.with_adapter(specs, adapter)
         await self._save(turn)
         if body.stream:
             return await self.chat.run_streamed(turn.record, specs, context, lambda events: self._events(turn, events))
@@ -124,7 +125,7 @@ class ResponsesServing:
         specs = chat._specs(request, prompt_ids, budget, caller.scope, plan.grammar)
         response = ResponseObject(
             id=response_id(),
-            model=chat.config.model_name,
+            model=body.model,  # the base model or the adapter asked for
             instructions=body.instructions,
             max_output_tokens=body.max_output_tokens,
             previous_response_id=body.previous_response_id,

@@ -37,6 +37,7 @@ from gateway.generation import (
 from gateway.model.files import load_head, load_tokenizer, model_len, sampling_defaults, stop_token_ids
 from gateway.model.grammar import GrammarCompiler
 from gateway.model.head import ModelHead
+from gateway.model.head_adapters import load_head_adapters
 from gateway.model.head_batcher import HeadBatcher
 from gateway.model.sampling import Sampler, top_logprobs
 from gateway.model.tokens import HFTokenCodec
@@ -97,11 +98,13 @@ class GenerationEngine:
             torch.set_num_threads(settings.num_threads)
         source = resolve_model(settings.model, settings.revision)
         config = await asyncio.to_thread(load_config, source)
-        tokenizer, head, defaults = await asyncio.gather(
+        tokenizer, head, defaults, adapters = await asyncio.gather(
             asyncio.to_thread(load_tokenizer, source, settings.chat_template),
             asyncio.to_thread(load_head, source, config),
             asyncio.to_thread(sampling_defaults, source),
+            asyncio.to_thread(load_head_adapters, settings.adapter_folders(), config),
         )
+        head.adapters = adapters
         engine = cls(settings, source, config, tokenizer, head)
         engine.sampling_defaults = defaults
         await engine.start(dht)
@@ -168,6 +171,10 @@ class GenerationEngine:
     async def missing_blocks(self) -> list[int]:
         return (await self.swarm_view()).missing_blocks()
 
+    async def served_adapters(self) -> list[str]:
+        view = await self.swarm_view()
+        return [name for name in sorted(self.head.adapters) if not view.missing_blocks(name)]
+
     async def announced_models(self) -> list[str]:
         return await fetch_announced_models(self._dht) if self._dht is not None else []
 
@@ -204,11 +211,15 @@ class GenerationEngine:
             if cached:
                 yield PromptCached(cached)
             if request.prompt_logprobs is not None:
-                yield await asyncio.to_thread(self._prompt_scores, output, request.prompt_ids, request.prompt_logprobs)
+                yield await asyncio.to_thread(
+                    self._prompt_scores, output, request.prompt_ids, request.prompt_logprobs, request.adapter
+                )
             fed = list(request.prompt_ids)
             for count in range(1, request.max_new_tokens + 1):
-                pick = functools.partial(self._pick, sampler=sampler, num_logprobs=request.logprobs)
-                token, hidden = await self.heads.score(output[:, -1:], pick, sampler)
+                pick = functools.partial(
+                    self._pick, sampler=sampler, num_logprobs=request.logprobs, adapter=request.adapter
+                )
+                token, hidden = await self.heads.score(output[:, -1:], pick, sampler, request.adapter)
                 if constraint is not None:
                     constraint.prefetch()  # the next mask computes while the nodes run this token
                 yield token
@@ -220,7 +231,7 @@ class GenerationEngine:
         finally:
             self.heads.forget(sampler)
             if held is not None and request.reuse_scope is not None:
-                await self.kept.keep(request.reuse_scope, held, chain)
+                await self.kept.keep(_kept_scope(request), held, chain)
             else:
                 await chain.close()
 
@@ -245,9 +256,9 @@ class GenerationEngine:
             raise RuntimeError("engine not started")
         max_length = len(request.prompt_ids) + request.max_new_tokens
         if request.reuse_scope is not None and request.prompt_logprobs is None:  # scores need every position's output
-            taken = self.kept.take(request.reuse_scope, request.prompt_ids)
+            taken = self.kept.take(_kept_scope(request), request.prompt_ids)
             if taken is not None:
-                output = await self._resume(taken, request.prompt_ids, max_length)
+                output = await self._resume(taken, request.prompt_ids, max_length, request.adapter)
                 if output is not None:
                     return taken.item.chain, output, taken.prefix
         chain = ChainSession(
@@ -259,15 +270,19 @@ class GenerationEngine:
             failover_wait=self.settings.failover_wait,
             push=self.settings.push,
             push_min_rtt=self.settings.push_min_rtt,
+            adapter=request.adapter,
         )
         await chain.open()
         try:
-            return chain, await chain.step(await asyncio.to_thread(self._embed, request.prompt_ids), 0), 0
+            hidden = await asyncio.to_thread(self._embed, request.prompt_ids, request.adapter)
+            return chain, await chain.step(hidden, 0), 0
         except BaseException:
             await chain.close()
             raise
 
-    async def _resume(self, taken: Taken[Parked], prompt_ids: list[int], max_length: int) -> torch.Tensor | None:
+    async def _resume(
+        self, taken: Taken[Parked], prompt_ids: list[int], max_length: int, adapter: str | None
+    ) -> torch.Tensor | None:
         """Grow a kept chain to ``max_length`` and prefill the prompt after the shared prefix (the step rewinds the
         nodes there); None, with the chain closed, if that failed — e.g. a node expired the session meanwhile."""
         chain = taken.item.chain
@@ -275,7 +290,7 @@ class GenerationEngine:
             await taken.item.shrunk
             if chain.max_length != max_length:
                 await chain.resize(max_length)
-            hidden = await asyncio.to_thread(self._embed, prompt_ids[taken.prefix :])
+            hidden = await asyncio.to_thread(self._embed, prompt_ids[taken.prefix :], adapter)
             output = await chain.step(hidden, taken.prefix)
         except Exception as error:
             logger.warning("kept conversation unusable (%s); prefilling the whole prompt", error)
@@ -287,25 +302,27 @@ class GenerationEngine:
         logger.debug("resumed a kept conversation: %d prompt tokens cached", taken.prefix)
         return output
 
-    def _embed(self, token_ids: list[int]) -> torch.Tensor:
-        """-> hidden [1, T, D] in float32 (the wire dtype)."""
-        return self.head.embed(torch.tensor([token_ids])).float()
+    def _embed(self, token_ids: list[int], adapter: str | None = None) -> torch.Tensor:
+        """-> hidden [1, T, D] in float32 (the wire dtype), with ``adapter``'s embedding update if it has one."""
+        return self.head.embed(torch.tensor([token_ids]), adapter).float()
 
     def _pick(
-        self, logits: torch.Tensor, sampler: Sampler, num_logprobs: int | None
+        self, logits: torch.Tensor, sampler: Sampler, num_logprobs: int | None, adapter: str | None = None
     ) -> tuple[GeneratedToken, torch.Tensor]:
         """The next token from the last position's logits [V], and its embedding [1, 1, D] to feed the chain.
 
         Run by the head batcher's worker thread: embedding there saves each session a hop to a thread per step."""
         token = sampler.next_token(logits)
         eos = token in self.stop_ids
-        hidden = self._embed([token])
+        hidden = self._embed([token], adapter)
         if num_logprobs is None:
             return GeneratedToken(token, eos), hidden
         logprobs = torch.log_softmax(logits, dim=-1)  # [V]
         return GeneratedToken(token, eos, float(logprobs[token]), top_logprobs(logprobs, num_logprobs)), hidden
 
-    def _prompt_scores(self, output: torch.Tensor, prompt_ids: list[int], k: int) -> PromptScores:
+    def _prompt_scores(
+        self, output: torch.Tensor, prompt_ids: list[int], k: int, adapter: str | None = None
+    ) -> PromptScores:
         """output: [1, T, D] of the prefill -> logprob of each prompt token given the ones before it.
 
         In chunks of positions: logits of a whole long prompt at once would take T × V floats (GBs at 8k tokens).
@@ -315,7 +332,14 @@ class GenerationEngine:
         tops: list[TopLogprobs | None] = [None]
         for start in range(0, len(prompt_ids) - 1, PROMPT_SCORE_CHUNK):
             end = min(start + PROMPT_SCORE_CHUNK, len(prompt_ids) - 1)
-            logprobs = torch.log_softmax(self.head.logits(output[:, start:end])[0], dim=-1)  # [chunk, V]
+            logits = self.head.logits(output[:, start:end], [adapter])[0]
+            logprobs = torch.log_softmax(logits, dim=-1)  # [chunk, V]
             chosen += logprobs.gather(-1, targets[start:end, None])[:, 0].tolist()
             tops += [top_logprobs(row, k) for row in logprobs]
         return PromptScores(chosen, tops)
+
+
+def _kept_scope(request: GenerationRequest) -> str:
+    """Where a conversation's chain is kept: per caller and adapter (its nodes' caches hold that adapter's keys)."""
+    scope = request.reuse_scope or ""
+    return scope if request.adapter is None else f"{scope}\x00adapter:{request.adapter}"

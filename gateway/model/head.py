@@ -6,10 +6,13 @@ Families put more here: Gemma scales the embeddings by sqrt(hidden) and soft-cap
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 from transformers import PretrainedConfig
 
+from gateway.model.head_adapters import HeadAdapter
 from shared.families import family_of
 from shared.packed_linear import PackedLinear
 from shared.weights import WeightReader
@@ -41,15 +44,19 @@ class ModelHead(nn.Module):
         # What the logits are computed with: the same weight, prepacked for batched decode (one more V x D copy in
         # float32 on the CPU; see shared/packed_linear.py).
         self.scorer = PackedLinear(lm_head)
+        self.adapters: dict[str, HeadAdapter] = {}  # LoRA adapters' embedding / LM-head parts, by served name
 
     @property
     def vocab_size(self) -> int:
         return int(self.lm_head.weight.shape[0])
 
     @torch.inference_mode()
-    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
-        """token_ids: [B, T] -> hidden [B, T, D]: what the first block takes."""
-        hidden = self.embed_tokens(token_ids)
+    def embed(self, token_ids: torch.Tensor, adapter: str | None = None) -> torch.Tensor:
+        """token_ids: [B, T] -> hidden [B, T, D]: what the first block takes (with ``adapter``'s embedding update)."""
+        if adapter is None:
+            hidden = self.embed_tokens(token_ids)
+        else:
+            hidden = self.adapters[adapter].embed_ids(self.embed_tokens, token_ids)
         if self.embed_scale is not None:
             hidden = hidden * self.embed_scale
         if self.embed_norm is not None:
@@ -57,9 +64,15 @@ class ModelHead(nn.Module):
         return hidden
 
     @torch.inference_mode()
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [B, T, D] (the last block's output) -> logits [B, T, V] in float32."""
-        logits = self.scorer(self.norm(hidden))
+    def logits(self, hidden: torch.Tensor, adapters: Sequence[str | None] | None = None) -> torch.Tensor:
+        """hidden: [B, T, D] (the last block's output) -> logits [B, T, V] in float32.
+
+        ``adapters``: row b's adapter (None: the base model's head), applied on top of the one batched product."""
+        normed = self.norm(hidden)
+        logits = self.scorer(normed)
+        for name in {name for name in adapters or () if name is not None}:
+            rows = torch.tensor([row for row, used in enumerate(adapters or ()) if used == name])
+            logits = logits.index_copy(0, rows, self.adapters[name].logits(logits[rows], normed[rows]).to(logits.dtype))
         if self.logit_softcap is not None:
             logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
         return logits.float()

@@ -20,7 +20,7 @@ session's tokens depend on who else was in the batch.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,25 +33,34 @@ from shared.batching import Batcher, Job, Rhythm
 class _Row:
     hidden: torch.Tensor  # [1, 1, D]
     finish: Callable[[torch.Tensor], Any]  # logits [V] -> the caller's result (sampled token, logprobs)
+    adapter: str | None = None  # the LoRA adapter whose head parts score this row
 
 
 class HeadBatcher(Batcher[_Row, Any]):
     def __init__(
-        self, logits: Callable[[torch.Tensor], torch.Tensor], window: float = 0.02, merge_window: float = 0.25
+        self,
+        logits: Callable[[torch.Tensor, Sequence[str | None]], torch.Tensor],
+        window: float = 0.02,
+        merge_window: float = 0.25,
     ) -> None:
-        self._logits = logits  # hidden [B, 1, D] -> logits [B, 1, V]
+        self._logits = logits  # (hidden [B, 1, D], each row's adapter) -> logits [B, 1, V]
         # window: seconds a batch waits, at most, for due sessions (less: about one batch's duration);
         # merge_window: seconds a minority of the running sessions waits for the rest.
         super().__init__(self._score_rows, name="head-batcher", rhythm=Rhythm(window, merge_window))
 
     async def score(
-        self, hidden: torch.Tensor, finish: Callable[[torch.Tensor], Any], session: object | None = None
+        self,
+        hidden: torch.Tensor,
+        finish: Callable[[torch.Tensor], Any],
+        session: object | None = None,
+        adapter: str | None = None,
     ) -> Any:
         """``finish(logits)`` for ``hidden`` [1, 1, D] — computed with whatever other rows are waiting.
 
-        ``session``: one object per generation (weakly held), whose rhythm tells when its next row is due.
+        ``session``: one object per generation (weakly held), whose rhythm tells when its next row is due;
+        ``adapter``: the LoRA adapter whose LM-head part applies to this row (rows of others share the batch).
         """
-        return await self.submit(_Row(hidden, finish), session)
+        return await self.submit(_Row(hidden, finish, adapter), session)
 
     async def _score_rows(self, jobs: list[Job[_Row, Any]]) -> None:
         results = await asyncio.to_thread(self._compute, [job.item for job in jobs])
@@ -62,7 +71,7 @@ class HeadBatcher(Batcher[_Row, Any]):
                 job.fail(value)
 
     def _compute(self, rows: list[_Row]) -> list[tuple[bool, Any]]:
-        logits = self._logits(torch.cat([row.hidden for row in rows]))  # [B, 1, V]
+        logits = self._logits(torch.cat([row.hidden for row in rows]), [row.adapter for row in rows])  # [B, 1, V]
         results: list[tuple[bool, Any]] = []
         for index, row in enumerate(rows):
             try:

@@ -60,8 +60,10 @@ class NodeSession:
         auth: CallAuth | None = None,
         links: StepLinks | None = None,
         liveness: Liveness | None = None,
+        adapter: str | None = None,
     ) -> None:
         self.hop = hop
+        self.adapter = adapter
         self._links = links
         self._liveness = liveness
         self._session_id: str | None = None  # the node's name for it, once opened
@@ -88,6 +90,7 @@ class NodeSession:
             alloc_timeout=alloc_timeout,
             auth=self._auth.token_for(self.hop.peer_id) if self._auth else None,
             pusher=self.pusher,
+            adapter=self.adapter,
         )
         reply, _ = await self._exchange(opened, extra_wait=alloc_timeout)
         if not isinstance(reply, SessionOpened):

@@ -83,8 +83,10 @@ class ChainSession:
         failover_wait: float = DEFAULT_FAILOVER_WAIT,
         push: bool = False,
         push_min_rtt: float = 0.0,
+        adapter: str | None = None,
     ) -> None:
         self._p2p = p2p
+        self.adapter = adapter  # the LoRA adapter every node runs the session with (None: the base model)
         self._links = links
         self.push = push and links is not None  # decode steps go node to node (needs the batch links)
         self._push_min_rtt = push_min_rtt  # ... where a later node is at least this far from the gateway
@@ -126,7 +128,7 @@ class ChainSession:
     async def open(self) -> None:
         """Route every block and open a session on each hop (failing over as steps do); closed again on failure."""
         try:
-            hops = await self._router.route(self._max_length, push=self.push)
+            hops = await self._router.route(self._max_length, push=self.push, adapter=self.adapter)
             self._segments = [Segment(self._new_session(hop)) for hop in hops]
             for before, segment in zip(self._segments, self._segments[1:], strict=False):
                 segment.session.pusher = before.session.hop.peer_id
@@ -195,7 +197,9 @@ class ChainSession:
 
     def _new_session(self, hop: Hop) -> NodeSession:
         router = self._router
-        return NodeSession(self._p2p, hop, self._max_length, self._timeout, router.auth, self._links, router.liveness)
+        return NodeSession(
+            self._p2p, hop, self._max_length, self._timeout, router.auth, self._links, router.liveness, self.adapter
+        )
 
     async def fail_over(self, failed: Segment, error: BaseException) -> None:
         await self._fail_over(failed, error)
@@ -269,7 +273,13 @@ class ChainSession:
             while True:
                 try:
                     hops = await self._router.route(
-                        self._max_length, start, end, fresh=first, avoid=busy, max_age=WAIT_POLL / 2
+                        self._max_length,
+                        start,
+                        end,
+                        fresh=first,
+                        avoid=busy,
+                        max_age=WAIT_POLL / 2,
+                        adapter=self.adapter,
                     )
                 except MissingBlocks as missing:
                     left = deadline - time.monotonic()

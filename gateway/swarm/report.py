@@ -46,6 +46,7 @@ def swarm_report(
                 "rtt": rtts.get(server.peer_id),
                 "reachability": server.reachability.value,  # direct, relayed (rtt through the relay), unreachable
                 "relay_addrs": server.relay_addrs,
+                "adapters": server.adapters,  # LoRA adapters the node serves for its span
                 "banned": server.peer_id in banned,
                 "ban_seconds_left": round(ban.banned_for, 3),
                 "consecutive_failures": ban.failures,

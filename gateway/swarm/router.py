@@ -104,16 +104,25 @@ class Router:
         avoid: frozenset[str] = frozenset(),
         max_age: float | None = None,
         push: bool = False,
+        adapter: str | None = None,
     ) -> list[Hop]:
         """Plan hops over blocks [start, end) and count them as this gateway's load until ``release``.
 
         ``avoid``: nodes to pass over like banned ones (used only where nothing else serves a block); ``push``: the
-        chain sends hidden states node to node (routing counts the links between nodes)."""
+        chain sends hidden states node to node (routing counts the links between nodes); ``adapter``: only nodes
+        serving this LoRA adapter."""
         view = await self.view(fresh, max_age)
         await self._probe(view, [s.peer_id for s in view.online() if s.peer_id not in self.rtts])
         avoided = self.bans.banned() | avoid
         request = RouteRequest(
-            max_length, start, end, rtts=dict(self.rtts), banned=avoided, load=dict(self.load), push=push
+            max_length,
+            start,
+            end,
+            rtts=dict(self.rtts),
+            banned=avoided,
+            load=dict(self.load),
+            push=push,
+            adapter=adapter,
         )
         hops = plan_route(view, request, mode or self.mode)
         self.load.update(hop.peer_id for hop in hops)

@@ -11,7 +11,8 @@ Two modes:
 * ``max_throughput``: spread sessions: at each boundary take the server with the most per-block throughput left
   after its announced queue and the sessions this gateway already runs on it.
 
-Banned servers are skipped, except for a block whose every server is banned: then bans are ignored for that block.
+A session of a LoRA adapter goes only through nodes that announce it. Banned servers are skipped, except for a
+block whose every server is banned: then bans are ignored for that block.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class RouteRequest:
     banned: frozenset[str] = frozenset()
     load: Mapping[str, int] = field(default_factory=dict)  # this gateway's open sessions per node
     push: bool = False  # hidden states go node to node: a later hop's link is from its predecessor
+    adapter: str | None = None  # a LoRA adapter every hop must serve (None: the base model, any node)
 
 
 def plan_route(view: SwarmView, request: RouteRequest, mode: RoutingMode) -> list[Hop]:
@@ -72,7 +74,7 @@ def _candidates(view: SwarmView, request: RouteRequest, end: int) -> dict[int, l
     candidates: dict[int, list[ServerRecord]] = {}
     missing = []
     for block in range(request.start, end):
-        servers = view.servers_for(block)
+        servers = view.servers_for(block, request.adapter)
         if not servers:
             missing.append(block)
         allowed = [s for s in servers if s.peer_id not in request.banned]

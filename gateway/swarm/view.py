@@ -28,11 +28,12 @@ class SwarmView:
             if s.state is NodeState.ONLINE and s.reachability is not Reachability.UNREACHABLE
         ]
 
-    def servers_for(self, block: int) -> list[ServerRecord]:
-        return [s for s in self.online() if s.start <= block < s.end]
+    def servers_for(self, block: int, adapter: str | None = None) -> list[ServerRecord]:
+        """Who serves ``block`` (with ``adapter``, when one is named)."""
+        return [s for s in self.online() if s.start <= block < s.end and (adapter is None or adapter in s.adapters)]
 
-    def missing_blocks(self) -> list[int]:
-        return [block for block in range(self.num_blocks) if not self.servers_for(block)]
+    def missing_blocks(self, adapter: str | None = None) -> list[int]:
+        return [block for block in range(self.num_blocks) if not self.servers_for(block, adapter)]
 
     def longest_session(self) -> int | None:
         """Tokens of the longest session some chain can hold: for each block the largest pool among its nodes, the

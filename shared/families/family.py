@@ -99,8 +99,8 @@ class Family:
     # Checks a config for variants of the family we do not serve (raises ModelLoadError).
     validate: Callable[[PretrainedConfig], None] = _none
     # Whether our GGUF reader serves this family's files (tested against transformers' own GGUF load). llama.cpp
-    # rewrites some families' tensors (Gemma stores norms + 1, BLOOM interleaves q/k/v, MoE stacks experts), which
-    # the reader does not undo: those files are refused rather than served wrong.
+    # rewrites some families' tensors; the reader undoes what transformers undoes (shared/gguf_rewrites.py: Gemma's
+    # norms + 1, BLOOM's q/k/v order). Families whose files it cannot read right are refused rather than served wrong.
     gguf_supported: bool = False
     # Config attributes the span sets before building layers (e.g. the attention implementation Falcon picks by).
     attn_implementation: str | None = None

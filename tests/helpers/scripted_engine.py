@@ -92,6 +92,9 @@ class ScriptedEngine:
     async def missing_blocks(self) -> list[int]:
         return []
 
+    async def served_adapters(self) -> list[str]:
+        return []
+
     async def announced_models(self) -> list[str]:
         return [self.model_name]
 

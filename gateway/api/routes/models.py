@@ -13,9 +13,9 @@ router = APIRouter(responses=errors(401))
 
 @router.get("/v1/models")
 async def list_models(serving: ModelsDep) -> ModelList:
-    return serving.models()
+    return await serving.models()
 
 
 @router.get("/v1/models/{model:path}", responses=errors(404))
 async def retrieve_model(model: str, serving: ModelsDep) -> ModelCard:
-    return serving.model(model)
+    return await serving.model(model)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,14 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedModel,
+    Qwen2MoeConfig,
+    Qwen3MoeConfig,
+)
 
 import shared.weights
 from gateway.model.head import build_head
@@ -24,9 +32,11 @@ from shared.errors import ModelLoadError
 from shared.model_source import ModelSource, load_config, resolve_model
 from shared.weights import SAFETENSORS_INDEX, GgufReader, WeightReader, open_weights
 from swarm_node.span import BlockSpan, build_span
-from tests.tiny_models import NUM_LAYERS, VOCAB, GetTinyModel, TinyModel
+from tests.tiny_models import _COMMON, NUM_LAYERS, VOCAB, GetTinyModel, TinyModel
 
-BLOCK = re.compile(r"^model\.layers\.(\d+)\.")
+MOE_GGUF_COMMON: dict[str, Any] = {**_COMMON, "num_experts": 4, "num_experts_per_tok": 2, "tie_word_embeddings": False}
+
+BLOCK = re.compile(r"^(?:model\.layers|transformer\.h)\.(\d+)\.")
 
 
 def blocks_of(names: list[str]) -> set[int | None]:
@@ -184,25 +194,95 @@ def _llama_cpp_permute(weights: np.ndarray, heads: int) -> np.ndarray:
     )
 
 
-def write_gguf(model: PreTrainedModel, path: Path, arch: gguf.MODEL_ARCH, float16: bool, name: str) -> None:
-    """Writes ``model`` as llama.cpp's converter would: the arch's metadata, GGUF tensor names, Q/K rows permuted
-    for the llama arch, matrices in F16 (``float16``) or F32 and norms / biases in F32, no output tensor when the
-    embeddings are tied. ``name`` is ``general.name``: transformers reads a llama-arch file as Mistral only when
-    that field is exactly "mistral"."""
-    config = model.config
-    writer = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[arch])
-    writer.add_name(name)
+def _llama_cpp_bloom_qkv(weights: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's BLOOM conversion: per-head interleaved q/k/v rows -> all queries, all keys, all values."""
+    parts = weights.reshape(heads, 3, weights.shape[0] // heads // 3, *weights.shape[1:])
+    return np.concatenate([parts[:, i].reshape(-1, *weights.shape[1:]) for i in range(3)])
+
+
+def _add_metadata(writer: gguf.GGUFWriter, config: PretrainedConfig, arch: gguf.MODEL_ARCH) -> None:
+    """The metadata llama.cpp writes for the arch that transformers builds the config from."""
+    if arch == gguf.MODEL_ARCH.BLOOM:
+        writer.add_context_length(2048)
+        writer.add_embedding_length(config.hidden_size)
+        writer.add_block_count(config.n_layer)
+        writer.add_feed_forward_length(4 * config.hidden_size)
+        writer.add_head_count(config.n_head)
+        writer.add_head_count_kv(config.n_head)
+        writer.add_layer_norm_eps(config.layer_norm_epsilon)
+        return
+    if arch == gguf.MODEL_ARCH.FALCON:  # Falcon 7B's shape: one key/value head (multi-query), parallel attention
+        writer.add_context_length(config.max_position_embeddings)
+        writer.add_embedding_length(config.hidden_size)
+        writer.add_block_count(config.num_hidden_layers)
+        writer.add_feed_forward_length(4 * config.hidden_size)
+        writer.add_head_count(config.num_attention_heads)
+        writer.add_head_count_kv(1)
+        writer.add_layer_norm_eps(config.layer_norm_epsilon)
+        writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+        return
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
     writer.add_block_count(config.num_hidden_layers)
     writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_rope_dimension_count(
-        getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    )
+    writer.add_rope_dimension_count(head_dim)
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    rope = config.rope_parameters
+    writer.add_rope_freq_base((rope.get("full_attention") or rope)["rope_theta"])
+    if arch in (gguf.MODEL_ARCH.GEMMA2, gguf.MODEL_ARCH.GEMMA3, gguf.MODEL_ARCH.QWEN3MOE):
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+    if arch in (gguf.MODEL_ARCH.GEMMA2, gguf.MODEL_ARCH.GEMMA3):
+        writer.add_sliding_window(config.sliding_window)
+    if arch in (gguf.MODEL_ARCH.QWEN2MOE, gguf.MODEL_ARCH.QWEN3MOE):
+        writer.add_expert_count(config.num_experts)
+        writer.add_expert_used_count(config.num_experts_per_tok)
+        writer.add_expert_feed_forward_length(config.moe_intermediate_size)
+
+
+def _llama_cpp_tensor(hf_name: str, weights: np.ndarray, config: PretrainedConfig, arch: gguf.MODEL_ARCH) -> np.ndarray:
+    """A tensor as llama.cpp's converter rewrites it for the arch."""
+    if arch == gguf.MODEL_ARCH.LLAMA and hf_name.endswith("q_proj.weight"):
+        return _llama_cpp_permute(weights, config.num_attention_heads)
+    if arch == gguf.MODEL_ARCH.LLAMA and hf_name.endswith("k_proj.weight"):
+        return _llama_cpp_permute(weights, config.num_key_value_heads)
+    if arch in (gguf.MODEL_ARCH.GEMMA2, gguf.MODEL_ARCH.GEMMA3) and hf_name.endswith("norm.weight"):
+        return weights + 1  # Gemma's norms scale by 1 + w; llama.cpp's by w
+    if arch == gguf.MODEL_ARCH.BLOOM and "query_key_value" in hf_name:
+        return _llama_cpp_bloom_qkv(weights, config.n_head)
+    if hf_name.endswith("shared_expert_gate.weight"):
+        return weights[0]  # [1, D] -> [D]
+    return weights
+
+
+def _gguf_tensors(hf_name: str, names: Any) -> list[tuple[str, slice | None]]:
+    """(GGUF name, the rows of dimension 1 it takes) of one HF tensor: fused experts split into llama.cpp's stacks."""
+    stacked = re.match(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)$", hf_name)
+    if stacked is None:
+        suffixes = (".weight", ".bias")
+        gguf_name = names.get_name(hf_name, try_suffixes=suffixes)
+        gguf_name = gguf_name or names.get_name(hf_name.removeprefix("transformer."), try_suffixes=suffixes)
+        assert gguf_name is not None, hf_name
+        return [(gguf_name, None)]
+    block, kind = stacked.groups()
+    if kind == "down_proj":
+        return [(f"blk.{block}.ffn_down_exps.weight", None)]
+    return [(f"blk.{block}.ffn_gate_exps.weight", slice(0, 1)), (f"blk.{block}.ffn_up_exps.weight", slice(1, 2))]
+
+
+def write_gguf(model: PreTrainedModel, path: Path, arch: gguf.MODEL_ARCH, float16: bool, name: str) -> None:
+    """Writes ``model`` as llama.cpp's converter would: the arch's metadata, GGUF tensor names, tensors rewritten
+    as it rewrites them (Q/K rows permuted for the llama arch, Gemma's norms + 1, BLOOM's q/k/v regrouped),
+    matrices in F16 (``float16``) or F32 and norms / biases in F32, no output tensor when the embeddings are tied.
+    ``name`` is ``general.name``: transformers reads a llama-arch file as Mistral only when that field is exactly
+    "mistral"."""
+    config = model.config
+    writer = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[arch])
+    writer.add_name(name)
+    _add_metadata(writer, config, arch)
     writer.add_vocab_size(config.vocab_size)
     if arch == gguf.MODEL_ARCH.PHI3:  # transformers' Phi-3 GGUF default pad id (32000) lies outside a tiny vocab
         writer.add_pad_token_id(0)
@@ -211,16 +291,16 @@ def write_gguf(model: PreTrainedModel, path: Path, arch: gguf.MODEL_ARCH, float1
     for hf_name, tensor in model.state_dict().items():
         if hf_name == "lm_head.weight" and config.tie_word_embeddings:
             continue
-        gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
-        assert gguf_name is not None, hf_name
-        weights = tensor.numpy()
-        if arch == gguf.MODEL_ARCH.LLAMA and hf_name.endswith("q_proj.weight"):
-            weights = _llama_cpp_permute(weights, config.num_attention_heads)
-        elif arch == gguf.MODEL_ARCH.LLAMA and hf_name.endswith("k_proj.weight"):
-            weights = _llama_cpp_permute(weights, config.num_key_value_heads)
-        if float16 and weights.ndim == 2:
+        weights = _llama_cpp_tensor(hf_name, tensor.numpy(), config, arch)
+        if float16 and weights.ndim >= 2:
             weights = weights.astype(np.float16)
-        writer.add_tensor(gguf_name, weights)
+        for gguf_name, half in _gguf_tensors(hf_name, names):
+            if half is not None:  # [E, 2I, D]: gate rows, then up rows
+                rows = weights.shape[1] // 2
+                weights_part = weights[:, half.start * rows : half.stop * rows]
+                writer.add_tensor(gguf_name, np.ascontiguousarray(weights_part))
+            else:
+                writer.add_tensor(gguf_name, weights)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -261,13 +341,34 @@ GGUF_CASES = [
     pytest.param(GgufCase("qwen2", gguf.MODEL_ARCH.QWEN2, float16=False), id="qwen2-f32"),
     # Phi-3: fused qkv and gate_up projections under their own GGUF names.
     pytest.param(GgufCase("phi3", gguf.MODEL_ARCH.PHI3, float16=True), id="phi3-f16"),
+    # Families whose tensors llama.cpp rewrites: Gemma 2 / 3 (norms + 1), BLOOM (q/k/v regrouped, weight and bias).
+    pytest.param(GgufCase("gemma2", gguf.MODEL_ARCH.GEMMA2, float16=False), id="gemma2-f32"),
+    pytest.param(GgufCase("gemma3", gguf.MODEL_ARCH.GEMMA3, float16=True), id="gemma3-f16"),
+    pytest.param(GgufCase("bloom", gguf.MODEL_ARCH.BLOOM, float16=False), id="bloom-f32"),
+    # Falcon 7B's architecture (multi-query: llama.cpp's q/k/v regrouping leaves its rows as they are).
+    pytest.param(GgufCase("falcon", gguf.MODEL_ARCH.FALCON, float16=True), id="falcon-f16"),
+    # Experts stacked per block (ffn_{gate,up,down}_exps); Qwen2-MoE's shared expert gate stored as a vector.
+    pytest.param(GgufCase("qwen2_moe_gguf", gguf.MODEL_ARCH.QWEN2MOE, float16=False), id="qwen2_moe-f32"),
+    pytest.param(GgufCase("qwen3_moe_gguf", gguf.MODEL_ARCH.QWEN3MOE, float16=True), id="qwen3_moe-f16"),
 ]
+
+# transformers reads neither expert width from a GGUF file (its config keeps the defaults: Qwen2-MoE 1408 / 5632,
+# Qwen3-MoE 768, the flagship models' widths), so MoE files are tested at those widths.
+GGUF_ONLY_MODELS: dict[str, Callable[[], PretrainedConfig]] = {
+    "qwen2_moe_gguf": lambda: Qwen2MoeConfig(**MOE_GGUF_COMMON),
+    "qwen3_moe_gguf": lambda: Qwen3MoeConfig(**MOE_GGUF_COMMON),
+}
 
 
 @pytest.fixture(params=GGUF_CASES)
 def tiny_gguf(request: pytest.FixtureRequest, tiny_model: GetTinyModel, tmp_path: Path) -> TinyGguf:
     case: GgufCase = request.param
-    tiny = tiny_model(case.variant)
+    if case.variant in GGUF_ONLY_MODELS:
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(GGUF_ONLY_MODELS[case.variant](), dtype=torch.float32).eval()
+        tiny = TinyModel(tmp_path, model)
+    else:
+        tiny = tiny_model(case.variant)
     path = tmp_path / f"tiny-{case.variant}.gguf"
     write_gguf(tiny.model, path, case.arch, case.float16, name=tiny.model.config.model_type)
     return TinyGguf(path, tiny, case)
@@ -397,3 +498,19 @@ def test_span_objects_are_block_spans(tiny_model: GetTinyModel) -> None:
 def _touch(path: Path) -> str:
     path.write_bytes(b"")
     return str(path)
+
+
+def test_a_falcon_gguf_with_several_key_value_heads_is_refused(tiny_model: GetTinyModel, tmp_path: Path) -> None:
+    """Falcon 40B's shape: transformers' config from the file says nothing of the new architecture; the file's
+    key/value head count does."""
+    config = load_config(resolve_model(str(tiny_model("falcon").folder)))
+    path = tmp_path / "falcon-new.gguf"
+    writer = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.FALCON])
+    writer.add_head_count_kv(2)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ModelLoadError, match="new decoder architecture"):
+        GgufReader(str(path), config)

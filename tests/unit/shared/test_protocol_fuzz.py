@@ -82,3 +82,14 @@ def test_huge_declared_sizes_are_refused_before_allocating() -> None:
             assert "out of bounds" in str(refused)
         else:
             raise AssertionError(f"size {size} was accepted")
+
+
+def test_open_session_names_an_adapter_only_when_it_has_one() -> None:
+    """Nodes from before adapters forbid unknown fields: a base-model open must not carry the field."""
+    from shared.protocol import OpenSession, decode_client_message, encode_request
+
+    base = encode_request(OpenSession(protocol=4, start=0, end=2, max_length=8))
+    assert b"adapter" not in base.metadata
+    adapted = encode_request(OpenSession(protocol=4, start=0, end=2, max_length=8, adapter="sql"))
+    message, _ = decode_client_message(adapted)
+    assert isinstance(message, OpenSession) and message.adapter == "sql"

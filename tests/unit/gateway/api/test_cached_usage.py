@@ -59,6 +59,9 @@ class ReusingEngine:
     async def missing_blocks(self) -> list[int]:
         return []
 
+    async def served_adapters(self) -> list[str]:
+        return []
+
     async def announced_models(self) -> list[str]:
         return [self.model_name]
 

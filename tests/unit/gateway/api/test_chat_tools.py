@@ -72,6 +72,9 @@ class TextEngine:
     async def missing_blocks(self) -> list[int]:
         return []
 
+    async def served_adapters(self) -> list[str]:
+        return []
+
     async def swarm_report(self) -> dict[str, Any]:
         return {}
 

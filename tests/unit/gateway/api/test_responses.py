@@ -373,6 +373,9 @@ class AsciiEngine:
     async def missing_blocks(self) -> list[int]:
         return []
 
+    async def served_adapters(self) -> list[str]:
+        return []
+
 
 TOOL = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Sequence
 
 import pytest
 import torch
@@ -23,9 +24,11 @@ def head() -> torch.nn.Linear:
 async def test_concurrent_rows_share_a_batch_and_each_gets_its_own_argmax(head: torch.nn.Linear) -> None:
     release = threading.Event()
     calls: list[int] = []
+    adapters_seen: list[list[str | None]] = []
 
-    def logits(hidden: torch.Tensor) -> torch.Tensor:
+    def logits(hidden: torch.Tensor, adapters: Sequence[str | None]) -> torch.Tensor:
         calls.append(hidden.shape[0])
+        adapters_seen.append(list(adapters))
         release.wait(5)  # the first batch holds the worker until every other row is waiting
         return head(hidden)
 
@@ -33,20 +36,25 @@ async def test_concurrent_rows_share_a_batch_and_each_gets_its_own_argmax(head: 
     rows = [torch.randn(1, 1, D) for _ in range(6)]
     first = asyncio.create_task(batcher.score(rows[0], lambda lg: int(lg.argmax())))
     await eventually(lambda: calls == [1])  # the lone row is computing
-    rest = [asyncio.create_task(batcher.score(row, lambda lg: int(lg.argmax()))) for row in rows[1:]]
+    names = [None, "a", None, "b", "a"]  # each row's LoRA adapter reaches the head with its row
+    rest = [
+        asyncio.create_task(batcher.score(row, lambda lg: int(lg.argmax()), adapter=name))
+        for row, name in zip(rows[1:], names, strict=True)
+    ]
     await eventually(lambda: batcher.pending == 5)
     release.set()
     results = await asyncio.gather(first, *rest)
     with torch.no_grad():
         assert results == [int(head(row)[0, -1].argmax()) for row in rows]
     assert calls == [1, 5]  # a lone row runs at once; the five that came meanwhile run as one batch
+    assert adapters_seen == [[None], names]
     await batcher.close()
 
 
 async def test_a_failing_row_and_a_cancelled_caller_leave_the_others_untouched(head: torch.nn.Linear) -> None:
     gate, computing = threading.Event(), threading.Event()
 
-    def logits(hidden: torch.Tensor) -> torch.Tensor:
+    def logits(hidden: torch.Tensor, adapters: Sequence[str | None]) -> torch.Tensor:
         computing.set()
         gate.wait(5)
         return head(hidden)
@@ -83,7 +91,7 @@ async def _round(batcher: HeadBatcher, sessions: list[_Session], head: torch.nn.
 
 
 async def test_a_straggler_waits_for_the_due_group_and_then_steps_with_it(head: torch.nn.Linear) -> None:
-    batcher = HeadBatcher(lambda hidden: head(hidden), merge_window=0.5)
+    batcher = HeadBatcher(lambda hidden, adapters: head(hidden), merge_window=0.5)
     group = [_Session() for _ in range(4)]
     for _ in range(3):  # every session's rhythm: a row every 100 ms, all together
         await _round(batcher, group, head)
@@ -97,7 +105,7 @@ async def test_a_straggler_waits_for_the_due_group_and_then_steps_with_it(head: 
 
 
 async def test_without_a_merge_window_the_straggler_runs_alone(head: torch.nn.Linear) -> None:
-    batcher = HeadBatcher(lambda hidden: head(hidden), merge_window=0.0)
+    batcher = HeadBatcher(lambda hidden, adapters: head(hidden), merge_window=0.0)
     group = [_Session() for _ in range(4)]
     for _ in range(3):
         await _round(batcher, group, head)
@@ -110,7 +118,7 @@ async def test_without_a_merge_window_the_straggler_runs_alone(head: torch.nn.Li
 
 
 async def test_a_finished_session_is_not_waited_for(head: torch.nn.Linear) -> None:
-    batcher = HeadBatcher(lambda hidden: head(hidden), window=5.0, merge_window=5.0)
+    batcher = HeadBatcher(lambda hidden, adapters: head(hidden), window=5.0, merge_window=5.0)
     sessions = [_Session() for _ in range(4)]
     for _ in range(3):
         await _round(batcher, sessions, head)

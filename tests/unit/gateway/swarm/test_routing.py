@@ -23,8 +23,10 @@ def server(
     pool: int = 0,
     queue: int = 0,
     state: NodeState = NodeState.ONLINE,
+    adapters: tuple[str, ...] = (),
 ) -> ServerRecord:
     return ServerRecord(
+        adapters=list(adapters),
         peer_id=peer,
         start=start,
         end=end,
@@ -164,3 +166,28 @@ def test_longest_session_is_the_smallest_over_blocks_of_the_largest_pool_serving
     # Unknown: a block without a node, or only nodes that do not say their pool's size (older nodes).
     assert view(server("A", 0, 15, pool=4000)).longest_session() is None
     assert view(server("A", 0, 15, pool=4000), server("C", 15, 30)).longest_session() is None
+
+
+@pytest.mark.parametrize("mode", list(RoutingMode))
+def test_an_adapters_session_goes_only_through_nodes_that_serve_it(mode: RoutingMode) -> None:
+    # The fast full-span node serves no adapter; two slower nodes serve "sql" between them.
+    swarm = view(
+        server("fast", 0, 30, throughput=100.0),
+        server("A", 0, 15, throughput=5.0, adapters=("sql", "chat")),
+        server("B", 15, 30, throughput=5.0, adapters=("sql",)),
+    )
+    assert plan_route(swarm, RouteRequest(10), mode) == [Hop("fast", 0, 30)]
+    assert plan_route(swarm, RouteRequest(10, adapter="sql"), mode) == [Hop("A", 0, 15), Hop("B", 15, 30)]
+    with pytest.raises(MissingBlocks) as missing:
+        plan_route(swarm, RouteRequest(10, adapter="chat"), mode)
+    assert missing.value.blocks == list(range(15, 30))
+    assert swarm.missing_blocks("chat") == list(range(15, 30)) and swarm.missing_blocks("sql") == []
+
+
+def test_a_record_without_adapters_is_stored_as_before_adapters() -> None:
+    """Older gateways forbid unknown fields: a node serving no adapter must not announce the field."""
+    from shared.dht_records import record_json
+
+    assert "adapters" not in record_json(server("A", 0, 30))
+    stored = record_json(server("A", 0, 30, adapters=("sql",)))
+    assert ServerRecord.model_validate(stored).adapters == ["sql"]
