@@ -6,9 +6,9 @@ import ipaddress
 from pathlib import Path
 from typing import Literal, Self
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, model_validator
 
-from shared.lora import parse_adapter_specs
+from shared.lora import AdapterSpecs, parse_adapter_specs
 from shared.settings import P2PSettings, ProcessSettings, positional
 
 
@@ -59,18 +59,12 @@ class EngineSettings(P2PSettings):
     chat_template: Path | None = Field(
         None, description="a Jinja chat template file used instead of the tokenizer's own (as vLLM's --chat-template)"
     )
-    adapters: list[str] = Field(
+    adapters: AdapterSpecs = Field(
         default_factory=list,
         description="PEFT LoRA adapters the nodes serve, as NAME=PATH (the nodes' NAME): each is a model of the API"
         " (parent: the base model) while some node serves it for every block; the gateway loads its embedding and"
         " LM-head parts from PATH",
     )
-
-    @field_validator("adapters")
-    @classmethod
-    def _check_adapters(cls, values: list[str]) -> list[str]:
-        parse_adapter_specs(values)
-        return values
 
     def adapter_folders(self) -> dict[str, Path]:
         return parse_adapter_specs(self.adapters)

@@ -19,9 +19,10 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
+from pydantic import AfterValidator
 from safetensors import safe_open
 
 from shared.errors import ModelLoadError
@@ -62,6 +63,15 @@ class LoraAdapter:
     name: str
     pairs: dict[str, LoraPair] = field(default_factory=dict)
     replaced: dict[str, torch.Tensor] = field(default_factory=dict)  # modules_to_save: module -> its weight
+
+
+def _checked_specs(specs: list[str]) -> list[str]:
+    parse_adapter_specs(specs)
+    return specs
+
+
+# The ``--adapters NAME=PATH ...`` setting of both processes, checked when the settings are built.
+AdapterSpecs = Annotated[list[str], AfterValidator(_checked_specs)]
 
 
 def parse_adapter_specs(specs: list[str]) -> dict[str, Path]:

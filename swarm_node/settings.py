@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, field_validator
 
-from shared.lora import parse_adapter_specs
+from shared.lora import AdapterSpecs, parse_adapter_specs
 from shared.settings import P2PSettings, positional
 
 if TYPE_CHECKING:
@@ -119,7 +119,7 @@ class ServeSettings(P2PSettings):
         description="when no peer can dial this node (behind NAT or a firewall), reserve a slot on a relay (the"
         " initial peers) and be reached through it; off: such a node is announced unreachable and gets no traffic",
     )
-    adapters: list[str] = Field(
+    adapters: AdapterSpecs = Field(
         default_factory=list,
         description="PEFT LoRA adapters to serve beside the base model, as NAME=PATH (a folder with"
         " adapter_config.json and adapter_model.safetensors); only the span's blocks' tensors are loaded, and NAME"
@@ -135,12 +135,6 @@ class ServeSettings(P2PSettings):
         if value is not None:
             parse_blocks(value)
         return value
-
-    @field_validator("adapters")
-    @classmethod
-    def _check_adapters(cls, values: list[str]) -> list[str]:
-        parse_adapter_specs(values)
-        return values
 
     def adapter_folders(self) -> dict[str, Path]:
         return parse_adapter_specs(self.adapters)

@@ -52,8 +52,26 @@ class CharCodec:
         return None
 
 
+class WholeSwarm:
+    """What a fake engine answers about its swarm: every block served, no adapters, itself the only model."""
+
+    model_name: str
+
+    async def missing_blocks(self) -> list[int]:
+        return []
+
+    async def served_adapters(self) -> list[str]:
+        return []
+
+    async def announced_models(self) -> list[str]:
+        return [self.model_name]
+
+    async def swarm_report(self) -> dict[str, Any]:
+        return {}
+
+
 @dataclass
-class ScriptedEngine:
+class ScriptedEngine(WholeSwarm):
     """Generates ``script`` (as text) for every request; ``fail_at`` raises ``failure`` before that token. A ``<``
     in the script is an EOS token, which ends the generation unless the request says ``ignore_eos`` (as the real
     engine does). ``stall_seconds`` > 0: the engine produces nothing for that long before token ``stall_at`` (a
@@ -88,15 +106,6 @@ class ScriptedEngine:
             self.active -= 1
             if produced + 1 < min(len(self.script), request.max_new_tokens):
                 self.closed_early += 1
-
-    async def missing_blocks(self) -> list[int]:
-        return []
-
-    async def served_adapters(self) -> list[str]:
-        return []
-
-    async def announced_models(self) -> list[str]:
-        return [self.model_name]
 
 
 def client_for(engine: ScriptedEngine) -> httpx.AsyncClient:

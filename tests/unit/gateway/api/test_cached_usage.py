@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from gateway.api.assembler import Piece
 from gateway.api.choices import ChoiceEvent, ChoiceSpec, run_choice
 from gateway.api.protocol import Usage
 from gateway.generation import EngineEvent, GeneratedToken, GenerationRequest, PromptCached
-from tests.helpers.scripted_engine import CharCodec, content_of
+from tests.helpers.scripted_engine import CharCodec, WholeSwarm, content_of
 
 ALPHABET = "<abc"  # token 0 is EOS
 
@@ -33,7 +32,7 @@ class Codec(CharCodec):
 
 
 @dataclass
-class ReusingEngine:
+class ReusingEngine(WholeSwarm):
     """Says the nodes held ``cached`` prompt tokens, then generates ``tokens``; records how its stream ended."""
 
     tokens: list[int]
@@ -55,18 +54,6 @@ class ReusingEngine:
         except GeneratorExit:
             self.ended = "closed"
             raise
-
-    async def missing_blocks(self) -> list[int]:
-        return []
-
-    async def served_adapters(self) -> list[str]:
-        return []
-
-    async def announced_models(self) -> list[str]:
-        return [self.model_name]
-
-    async def swarm_report(self) -> dict[str, Any]:
-        return {}
 
 
 async def events(engine: ReusingEngine, stops: tuple[str, ...] = ()) -> list[ChoiceEvent]:

@@ -19,7 +19,7 @@ import pytest
 from gateway.api.serving_common import ServingConfig
 from gateway.app import create_app
 from gateway.generation import EngineEvent, GeneratedToken, GenerationRequest
-from tests.helpers.scripted_engine import sse_data
+from tests.helpers.scripted_engine import WholeSwarm, sse_data
 
 EOS = 0
 
@@ -54,7 +54,7 @@ class AsciiCodec:
 
 
 @dataclass
-class TextEngine:
+class TextEngine(WholeSwarm):
     """Writes ``text`` one character per token, then EOS; keeps every request it was given."""
 
     text: str
@@ -68,15 +68,6 @@ class TextEngine:
         for char in self.text:
             yield GeneratedToken(ord(char), False, -0.5)
         yield GeneratedToken(EOS, True, -0.1)
-
-    async def missing_blocks(self) -> list[int]:
-        return []
-
-    async def served_adapters(self) -> list[str]:
-        return []
-
-    async def swarm_report(self) -> dict[str, Any]:
-        return {}
 
 
 def client(engine: TextEngine, **config: Any) -> httpx.AsyncClient:

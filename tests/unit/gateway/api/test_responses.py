@@ -20,7 +20,7 @@ from gateway.api.serving_common import ServingConfig
 from gateway.app import create_app
 from gateway.generation import EngineEvent, GeneratedToken, GenerationRequest
 from shared.errors import NodeUnreachable
-from tests.helpers.scripted_engine import CharCodec, ScriptedEngine, sse_data
+from tests.helpers.scripted_engine import CharCodec, ScriptedEngine, WholeSwarm, sse_data
 
 
 class TemplateCodec(CharCodec):
@@ -354,7 +354,7 @@ class AsciiCodec(CharCodec):
 
 
 @dataclass
-class AsciiEngine:
+class AsciiEngine(WholeSwarm):
     """Writes ``script`` then EOS; remembers each request."""
 
     script: str
@@ -369,12 +369,6 @@ class AsciiEngine:
             await asyncio.sleep(0)
             yield GeneratedToken(ord(char), False, -0.1)
         yield GeneratedToken(0, True)
-
-    async def missing_blocks(self) -> list[int]:
-        return []
-
-    async def served_adapters(self) -> list[str]:
-        return []
 
 
 TOOL = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
