@@ -43,6 +43,18 @@ class EngineSettings(P2PSettings):
         description="push only when a later node of the chain is at least this far (round trip, seconds) from the"
         " gateway: at home the node-to-node messages cost more than the half round trip they save",
     )
+    speculative: Literal["off", "ngram"] = Field(
+        "ngram",
+        description="speculative decoding: off, or ngram (drafts from prompt lookup, verified k+1 positions per"
+        " step; adaptive: k from the acceptance rate and the chain's round trip, none below --speculative-min-rtt)",
+    )
+    speculative_max_k: int = Field(8, ge=1, le=32, description="most draft tokens verified in one step")
+    speculative_min_rtt: float = Field(
+        0.01,
+        ge=0,
+        description="draft only when the chain's round trips add up to at least this (seconds): on loopback the"
+        " extra positions cost more than the round trips they save",
+    )
     routing: Literal["min_latency", "max_throughput"] = Field(
         "min_latency", description="default route choice: lowest latency, or spread sessions for throughput"
     )

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
@@ -39,6 +40,7 @@ from gateway.model.grammar import GrammarCompiler
 from gateway.model.head import ModelHead
 from gateway.model.head_batcher import HeadBatcher
 from gateway.model.sampling import Sampler, top_logprobs
+from gateway.model.speculation import DecodePlan, PromptLookup, SpecTuner, Verified
 from gateway.model.tokens import HFTokenCodec
 from gateway.settings import EngineSettings
 from gateway.swarm.conversations import Taken
@@ -188,27 +190,41 @@ class GenerationEngine:
         if request.grammar is not None:  # compiled before any node is asked for room: a bad schema costs nothing
             constraint = await asyncio.to_thread((await self.grammars()).constraint, request.grammar)
         sampler = Sampler(request.sampling, self.head.vocab_size, request.prompt_ids, constraint)
+        plan = DecodePlan(request, self._drafter(request))
         chain, output, cached = await self._prefill(request)  # output: [1, T, D] for the prompt's uncached tokens
         held: list[int] | None = None  # once the generation ended well: the ids the nodes' caches hold
+        stored = len(request.prompt_ids)  # tokens the nodes hold: ``held`` and any drafts rejected after it
         try:
             if cached:
                 yield PromptCached(cached)
             if request.prompt_logprobs is not None:
                 yield await asyncio.to_thread(self._prompt_scores, output, request.prompt_ids, request.prompt_logprobs)
-            fed = list(request.prompt_ids)
-            for count in range(1, request.max_new_tokens + 1):
-                pick = functools.partial(self._pick, sampler=sampler, num_logprobs=request.logprobs)
-                token, hidden = await self.heads.score(output[:, -1:], pick, sampler)
+            fed = list(request.prompt_ids)  # the tokens the nodes hold, the last step's drafts included
+            drafts: list[int] = []  # the last step's drafts: the tail of ``fed``, verified by this round
+            while request.max_new_tokens > 0:
+                verify = functools.partial(
+                    self._verify, drafts=drafts, sampler=sampler, num_logprobs=request.logprobs, plan=plan
+                )
+                k = plan.next_k(self._chain_rtt(chain))
+                round_ = await self.heads.score_positions(output[:, -len(drafts) - 1 :], verify(k=k), sampler)
                 if constraint is not None:
                     constraint.prefetch()  # the next mask computes while the nodes run this token
-                yield token
-                if count == request.max_new_tokens or (token.eos and not request.ignore_eos):
+                for token in round_.tokens:
+                    yield token
+                plan.verified(len(drafts), round_.accepted)
+                del fed[len(fed) - len(drafts) + round_.accepted :]  # the rejected drafts: the next step rewinds them
+                if round_.done:
                     break  # the last token is never fed: nothing would read its output
-                output = await chain.step(hidden, len(fed))
-                fed.append(token.token_id)
+                started = time.monotonic()
+                output = await chain.step(round_.hidden, len(fed))  # [1, 1 + k, D]: the last token and new drafts
+                plan.stepped(time.monotonic() - started, self._chain_rtt(chain))
+                fed += [round_.tokens[-1].token_id, *round_.drafts]
+                drafts, stored = round_.drafts, len(fed)
             held = fed
         finally:
             self.heads.forget(sampler)
+            if held is not None and request.reuse_scope is not None and stored > len(held):
+                held = await self._truncated(chain, held)
             if held is not None and request.reuse_scope is not None:
                 await self.kept.keep(request.reuse_scope, held, chain)
             else:
@@ -281,19 +297,61 @@ class GenerationEngine:
         """-> hidden [1, T, D] in float32 (the wire dtype)."""
         return self.head.embed(torch.tensor([token_ids])).float()
 
-    def _pick(
-        self, logits: torch.Tensor, sampler: Sampler, num_logprobs: int | None
-    ) -> tuple[GeneratedToken, torch.Tensor]:
-        """The next token from the last position's logits [V], and its embedding [1, 1, D] to feed the chain.
+    def _drafter(self, request: GenerationRequest) -> PromptLookup | None:
+        if self.settings.speculative == "off":
+            return None
+        tuner = SpecTuner(self.settings.speculative_max_k, self.settings.speculative_min_rtt)
+        return PromptLookup(request.prompt_ids, tuner)
+
+    def _chain_rtt(self, chain: ChainSession) -> float:
+        """Seconds of round trips a relayed step through ``chain`` costs (0 for a node not yet measured)."""
+        rtts = self.router.rtts
+        return sum(rtts.get(hop.peer_id, 0.0) for hop in chain.hops)
+
+    async def _truncated(self, chain: ChainSession, held: list[int]) -> list[int] | None:
+        """The nodes rolled back to ``held`` (rejected drafts past it dropped), or None with the chain closed."""
+        try:
+            await chain.truncate(len(held))
+        except Exception as error:
+            logger.info("closing a chain that could not roll back its drafts: %s", error)
+            await chain.close()
+            return None
+        return held
+
+    def _verify(
+        self,
+        logits: torch.Tensor,
+        drafts: list[int],
+        sampler: Sampler,
+        num_logprobs: int | None,
+        plan: DecodePlan,
+        k: int,
+    ) -> Verified:
+        """logits [1 + len(drafts), V]: the output after the last emitted token and after each draft -> the tokens
+        the model's own sampling emits (a draft is kept while the sample equals it), the next drafts and the next
+        step's input embeddings [1, 1 + k', D].
 
         Run by the head batcher's worker thread: embedding there saves each session a hop to a thread per step."""
+        tokens: list[GeneratedToken] = []
+        for row in logits:
+            tokens.append(self._token(row, sampler, num_logprobs))
+            plan.emitted(tokens[-1])
+            if plan.done or len(tokens) > len(drafts) or tokens[-1].token_id != drafts[len(tokens) - 1]:
+                break
+        accepted = sum(1 for token, draft in zip(tokens, drafts, strict=False) if token.token_id == draft)
+        if plan.done:
+            return Verified(tokens, accepted, True)
+        following = plan.propose(k)
+        return Verified(tokens, accepted, False, following, self._embed([tokens[-1].token_id, *following]))
+
+    def _token(self, logits: torch.Tensor, sampler: Sampler, num_logprobs: int | None) -> GeneratedToken:
+        """The next token from one position's logits [V], with the model's own logprobs when asked."""
         token = sampler.next_token(logits)
         eos = token in self.stop_ids
-        hidden = self._embed([token])
         if num_logprobs is None:
-            return GeneratedToken(token, eos), hidden
+            return GeneratedToken(token, eos)
         logprobs = torch.log_softmax(logits, dim=-1)  # [V]
-        return GeneratedToken(token, eos, float(logprobs[token]), top_logprobs(logprobs, num_logprobs)), hidden
+        return GeneratedToken(token, eos, float(logprobs[token]), top_logprobs(logprobs, num_logprobs))
 
     def _prompt_scores(self, output: torch.Tensor, prompt_ids: list[int], k: int) -> PromptScores:
         """output: [1, T, D] of the prefill -> logprob of each prompt token given the ones before it.

@@ -57,12 +57,16 @@ class Segment:
 
     def record(self, position: int, hidden: torch.Tensor) -> None:
         """Remember an input; inputs at or after ``position`` are forgotten first (the node rewinds the same way)."""
+        self.truncate(position)
+        self.history.append((position, hidden))
+
+    def truncate(self, length: int) -> None:
+        """Forget the inputs from position ``length`` on (the node was rolled back there)."""
         kept = []
         for start, chunk in self.history:
-            if start >= position:
+            if start >= length:
                 break
-            kept.append((start, chunk[:, : position - start]))
-        kept.append((position, hidden))
+            kept.append((start, chunk[:, : length - start]))
         self.history = kept
 
 
@@ -118,6 +122,19 @@ class ChainSession:
         for result in results:
             if isinstance(result, BaseException):
                 raise result
+
+    async def truncate(self, length: int) -> None:
+        """Every node forgets its stored tokens from ``length`` on (speculative drafts the model rejected), and so
+        does each hop's replay history. Raises the first node's error, like ``resize``."""
+        self._check_open()
+        results = await asyncio.gather(
+            *(segment.session.truncate(length) for segment in self._segments), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        for segment in self._segments:
+            segment.truncate(length)
 
     async def __aenter__(self) -> ChainSession:
         await self.open()
