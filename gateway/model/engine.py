@@ -202,11 +202,11 @@ class GenerationEngine:
             fed = list(request.prompt_ids)  # the tokens the nodes hold, the last step's drafts included
             drafts: list[int] = []  # the last step's drafts: the tail of ``fed``, verified by this round
             while request.max_new_tokens > 0:
+                k = plan.next_k(self._chain_rtt(chain))  # drafts to propose after this round
                 verify = functools.partial(
-                    self._verify, drafts=drafts, sampler=sampler, num_logprobs=request.logprobs, plan=plan
+                    self._verify, drafts=drafts, sampler=sampler, num_logprobs=request.logprobs, plan=plan, k=k
                 )
-                k = plan.next_k(self._chain_rtt(chain))
-                round_ = await self.heads.score_positions(output[:, -len(drafts) - 1 :], verify(k=k), sampler)
+                round_ = await self.heads.score_positions(output[:, -len(drafts) - 1 :], verify, sampler)
                 if constraint is not None:
                     constraint.prefetch()  # the next mask computes while the nodes run this token
                 for token in round_.tokens:
