@@ -191,10 +191,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> list[Row]:
                 await wait_covered(engines[mode])
             tokenizer = next(iter(engines.values())).tokenizer
             prompts = [tokenizer.encode(text) for text in PROMPTS]
-            copy = tokenizer.apply_chat_template(
-                [{"role": "user", "content": COPY_REQUEST}], tokenize=True, add_generation_prompt=True
-            )
-            copy = list(copy["input_ids"] if isinstance(copy, dict) else copy)
+            chat = [{"role": "user", "content": COPY_REQUEST}]
+            copy = tokenizer.encode(tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True))
             for engine in engines.values():
                 await many_streams(engine, prompts, 4)  # warm-up: sessions, routes, batcher, allocator
             rows = []

@@ -43,10 +43,16 @@ class EngineSettings(P2PSettings):
         description="push only when a later node of the chain is at least this far (round trip, seconds) from the"
         " gateway: at home the node-to-node messages cost more than the half round trip they save",
     )
-    speculative: Literal["off", "ngram"] = Field(
+    speculative: Literal["off", "ngram", "draft"] = Field(
         "ngram",
-        description="speculative decoding: off, or ngram (drafts from prompt lookup, verified k+1 positions per"
-        " step; adaptive: k from the acceptance rate and the chain's round trip, none below --speculative-min-rtt)",
+        description="speculative decoding: off; ngram (drafts from prompt lookup); draft (drafts from --draft-model);"
+        " k drafts are verified in one step of k+1 positions, k adaptive (from the acceptance rate and the chain's"
+        " round trip; none below --speculative-min-rtt)",
+    )
+    draft_model: str | None = Field(
+        None,
+        description="with --speculative draft: a small model with the served model's tokenizer (a folder, .gguf"
+        " file or hub id), loaded whole at the gateway",
     )
     speculative_max_k: int = Field(8, ge=1, le=32, description="most draft tokens verified in one step")
     speculative_min_rtt: float = Field(
@@ -76,6 +82,12 @@ class EngineSettings(P2PSettings):
         description="longest prompt + completion in tokens; longer requests get 400 context_length_exceeded;"
         " default: the model's max_position_embeddings (a larger value is refused at start)",
     )
+
+    @model_validator(mode="after")
+    def _check_draft(self) -> Self:
+        if (self.speculative == "draft") != (self.draft_model is not None):
+            raise ValueError("--speculative draft and --draft-model go together: give both or neither")
+        return self
 
 
 class GenerateSettings(EngineSettings):

@@ -35,12 +35,13 @@ from gateway.generation import (
     PromptScores,
     TopLogprobs,
 )
+from gateway.model.draft_model import DraftModel
 from gateway.model.files import load_head, load_tokenizer, model_len, sampling_defaults, stop_token_ids
 from gateway.model.grammar import GrammarCompiler
 from gateway.model.head import ModelHead
 from gateway.model.head_batcher import HeadBatcher
 from gateway.model.sampling import Sampler, top_logprobs
-from gateway.model.speculation import DecodePlan, PromptLookup, SpecTuner, Verified
+from gateway.model.speculation import DecodePlan, Drafter, PromptLookup, SpecTuner, Verified
 from gateway.model.tokens import HFTokenCodec
 from gateway.settings import EngineSettings
 from gateway.swarm.conversations import Taken
@@ -90,6 +91,7 @@ class GenerationEngine:
         self._links: StepLinks | None = None  # every session's decode steps, batched per node
         self._grammars: GrammarCompiler | None = None  # built on the first constrained request (about a second)
         self._grammars_lock = asyncio.Lock()
+        self.draft_model: DraftModel | None = None  # with ``--speculative draft``
 
     @classmethod
     async def create(cls, settings: EngineSettings) -> GenerationEngine:
@@ -106,6 +108,8 @@ class GenerationEngine:
         )
         engine = cls(settings, source, config, tokenizer, head)
         engine.sampling_defaults = defaults
+        if settings.speculative == "draft" and settings.draft_model is not None:
+            engine.draft_model = await asyncio.to_thread(DraftModel.load, settings.draft_model, tokenizer)
         await engine.start(dht)
         return engine
 
@@ -204,9 +208,16 @@ class GenerationEngine:
             while request.max_new_tokens > 0:
                 k = plan.next_k(self._chain_rtt(chain))  # drafts to propose after this round
                 verify = functools.partial(
-                    self._verify, drafts=drafts, sampler=sampler, num_logprobs=request.logprobs, plan=plan, k=k
+                    self._verify,
+                    drafts=drafts,
+                    sampler=sampler,
+                    num_logprobs=request.logprobs,
+                    plan=plan,
+                    k=0 if plan.threaded else k,
                 )
                 round_ = await self.heads.score_positions(output[:, -len(drafts) - 1 :], verify, sampler)
+                if plan.threaded and k > 0 and not round_.done:  # a draft model: k forwards in a thread of its own
+                    round_ = await asyncio.to_thread(self._redraft, round_, plan, k)
                 if constraint is not None:
                     constraint.prefetch()  # the next mask computes while the nodes run this token
                 for token in round_.tokens:
@@ -297,10 +308,12 @@ class GenerationEngine:
         """-> hidden [1, T, D] in float32 (the wire dtype)."""
         return self.head.embed(torch.tensor([token_ids])).float()
 
-    def _drafter(self, request: GenerationRequest) -> PromptLookup | None:
+    def _drafter(self, request: GenerationRequest) -> Drafter | None:
         if self.settings.speculative == "off":
             return None
         tuner = SpecTuner(self.settings.speculative_max_k, self.settings.speculative_min_rtt)
+        if self.draft_model is not None:
+            return self.draft_model.session(request.prompt_ids, tuner)
         return PromptLookup(request.prompt_ids, tuner)
 
     def _chain_rtt(self, chain: ChainSession) -> float:
@@ -343,6 +356,12 @@ class GenerationEngine:
             return Verified(tokens, accepted, True)
         following = plan.propose(k)
         return Verified(tokens, accepted, False, following, self._embed([tokens[-1].token_id, *following]))
+
+    def _redraft(self, round_: Verified, plan: DecodePlan, k: int) -> Verified:
+        """``round_`` with up to ``k`` drafts after its tokens, and the next step's input embeddings for them."""
+        following = plan.propose(k)
+        hidden = self._embed([round_.tokens[-1].token_id, *following])
+        return Verified(round_.tokens, round_.accepted, False, following, hidden)
 
     def _token(self, logits: torch.Tensor, sampler: Sampler, num_logprobs: int | None) -> GeneratedToken:
         """The next token from one position's logits [V], with the model's own logprobs when asked."""

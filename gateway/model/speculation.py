@@ -19,8 +19,10 @@ that grows a little per position, and yields (1 - a^(k+1)) / (1 - a) tokens at a
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -29,10 +31,12 @@ from gateway.metrics import spec_verified
 
 __all__ = [
     "DecodePlan",
+    "Drafter",
     "PromptLookup",
     "Verified",
     "SpecTuner",
     "choose_k",
+    "common_prefix",
     "expected_tokens",
     "propose_ngram",
 ]
@@ -67,18 +71,33 @@ def expected_tokens(acceptance: float, k: int) -> float:
     return (1.0 - acceptance ** (k + 1)) / (1.0 - acceptance)
 
 
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    for index, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return index
+    return min(len(a), len(b))
+
+
 def choose_k(
-    acceptance: float, rtt: float, compute: float, k_max: int, min_rtt: float, position_cost: float = POSITION_COST
+    acceptance: float,
+    rtt: float,
+    compute: float,
+    k_max: int,
+    min_rtt: float,
+    draft_cost: float = 0.0,
+    position_cost: float = POSITION_COST,
 ) -> int:
     """Drafts for the next round: the k in 0..k_max with the least expected time per token, where a round costs
-    ``rtt + compute * (1 + position_cost * k)`` (seconds). 0 below ``min_rtt`` or when drafting gains under
-    ``MIN_GAIN``."""
+    ``rtt + compute * (1 + position_cost * k) + draft_cost * k`` (seconds; ``draft_cost``: drafting one token, a
+    draft model's forward). 0 below ``min_rtt`` or when drafting gains under ``MIN_GAIN``."""
     if k_max <= 0 or rtt < min_rtt:
         return 0
     plain = rtt + compute
     best_k, best = 0, plain
     for k in range(1, k_max + 1):
-        per_token = (rtt + compute * (1.0 + position_cost * k)) / expected_tokens(acceptance, k)
+        cost = rtt + compute * (1.0 + position_cost * k) + draft_cost * k
+        per_token = cost / expected_tokens(acceptance, k)
         if per_token < best:
             best_k, best = k, per_token
     return best_k if best * MIN_GAIN <= plain else 0
@@ -92,9 +111,15 @@ class SpecTuner:
     min_rtt: float
     acceptance: float = ACCEPTANCE_PRIOR
     compute: float = 0.0  # seconds a step takes beyond the round trip
+    draft_cost: float = 0.0  # seconds drafting one token takes (a draft model's forward; ~0 for prompt lookup)
 
     def next_k(self, rtt: float, limit: int) -> int:
-        return min(choose_k(self.acceptance, rtt, self.compute, self.k_max, self.min_rtt), max(0, limit))
+        k = choose_k(self.acceptance, rtt, self.compute, self.k_max, self.min_rtt, self.draft_cost)
+        return min(k, max(0, limit))
+
+    def record_draft(self, seconds: float, drafted: int) -> None:
+        if drafted > 0:
+            self.draft_cost += EWMA * (seconds / drafted - self.draft_cost)
 
     def record_round(self, drafted: int, accepted: int) -> None:
         if drafted > 0:
@@ -104,8 +129,21 @@ class SpecTuner:
         self.compute += EWMA * (max(0.0, seconds - rtt) - self.compute)
 
 
+class Drafter(Protocol):
+    """One generation's source of drafts."""
+
+    threaded: bool  # ``propose`` is costly: the engine runs it in a thread of its own, not the head batcher's
+    tuner: SpecTuner
+
+    def emitted(self, token_id: int) -> None: ...
+
+    def propose(self, k: int) -> list[int]: ...
+
+
 class PromptLookup:
     """One generation's drafter: prompt lookup over the prompt and the tokens emitted so far."""
+
+    threaded = False  # microseconds: done in the head batcher's thread, beside the sampling
 
     def __init__(self, prompt_ids: Sequence[int], tuner: SpecTuner) -> None:
         self.context = list(prompt_ids)
@@ -133,7 +171,7 @@ class Verified:
 class DecodePlan:
     """When one generation stops and what it drafts next (nothing without a drafter)."""
 
-    def __init__(self, request: GenerationRequest, drafter: PromptLookup | None) -> None:
+    def __init__(self, request: GenerationRequest, drafter: Drafter | None) -> None:
         self._max_new = request.max_new_tokens
         self._ignore_eos = request.ignore_eos
         self._drafter = drafter
@@ -152,12 +190,19 @@ class DecodePlan:
             return 0
         return self._drafter.tuner.next_k(rtt, self._max_new - self.count)
 
+    @property
+    def threaded(self) -> bool:
+        return self._drafter is not None and self._drafter.threaded
+
     def propose(self, k: int) -> list[int]:
         """Up to ``k`` drafts after the tokens so far; never one that could only be emitted past max_new_tokens."""
         room = self._max_new - self.count - 1  # the token just emitted is fed with them; the last needs no feeding
         if self._drafter is None or min(k, room) <= 0:
             return []
-        return self._drafter.propose(min(k, room))
+        started = time.perf_counter()
+        drafts = self._drafter.propose(min(k, room))
+        self._drafter.tuner.record_draft(time.perf_counter() - started, len(drafts))
+        return drafts
 
     def verified(self, drafted: int, accepted: int) -> None:
         if self._drafter is not None and drafted > 0:
