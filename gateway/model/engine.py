@@ -41,7 +41,7 @@ from gateway.model.grammar import GrammarCompiler
 from gateway.model.head import ModelHead
 from gateway.model.head_batcher import HeadBatcher
 from gateway.model.sampling import Sampler, top_logprobs
-from gateway.model.speculation import DecodePlan, Drafter, PromptLookup, SpecTuner, Verified
+from gateway.model.speculation import DecodePlan, Drafter, PromptLookup, SpecTuner, Verified, verify_drafts
 from gateway.model.tokens import HFTokenCodec
 from gateway.settings import EngineSettings
 from gateway.swarm.conversations import Taken
@@ -345,13 +345,8 @@ class GenerationEngine:
         step's input embeddings [1, 1 + k', D].
 
         Run by the head batcher's worker thread: embedding there saves each session a hop to a thread per step."""
-        tokens: list[GeneratedToken] = []
-        for row in logits:
-            tokens.append(self._token(row, sampler, num_logprobs))
-            plan.emitted(tokens[-1])
-            if plan.done or len(tokens) > len(drafts) or tokens[-1].token_id != drafts[len(tokens) - 1]:
-                break
-        accepted = sum(1 for token, draft in zip(tokens, drafts, strict=False) if token.token_id == draft)
+        pick = functools.partial(self._token, sampler=sampler, num_logprobs=num_logprobs)
+        tokens, accepted = verify_drafts(logits, drafts, pick, plan)
         if plan.done:
             return Verified(tokens, accepted, True)
         following = plan.propose(k)

@@ -20,7 +20,7 @@ that grows a little per position, and yields (1 - a^(k+1)) / (1 - a) tokens at a
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -36,6 +36,7 @@ __all__ = [
     "Verified",
     "SpecTuner",
     "choose_k",
+    "verify_drafts",
     "common_prefix",
     "expected_tokens",
     "propose_ngram",
@@ -212,3 +213,18 @@ class DecodePlan:
     def stepped(self, seconds: float, rtt: float) -> None:
         if self._drafter is not None:
             self._drafter.tuner.record_step(seconds, rtt)
+
+
+def verify_drafts(
+    logits: torch.Tensor, drafts: Sequence[int], pick: Callable[[torch.Tensor], GeneratedToken], plan: DecodePlan
+) -> tuple[list[GeneratedToken], int]:
+    """logits [1 + len(drafts), V]: after the last emitted token, then after each draft -> (the tokens emitted, the
+    drafts kept). ``pick`` is the request's own sampling of one position; a draft is kept while it equals the pick."""
+    tokens: list[GeneratedToken] = []
+    for row in logits:
+        tokens.append(pick(row))
+        plan.emitted(tokens[-1])
+        if plan.done or len(tokens) > len(drafts) or tokens[-1].token_id != drafts[len(tokens) - 1]:
+            break
+    accepted = sum(1 for token, draft in zip(tokens, drafts, strict=False) if token.token_id == draft)
+    return tokens, accepted
