@@ -206,7 +206,8 @@ class GenerationEngine:
             fed = list(request.prompt_ids)  # the tokens the nodes hold, the last step's drafts included
             drafts: list[int] = []  # the last step's drafts: the tail of ``fed``, verified by this round
             while request.max_new_tokens > 0:
-                k = plan.next_k(self._chain_rtt(chain))  # drafts to propose after this round
+                others = self.heads.running(besides=sampler)  # other generations decoding here now
+                k = plan.next_k(self._chain_rtt(chain), others)  # drafts to propose after this round
                 verify = functools.partial(
                     self._verify,
                     drafts=drafts,

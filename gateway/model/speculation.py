@@ -185,9 +185,11 @@ class DecodePlan:
             self._drafter.emitted(token.token_id)
         self.done = self.count >= self._max_new or (token.eos and not self._ignore_eos)
 
-    def next_k(self, rtt: float) -> int:
-        """Drafts worth verifying in the next step, by the drafter's estimates."""
-        if self._drafter is None:
+    def next_k(self, rtt: float, others: int) -> int:
+        """Drafts worth verifying in the next step, by the drafter's estimates; none while ``others`` generations
+        decode through this gateway: their decode steps share one forward and one message per node, which a verify
+        step of several positions would leave (and the batchers' rhythm would wait for it)."""
+        if self._drafter is None or others > 0:
             return 0
         return self._drafter.tuner.next_k(rtt, self._max_new - self.count)
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.model.speculation import SpecTuner, choose_k, expected_tokens, propose_ngram
+from gateway.generation import GenerationRequest
+from gateway.model.speculation import DecodePlan, PromptLookup, SpecTuner, choose_k, expected_tokens, propose_ngram
 
 
 def test_prompt_lookup_continues_the_latest_earlier_occurrence_of_the_longest_suffix() -> None:
@@ -49,3 +50,12 @@ def test_the_tuner_follows_acceptance_and_compute_and_respects_the_limit() -> No
     assert tuner.acceptance < 0.05 and tuner.next_k(0.1, limit=100) == 0
     tuner.record_step(0.2, rtt=0.1)
     assert tuner.compute == pytest.approx(0.3 * 0.1)
+
+
+def test_no_drafts_while_other_generations_decode_here() -> None:
+    lookup = PromptLookup([1, 2, 3, 1, 2], SpecTuner(k_max=8, min_rtt=0.01))
+    plan = DecodePlan(GenerationRequest([1, 2, 3, 1, 2], 50), lookup)
+    assert plan.next_k(0.1, others=0) > 0
+    assert plan.next_k(0.1, others=1) == 0
+    assert plan.next_k(0.001, others=0) == 0  # loopback
+    assert DecodePlan(GenerationRequest([1, 2], 50), None).next_k(0.1, others=0) == 0  # --speculative off
