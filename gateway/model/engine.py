@@ -207,7 +207,8 @@ class GenerationEngine:
             drafts: list[int] = []  # the last step's drafts: the tail of ``fed``, verified by this round
             while request.max_new_tokens > 0:
                 others = self.heads.running(besides=sampler)  # other generations decoding here now
-                k = plan.next_k(self._chain_rtt(chain), others)  # drafts to propose after this round
+                relay_rtt, plain_rtt = self._chain_rtts(chain)
+                k = plan.next_k(relay_rtt, others, plain_rtt)  # drafts to propose after this round
                 verify = functools.partial(
                     self._verify,
                     drafts=drafts,
@@ -229,7 +230,7 @@ class GenerationEngine:
                     break  # the last token is never fed: nothing would read its output
                 started = time.monotonic()
                 output = await chain.step(round_.hidden, len(fed))  # [1, 1 + k, D]: the last token and new drafts
-                plan.stepped(time.monotonic() - started, self._chain_rtt(chain))
+                plan.stepped(time.monotonic() - started, relay_rtt if round_.drafts else plain_rtt)
                 fed += [round_.tokens[-1].token_id, *round_.drafts]
                 drafts, stored = round_.drafts, len(fed)
             held = fed
@@ -317,10 +318,13 @@ class GenerationEngine:
             return self.draft_model.session(request.prompt_ids, tuner)
         return PromptLookup(request.prompt_ids, tuner)
 
-    def _chain_rtt(self, chain: ChainSession) -> float:
-        """Seconds of round trips a relayed step through ``chain`` costs (0 for a node not yet measured)."""
+    def _chain_rtts(self, chain: ChainSession) -> tuple[float, float]:
+        """Seconds of round trips (a verify step's, relayed hop by hop; a decode step's, pushed node to node when the
+        chain pushes: gateway -> A -> B -> gateway costs (n + 1) / 2 round trips for n hops instead of n)."""
         rtts = self.router.rtts
-        return sum(rtts.get(hop.peer_id, 0.0) for hop in chain.hops)
+        relay = sum(rtts.get(hop.peer_id, 0.0) for hop in chain.hops)  # a node not yet measured counts 0
+        hops = len(chain.hops)
+        return relay, relay * (hops + 1) / (2 * hops) if chain.pushes_decode else relay
 
     async def _truncated(self, chain: ChainSession, held: list[int]) -> list[int] | None:
         """The nodes rolled back to ``held`` (rejected drafts past it dropped), or None with the chain closed."""

@@ -87,14 +87,17 @@ def choose_k(
     k_max: int,
     min_rtt: float,
     draft_cost: float = 0.0,
+    plain_rtt: float | None = None,
     position_cost: float = POSITION_COST,
 ) -> int:
     """Drafts for the next round: the k in 0..k_max with the least expected time per token, where a round costs
     ``rtt + compute * (1 + position_cost * k) + draft_cost * k`` (seconds; ``draft_cost``: drafting one token, a
-    draft model's forward). 0 below ``min_rtt`` or when drafting gains under ``MIN_GAIN``."""
+    draft model's forward) against ``plain_rtt + compute`` for a plain decode step (default ``rtt``; less when
+    decode steps are pushed node to node and verify steps are relayed). 0 below ``min_rtt`` or when drafting gains
+    under ``MIN_GAIN``."""
     if k_max <= 0 or rtt < min_rtt:
         return 0
-    plain = rtt + compute
+    plain = (rtt if plain_rtt is None else plain_rtt) + compute
     best_k, best = 0, plain
     for k in range(1, k_max + 1):
         cost = rtt + compute * (1.0 + position_cost * k) + draft_cost * k
@@ -114,8 +117,8 @@ class SpecTuner:
     compute: float = 0.0  # seconds a step takes beyond the round trip
     draft_cost: float = 0.0  # seconds drafting one token takes (a draft model's forward; ~0 for prompt lookup)
 
-    def next_k(self, rtt: float, limit: int) -> int:
-        k = choose_k(self.acceptance, rtt, self.compute, self.k_max, self.min_rtt, self.draft_cost)
+    def next_k(self, rtt: float, limit: int, plain_rtt: float | None = None) -> int:
+        k = choose_k(self.acceptance, rtt, self.compute, self.k_max, self.min_rtt, self.draft_cost, plain_rtt)
         return min(k, max(0, limit))
 
     def record_draft(self, seconds: float, drafted: int) -> None:
@@ -185,13 +188,13 @@ class DecodePlan:
             self._drafter.emitted(token.token_id)
         self.done = self.count >= self._max_new or (token.eos and not self._ignore_eos)
 
-    def next_k(self, rtt: float, others: int) -> int:
+    def next_k(self, rtt: float, others: int, plain_rtt: float | None = None) -> int:
         """Drafts worth verifying in the next step, by the drafter's estimates; none while ``others`` generations
         decode through this gateway: their decode steps share one forward and one message per node, which a verify
         step of several positions would leave (and the batchers' rhythm would wait for it)."""
         if self._drafter is None or others > 0:
             return 0
-        return self._drafter.tuner.next_k(rtt, self._max_new - self.count)
+        return self._drafter.tuner.next_k(rtt, self._max_new - self.count, plain_rtt)
 
     @property
     def threaded(self) -> bool:

@@ -165,9 +165,14 @@ class ChainSession:
         """hidden: [1, T, D] embeddings of new tokens at position... -> [1, T, D] output of the last block."""
         self._check_open()
         chain_opened()  # the request's first step ends its queue time (later calls are no-ops)
-        if self.push and hidden.shape[1] == 1 and len(self._segments) > 1 and self._push_pays():
+        if hidden.shape[1] == 1 and self.pushes_decode:
             return await push_step(self, hidden, position)
         return await self.relay(hidden, position, 0)
+
+    @property
+    def pushes_decode(self) -> bool:
+        """Whether a decode step (one token) goes node to node now."""
+        return self.push and len(self._segments) > 1 and self._push_pays()
 
     def _push_pays(self) -> bool:
         """A push saves half a round trip per later hop; on loopback that is less than its extra messages cost."""

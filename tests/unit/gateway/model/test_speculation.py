@@ -59,3 +59,10 @@ def test_no_drafts_while_other_generations_decode_here() -> None:
     assert plan.next_k(0.1, others=1) == 0
     assert plan.next_k(0.001, others=0) == 0  # loopback
     assert DecodePlan(GenerationRequest([1, 2], 50), None).next_k(0.1, others=0) == 0  # --speculative off
+
+
+def test_verify_steps_relayed_must_beat_decode_steps_pushed() -> None:
+    # low acceptance: 1.3 tokens a round for 2 RTTs does not beat 1 token for 1.5 RTTs, though it beats 2 RTTs
+    assert choose_k(0.25, rtt=0.1, compute=0.01, k_max=8, min_rtt=0.01) > 0
+    assert choose_k(0.25, rtt=0.1, compute=0.01, k_max=8, min_rtt=0.01, plain_rtt=0.075) == 0
+    assert choose_k(0.9, rtt=0.1, compute=0.01, k_max=8, min_rtt=0.01, plain_rtt=0.075) > 0

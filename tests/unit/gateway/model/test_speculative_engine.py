@@ -98,8 +98,8 @@ class LocalEngine(GenerationEngine):
         self.chains.append(chain)
         return chain, await chain.step(self._embed(request.prompt_ids), 0), 0
 
-    def _chain_rtt(self, chain: object) -> float:  # type: ignore[override]
-        return self.rtt
+    def _chain_rtts(self, chain: object) -> tuple[float, float]:  # type: ignore[override]
+        return self.rtt, self.rtt
 
 
 def local_engine(folder: Path, chain: Chain, speculative: str, oracle: list[int] | None = None) -> LocalEngine:
