@@ -98,6 +98,7 @@ class ChainSession:
         self._failovers_left = max_failovers
         self._failover_wait = failover_wait
         self._segments: list[Segment] = []
+        self._stored = 0  # tokens the nodes hold: a step below it rewinds them, which only a relayed step may do
         self.failovers = 0
         self.closed = False
 
@@ -135,6 +136,7 @@ class ChainSession:
                 raise result
         for segment in self._segments:
             segment.truncate(length)
+        self._stored = min(self._stored, length)
 
     async def __aenter__(self) -> ChainSession:
         await self.open()
@@ -165,9 +167,12 @@ class ChainSession:
         """hidden: [1, T, D] embeddings of new tokens at position... -> [1, T, D] output of the last block."""
         self._check_open()
         chain_opened()  # the request's first step ends its queue time (later calls are no-ops)
-        if hidden.shape[1] == 1 and self.pushes_decode:
-            return await push_step(self, hidden, position)
-        return await self.relay(hidden, position, 0)
+        if hidden.shape[1] == 1 and position == self._stored and self.pushes_decode:
+            output = await push_step(self, hidden, position)
+        else:  # a prefill, a speculative verify step, or a step after rejected drafts (a rewind)
+            output = await self.relay(hidden, position, 0)
+        self._stored = position + hidden.shape[1]
+        return output
 
     @property
     def pushes_decode(self) -> bool:
