@@ -6,6 +6,10 @@ The prefill step returns the last block's hidden states for every prompt positio
 cost one LM-head pass over them and no extra remote work. Torch work (embedding, LM head, sampling) runs in a
 worker thread; the event loop only awaits.
 
+With speculation on (``gateway.model.speculation``), a step carries the last token and k draft tokens; the head
+scores its k+1 positions at once, the request's sampler keeps the drafts that equal its picks, and the next step
+starts at the first rejected position (which rewinds the nodes' caches there).
+
 A request with a ``reuse_scope`` (a chat) that ends well leaves its chain open for a while
 (``gateway.swarm.kept_chains``); a later prompt of the same scope that continues those tokens takes the chain,
 grows it, rewinds it to the shared prefix and prefills only the rest — a chat's next turn costs its new tokens, not
