@@ -24,6 +24,8 @@ from gateway.model.files import load_tokenizer
 from gateway.model.sampling import Sampler
 from gateway.model.speculation import DecodePlan, PromptLookup, SpecTuner
 from gateway.settings import EngineSettings
+from gateway.swarm.kept_chains import KeptChains
+from gateway.swarm.view import SwarmView
 from shared.errors import PositionOutOfRange
 from shared.model_source import load_config, resolve_model
 from swarm_node.kv_cache import SessionKV
@@ -44,6 +46,8 @@ class LocalChain:
         self._kvs: list[SessionKV] = chain.new_session()
         self.hops: list[object] = []
         self.steps: list[tuple[int, int]] = []  # (position, tokens) of every step
+        self.truncated: list[int] = []
+        self.closed = False
 
     async def step(self, hidden: torch.Tensor, position: int) -> torch.Tensor:
         self.steps.append((position, hidden.shape[1]))
@@ -51,13 +55,26 @@ class LocalChain:
             return self._chain.forward(hidden, [self._kvs], [position])
 
     async def truncate(self, length: int) -> None:
+        self.truncated.append(length)
         for kv in self._kvs:
             if length > kv.length:
                 raise PositionOutOfRange(f"cannot truncate to {length}: {kv.length} held")
             kv.length = length
 
+    @property
+    def max_length(self) -> int:
+        return self._kvs[0].max_length
+
+    @property
+    def lengths(self) -> set[int]:
+        return {kv.length for kv in self._kvs}
+
+    async def resize(self, max_length: int) -> None:
+        for kv in self._kvs:
+            kv.resize(max_length)  # refused below the stored tokens, as a node refuses
+
     async def close(self) -> None:
-        pass
+        self.closed = True
 
 
 class OracleDrafts(PromptLookup):
@@ -212,3 +229,36 @@ def test_the_acceptance_rule_keeps_the_models_distribution(tiny_model: GetTinyMo
     wanted = torch.cat([expected[big], expected[~big].sum().view(1)])
     wanted = wanted * observed.sum() / wanted.sum()  # float64 rounding: the totals must agree exactly
     assert float(chisquare(observed.numpy(), wanted.numpy()).pvalue) > 1e-3
+
+
+async def test_a_kept_conversation_is_rolled_back_to_its_tokens_before_it_shrinks(tiny_model: GetTinyModel) -> None:
+    """A chat kept for its next turn must hold exactly its tokens: drafts rejected in its last round are truncated
+    away (else the shrink to its tokens would be refused and the conversation lost)."""
+    tiny = tiny_model("llama")
+    chain = build_chain(tiny.folder, (3,))
+    plain_engine = local_engine(tiny.folder, chain, "off")
+    reference = [t.token_id for t in await run(plain_engine, GenerationRequest(PROMPT, 30, SamplingParams(0.0)))]
+    await plain_engine.heads.close()
+    engine = local_engine(tiny.folder, chain, "ngram", oracle=reference)
+    engine._kept = KeptChains(_no_view, keep_alive=60.0, max_kept=64)
+    try:
+        for end in range(8, 20):  # an end-of-sequence token emitted amid a round's drafts: the ones after it go
+            engine.stop_ids = {reference[end]}
+            expected = reference[: reference.index(reference[end]) + 1]
+            request = GenerationRequest(PROMPT, 30, SamplingParams(0.0), reuse_scope=f"chat{end}")
+            assert [t.token_id for t in await run(engine, request)] == expected
+            local = engine.chains[-1]
+            kept = engine.kept.pool._kept[-1]  # what the pool holds for the chat's next turn
+            assert kept.scope == f"chat{end}" and kept.item.chain is local
+            await kept.item.shrunk
+            held = len(kept.token_ids)  # every token but the last (never fed), or all of them (fed as a draft)
+            assert held in (len(PROMPT) + len(expected) - 1, len(PROMPT) + len(expected))
+            assert local.lengths == {held} and local.max_length == held and not local.closed
+        assert any(local.truncated for local in engine.chains)
+    finally:
+        await engine.kept.close()
+        await engine.heads.close()
+
+
+async def _no_view() -> SwarmView:
+    raise AssertionError("the sweeper is not started in this test")
