@@ -23,7 +23,7 @@ from tests.integration.test_engine_chain import _wait_covered, engine_settings
 from tests.tiny_models import GetTinyModel
 from tests.unit.gateway.model.test_speculative_engine import PROMPT, OracleDrafts
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 NEW_TOKENS = 30
 
