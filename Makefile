@@ -61,8 +61,9 @@ bench-load: $(BENCH_STAMP)
 	$(BIN)/python -m bench.load --users 100 --duration 60 --churn
 
 # Wide area (bench/wan.py): SmolLM2 through two nodes that everyone reaches only through a latency-adding proxy
-# (bench/latency_proxy.py); RTT 0/20/50/100 ms, push against relay, 1 and 8 streams, round trips per token and the
-# floor lines; writes bench/results/wan.{md,png} (about 10 minutes).
+# (bench/latency_proxy.py); RTT 0/20/50/100 ms, push against relay and against push with speculative decoding, 1 and 8
+# streams and a copy-heavy chat, round trips per token and the floor lines; writes bench/results/wan.{md,png}
+# (about 15 minutes).
 bench-wan: $(BENCH_STAMP)
 	$(BIN)/python -m bench.wan
 

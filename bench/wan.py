@@ -13,9 +13,13 @@ same nodes throughout) it measures
 * the floor lines: the RTT-0 time per token (compute, and loopback) + k * RTT, for k = 2 (a relay per node) and
   k = 1.5 (gateway -> A -> B -> gateway).
 
-With ``--modes push,relay`` (what `make bench-wan` runs) one gateway engine pushes and one relays, over the same
-nodes, measured back to back at each RTT, so both see the same machine load. ``--modes default`` builds the engine
-with its default settings (the only mode main's code has).
+* copy-heavy decode tokens/s: one greedy chat stream that rewrites a given paragraph with one word changed (what
+  prompt-lookup speculation drafts well), and its tokens, compared across modes.
+
+With ``--modes push,relay,spec`` (what `make bench-wan` runs) one gateway engine pushes, one relays (both without
+speculation) and one pushes with prompt-lookup speculation (``--speculative ngram``, adaptive), over the same nodes,
+measured back to back at each RTT, so all see the same machine load. ``--modes default`` builds the engine with its
+default settings (the only mode main's code has).
 
 It prints one table and writes bench/results/wan.{md,png}. A benchmark, never a test.
 
@@ -65,6 +69,24 @@ class Row:
     single_windows: list[tuple[float, float]] = field(default_factory=list)  # wall clock of single-stream runs
     load: float = 0.0  # 1-minute load average once measured
     trace: str = ""  # where a single-stream token's time went (--trace)
+    copy: list[float] = field(default_factory=list)  # copy-heavy single-stream decode tokens/s
+    copy_tokens: list[int] = field(default_factory=list)
+
+
+COPY_PARAGRAPH = (
+    "The old lighthouse keeper climbed the narrow stairs every evening at dusk. He trimmed the wick, polished the"
+    " great lens and wound the clockwork that turned the light. Ships far out at sea saw the beam sweep across the"
+    " water and knew that the rocks were near. In the morning he wrote the weather in his logbook and slept until"
+    " noon, dreaming of the ships that passed safely in the night."
+)
+COPY_REQUEST = "Rewrite this paragraph exactly, changing only the word 'evening' to 'night':\n\n" + COPY_PARAGRAPH
+COPY_TOKENS = 96
+MODE_SETTINGS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "push": {"push": True, "speculative": "off"},
+    "relay": {"push": False, "speculative": "off"},
+    "spec": {"push": True, "speculative": "ngram"},
+}
 
 
 def free_port() -> int:
@@ -92,6 +114,16 @@ async def one_stream(engine: GenerationEngine, prompt: list[int], new_tokens: in
     return stamps[0] - began, (len(stamps) - 1) / (stamps[-1] - stamps[0])
 
 
+async def copy_stream(engine: GenerationEngine, prompt: list[int]) -> tuple[float, list[int]]:
+    """(decode tokens/s after the first token, the tokens) of the copy-heavy greedy stream."""
+    request = GenerationRequest(prompt, COPY_TOKENS, SamplingParams(temperature=0.0))
+    stamps, tokens = [], []
+    async for token in engine.generate(request):
+        stamps.append(time.perf_counter())
+        tokens.append(token)
+    return (len(stamps) - 1) / (stamps[-1] - stamps[0]), tokens
+
+
 async def many_streams(engine: GenerationEngine, prompts: list[list[int]], new_tokens: int) -> float:
     async def one(prompt: list[int]) -> int:
         request = GenerationRequest(prompt, new_tokens, SamplingParams(temperature=0.0), ignore_eos=True)
@@ -103,11 +135,19 @@ async def many_streams(engine: GenerationEngine, prompts: list[list[int]], new_t
 
 
 async def measure_rtt(
-    engines: dict[str, GenerationEngine], prompts: list[list[int]], rtt: float, args: argparse.Namespace
+    engines: dict[str, GenerationEngine],
+    prompts: list[list[int]],
+    copy: list[int],
+    rtt: float,
+    args: argparse.Namespace,
 ) -> list[Row]:
     """One row per mode at ``rtt``; the modes take turns, run by run, so that the machine's load (shared, drifting)
     weighs on each alike."""
     rows = {mode: Row(mode, rtt) for mode in engines}
+    for _ in range(args.repeats):
+        for mode, engine in engines.items():
+            speed, rows[mode].copy_tokens = await copy_stream(engine, copy)
+            rows[mode].copy.append(speed)
     for _ in range(args.repeats):
         for mode, engine in engines.items():
             row, before, began = rows[mode], counters(engine), time.time()
@@ -127,7 +167,8 @@ async def measure_rtt(
         print(
             f"  {row.mode} rtt {rtt * 1000:.0f} ms: 1 stream {statistics.median(row.decode):.1f} tok/s,"
             f" ttft {statistics.median(row.ttft) * 1000:.0f} ms, {STREAMS} streams"
-            f" {statistics.median(row.aggregate):.1f} tok/s (load {row.load:.1f})",
+            f" {statistics.median(row.aggregate):.1f} tok/s, copy-heavy {statistics.median(row.copy):.1f} tok/s"
+            f" (load {row.load:.1f})",
             flush=True,
         )
     return list(rows.values())
@@ -169,13 +210,16 @@ async def run(args: argparse.Namespace, workdir: Path) -> list[Row]:
         engines: dict[str, GenerationEngine] = {}
         try:
             for mode in args.modes:
-                extra: dict[str, Any] = {} if mode == "default" else {"push": mode == "push"}
+                extra = MODE_SETTINGS[mode]
                 settings = EngineSettings(
                     model=str(model), initial_peers=swarm.initial_peers, num_threads=args.threads, **extra
                 )
                 engines[mode] = await GenerationEngine.create(settings)
                 await wait_covered(engines[mode])
-            prompts = [next(iter(engines.values())).tokenizer.encode(text) for text in PROMPTS]
+            tokenizer = next(iter(engines.values())).tokenizer
+            prompts = [tokenizer.encode(text) for text in PROMPTS]
+            chat = [{"role": "user", "content": COPY_REQUEST}]
+            copy = tokenizer.encode(tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True))
             for engine in engines.values():
                 await many_streams(engine, prompts, 4)  # warm-up: sessions, routes, batcher, allocator
             rows = []
@@ -186,7 +230,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> list[Row]:
                     for _ in range(4):
                         peers = list(engine.router.rtts)
                         await asyncio.gather(*(engine.router._probe_one(p) for p in peers))  # noqa: SLF001
-                rows += await measure_rtt(engines, prompts, rtt, args)
+                rows += await measure_rtt(engines, prompts, copy, rtt, args)
             if args.trace:
                 kept = args.out / "trace"  # the raw records, for a closer look
                 kept.mkdir(parents=True, exist_ok=True)
@@ -209,7 +253,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> list[Row]:
 
 def table(rows: list[Row], label: str) -> str:
     head = ["mode", "RTT ms", "1 stream decode tok/s", "TTFT ms", f"{STREAMS} streams tok/s", "relays/token"]
-    head += ["pushes/token", "RTTs/token", "floor c+2·RTT", "floor c+1.5·RTT", "vs 1.5 floor", "load"]
+    head += ["pushes/token", "RTTs/token", "floor c+2·RTT", "floor c+1.5·RTT", "vs 1.5 floor", "copy-heavy tok/s"]
+    head.append("load")
     lines = [head, ["---"] * len(head)]
     computes = compute_times(rows)
     for row in rows:
@@ -223,6 +268,7 @@ def table(rows: list[Row], label: str) -> str:
         else:
             floor15 = 1 / (compute + 1.5 * row.rtt)
             cells += [f"{1 / (compute + 2 * row.rtt):.1f}", f"{floor15:.1f}", f"{decode / floor15:.2f}"]
+        cells.append(f"{statistics.median(row.copy):.1f}")
         lines.append([*cells, f"{row.load:.1f}"])
     text = f"**{label}**\n\n" + "\n".join("| " + " | ".join(cells) + " |" for cells in lines)
     for mode, compute in computes.items():
@@ -246,6 +292,24 @@ def table(rows: list[Row], label: str) -> str:
                 f" (c' = {same_load * 1000:.0f} ms from the relay run beside it): {decode / floor:.2f} of the floor."
                 + paired(row, relay)
             )
+    text += speculation_lines(rows, by_key)
+    return text
+
+
+def speculation_lines(rows: list[Row], by_key: dict[tuple[str, float], Row]) -> str:
+    """Per RTT: the copy-heavy stream with speculation against push without it, and whether the tokens agree."""
+    text = ""
+    for row in rows:
+        plain = by_key.get(("push", row.rtt))
+        if row.mode != "spec" or plain is None:
+            continue
+        ratio = statistics.median(row.copy) / statistics.median(plain.copy)
+        same = "identical" if row.copy_tokens == plain.copy_tokens else "DIFFERENT"
+        text += (
+            f"\n\nRTT {row.rtt * 1000:.0f} ms, copy-heavy prompt, spec / push without speculation: {ratio:.2f}x"
+            f" ({statistics.median(row.copy):.1f} against {statistics.median(plain.copy):.1f} tok/s,"
+            f" {len(row.copy_tokens)} tokens, {same})."
+        )
     return text
 
 
@@ -314,7 +378,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=2, help="runs per measurement, median (default: 2)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of every process (default: 1)")
     parser.add_argument("--node-flag", action="append", default=[], help="extra `swarm_node serve` flag (repeat)")
-    parser.add_argument("--modes", default="push,relay", help="push, relay and/or default (default: %(default)s)")
+    parser.add_argument(
+        "--modes", default="push,relay,spec", help="push, relay, spec and/or default (default: %(default)s)"
+    )
     parser.add_argument("--label", default="this branch", help="names the run in the table (default: %(default)s)")
     parser.add_argument("--trace", action="store_true", help="print where a single-stream token's time goes")
     parser.add_argument("--out", type=Path, default=Path("bench/results"), help="folder for the table and plot")

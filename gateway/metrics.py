@@ -39,6 +39,7 @@ REACHABILITIES = ("direct", "relayed", "unreachable")
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0)
 ITL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0)
 E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 3600.0)
+ACCEPTANCE_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)  # accepted / drafted, per verify
 QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 SwarmReport = Callable[[], Awaitable[dict[str, Any]]]
@@ -83,6 +84,18 @@ class GatewayMetrics:
             "swarmgate_request_queue_time_seconds",
             "arrival until the first chain of node sessions is open (routing + waiting for node cache room)",
             buckets=QUEUE_BUCKETS,
+            registry=r,
+        )
+        self.spec_draft = Counter(
+            "swarmgate_spec_draft_tokens", "draft tokens sent to the chain for verification (speculation)", registry=r
+        )
+        self.spec_accepted = Counter(
+            "swarmgate_spec_accepted_tokens", "draft tokens the model's own sampling agreed with", registry=r
+        )
+        self.spec_acceptance = Histogram(
+            "swarmgate_spec_acceptance_rate",
+            "accepted / drafted tokens of each verify step",
+            buckets=ACCEPTANCE_BUCKETS,
             registry=r,
         )
         self.swarm = SwarmCollector(swarm_report)
@@ -225,6 +238,16 @@ def start_request(endpoint: str, arrived: float) -> RequestTimer | None:
 
 def current_timer() -> RequestTimer | None:
     return _current_timer.get()
+
+
+def spec_verified(drafted: int, accepted: int) -> None:
+    """One verify step of speculative decoding: ``accepted`` of its ``drafted`` draft tokens were kept."""
+    metrics = current_metrics.get()
+    if metrics is None or drafted <= 0:
+        return
+    metrics.spec_draft.inc(drafted)
+    metrics.spec_accepted.inc(accepted)
+    metrics.spec_acceptance.observe(accepted / drafted)
 
 
 def chain_opened() -> None:

@@ -44,6 +44,24 @@ class EngineSettings(P2PSettings):
         description="push only when a later node of the chain is at least this far (round trip, seconds) from the"
         " gateway: at home the node-to-node messages cost more than the half round trip they save",
     )
+    speculative: Literal["off", "ngram", "draft"] = Field(
+        "ngram",
+        description="speculative decoding: off; ngram (drafts from prompt lookup); draft (drafts from --draft-model);"
+        " k drafts are verified in one step of k+1 positions, k adaptive (from the acceptance rate and the chain's"
+        " round trip; none below --speculative-min-rtt)",
+    )
+    draft_model: str | None = Field(
+        None,
+        description="with --speculative draft: a small model with the served model's tokenizer (a folder, .gguf"
+        " file or hub id), loaded whole at the gateway",
+    )
+    speculative_max_k: int = Field(8, ge=1, le=32, description="most draft tokens verified in one step")
+    speculative_min_rtt: float = Field(
+        0.01,
+        ge=0,
+        description="draft only when the chain's round trips add up to at least this (seconds): on loopback the"
+        " extra positions cost more than the round trips they save",
+    )
     routing: Literal["min_latency", "max_throughput"] = Field(
         "min_latency", description="default route choice: lowest latency, or spread sessions for throughput"
     )
@@ -76,6 +94,12 @@ class EngineSettings(P2PSettings):
         " default: the smaller of the model's max_position_embeddings and the longest session the swarm's nodes"
         " can hold (their KV-cache pools, as they announce them); a value over the model's is refused at start",
     )
+
+    @model_validator(mode="after")
+    def _check_draft(self) -> Self:
+        if (self.speculative == "draft") != (self.draft_model is not None):
+            raise ValueError("--speculative draft and --draft-model go together: give both or neither")
+        return self
 
 
 class GenerateSettings(EngineSettings):

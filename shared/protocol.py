@@ -5,7 +5,9 @@ the pydantic models below, ``tensors`` are hidden states serialized by hivemind.
 
 * ``inference`` (stream ↔ stream): ``OpenSession`` → ``SessionOpened``; then ``Step`` + hidden [1, T, D] →
   ``StepResult`` + hidden [1, T, D]; ``ResizeSession`` → ``SessionResized`` grows or shrinks the session's room (its
-  stored positions kept); the session's KV cache lives until ``CloseSession`` or the stream ends.
+  stored positions kept); ``TruncateSession`` → ``SessionTruncated`` drops the stored positions from ``length`` on
+  (a gateway's rejected speculative drafts; refused past what the session holds; the session's room is unchanged);
+  the session's KV cache lives until ``CloseSession`` or the stream ends.
 * ``batch`` (stream ↔ stream): ``BatchStep`` + hidden [B, 1, D] → ``BatchStepResult`` + hidden [B, 1, D]: one decode
   step for each of B sessions the caller opened on its inference streams, in one message each way. A gateway whose
   streams step together (they do: its LM head scores them as one batch) sends one message per node instead of B,
@@ -46,7 +48,7 @@ from pydantic import (
 
 from shared.errors import BadRequest, RemoteError, error_from_code
 
-PROTOCOL_VERSION = 4  # 2: ResizeSession; 3: the batch handler; 4: node-to-node push
+PROTOCOL_VERSION = 5  # 2: ResizeSession; 3: the batch handler; 4: node-to-node push; 5: TruncateSession
 
 INFERENCE_HANDLER = "swarmgate.inference"
 BATCH_HANDLER = "swarmgate.batch"
@@ -109,6 +111,14 @@ class ResizeSession(_Message):
     alloc_timeout: float = Field(0.0, ge=0, le=600)
 
 
+class TruncateSession(_Message):
+    """Keep the session's first ``length`` stored tokens: the rest are forgotten (the room they took stays the
+    session's; ``ResizeSession`` gives room back). Refused past the tokens the session holds."""
+
+    type: Literal["truncate"] = "truncate"
+    length: int = Field(ge=0)
+
+
 class CloseSession(_Message):
     type: Literal["close"] = "close"
 
@@ -140,7 +150,7 @@ class PushStep(_Message):
     rows: list[BatchRow] = Field(min_length=1, max_length=MAX_BATCH_ROWS)
 
 
-_ClientMessages = OpenSession | Step | ResizeSession | AllowPush | CloseSession
+_ClientMessages = OpenSession | Step | ResizeSession | TruncateSession | AllowPush | CloseSession
 ClientMessage = Annotated[_ClientMessages, Field(discriminator="type")]
 _CLIENT_MESSAGE: TypeAdapter[_ClientMessages] = TypeAdapter(ClientMessage)
 
@@ -169,6 +179,11 @@ class SessionOpened(_Message):
 class SessionResized(_Message):
     type: Literal["resized"] = "resized"
     max_length: int
+
+
+class SessionTruncated(_Message):
+    type: Literal["truncated"] = "truncated"
+    length: int
 
 
 class PushAllowed(_Message):
@@ -230,6 +245,7 @@ class PushAccepted(_Message):
 _ServerMessages = (
     SessionOpened
     | SessionResized
+    | SessionTruncated
     | PushAllowed
     | StepResult
     | BatchStepResult

@@ -53,8 +53,10 @@ from shared.protocol import (
     ResizeSession,
     SessionOpened,
     SessionResized,
+    SessionTruncated,
     Step,
     StepResult,
+    TruncateSession,
     decode_batch_step,
     decode_client_message,
     decode_push_step,
@@ -158,6 +160,10 @@ class SpanHandlers:
                     if isinstance(message, ResizeSession):
                         await self._resize(session, message)
                         yield encode_response(SessionResized(max_length=session.max_length))
+                        continue
+                    if isinstance(message, TruncateSession):
+                        self._truncate(session, message.length)
+                        yield encode_response(SessionTruncated(length=message.length))
                         continue
                     if isinstance(message, AllowPush):
                         session.pusher = message.pusher
@@ -309,6 +315,14 @@ class SpanHandlers:
             if not growing:  # the old, larger tensors are gone now
                 await self.pool.resize(session.allocation, message.max_length)
             session.max_length = message.max_length
+
+    def _truncate(self, session: Session, length: int) -> None:
+        """Forget the session's stored tokens from ``length`` on; its room in the pool stays as it is."""
+        with self.sessions.active(session) as kv:
+            if length > kv.length:
+                raise PositionOutOfRange(f"cannot truncate to {length}: the session holds {kv.length} tokens")
+            session.slots.clear()  # the latest decode step may be among the forgotten tokens
+            kv.length = length
 
     async def _step(self, session: Session, message: Step, tensors: list[torch.Tensor]) -> torch.Tensor:
         if not isinstance(message, Step):

@@ -6,6 +6,10 @@ The prefill step returns the last block's hidden states for every prompt positio
 cost one LM-head pass over them and no extra remote work. Torch work (embedding, LM head, sampling) runs in a
 worker thread; the event loop only awaits.
 
+With speculation on (``gateway.model.speculation``), a step carries the last token and k draft tokens; the head
+scores its k+1 positions at once, the request's sampler keeps the drafts that equal its picks, and the next step
+starts at the first rejected position (which rewinds the nodes' caches there).
+
 A request with a ``reuse_scope`` (a chat) that ends well leaves its chain open for a while
 (``gateway.swarm.kept_chains``); a later prompt of the same scope that continues those tokens takes the chain,
 grows it, rewinds it to the shared prefix and prefills only the rest — a chat's next turn costs its new tokens, not
@@ -18,6 +22,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
@@ -34,12 +39,14 @@ from gateway.generation import (
     PromptScores,
     TopLogprobs,
 )
+from gateway.model.draft_model import DraftModel
 from gateway.model.files import load_head, load_tokenizer, model_len, sampling_defaults, stop_token_ids
 from gateway.model.grammar import GrammarCompiler
 from gateway.model.head import ModelHead
 from gateway.model.head_adapters import load_head_adapters
 from gateway.model.head_batcher import HeadBatcher
 from gateway.model.sampling import Sampler, top_logprobs
+from gateway.model.speculation import DecodePlan, Drafter, PromptLookup, SpecTuner, Verified, verify_drafts
 from gateway.model.tokens import HFTokenCodec
 from gateway.settings import EngineSettings
 from gateway.swarm.conversations import Taken
@@ -89,6 +96,7 @@ class GenerationEngine:
         self._links: StepLinks | None = None  # every session's decode steps, batched per node
         self._grammars: GrammarCompiler | None = None  # built on the first constrained request (about a second)
         self._grammars_lock = asyncio.Lock()
+        self.draft_model: DraftModel | None = None  # with ``--speculative draft``
 
     @classmethod
     async def create(cls, settings: EngineSettings) -> GenerationEngine:
@@ -107,6 +115,8 @@ class GenerationEngine:
         head.adapters = adapters
         engine = cls(settings, source, config, tokenizer, head)
         engine.sampling_defaults = defaults
+        if settings.speculative == "draft" and settings.draft_model is not None:
+            engine.draft_model = await asyncio.to_thread(DraftModel.load, settings.draft_model, tokenizer)
         await engine.start(dht)
         return engine
 
@@ -205,8 +215,10 @@ class GenerationEngine:
         if request.grammar is not None:  # compiled before any node is asked for room: a bad schema costs nothing
             constraint = await asyncio.to_thread((await self.grammars()).constraint, request.grammar)
         sampler = Sampler(request.sampling, self.head.vocab_size, request.prompt_ids, constraint)
+        plan = DecodePlan(request, self._drafter(request))
         chain, output, cached = await self._prefill(request)  # output: [1, T, D] for the prompt's uncached tokens
         held: list[int] | None = None  # once the generation ended well: the ids the nodes' caches hold
+        stored = len(request.prompt_ids)  # tokens the nodes hold: ``held`` and any drafts rejected after it
         try:
             if cached:
                 yield PromptCached(cached)
@@ -214,22 +226,44 @@ class GenerationEngine:
                 yield await asyncio.to_thread(
                     self._prompt_scores, output, request.prompt_ids, request.prompt_logprobs, request.adapter
                 )
-            fed = list(request.prompt_ids)
-            for count in range(1, request.max_new_tokens + 1):
-                pick = functools.partial(
-                    self._pick, sampler=sampler, num_logprobs=request.logprobs, adapter=request.adapter
+            fed = list(request.prompt_ids)  # the tokens the nodes hold, the last step's drafts included
+            drafts: list[int] = []  # the last step's drafts: the tail of ``fed``, verified by this round
+            while request.max_new_tokens > 0:
+                others = self.heads.running(besides=sampler)  # other generations decoding here now
+                relay_rtt, plain_rtt = self._chain_rtts(chain)
+                k = plan.next_k(relay_rtt, others, plain_rtt)  # drafts to propose after this round
+                verify = functools.partial(
+                    self._verify,
+                    drafts=drafts,
+                    sampler=sampler,
+                    num_logprobs=request.logprobs,
+                    plan=plan,
+                    k=0 if plan.threaded else k,
+                    adapter=request.adapter,
                 )
-                token, hidden = await self.heads.score(output[:, -1:], pick, sampler, request.adapter)
+                round_ = await self.heads.score_positions(
+                    output[:, -len(drafts) - 1 :], verify, sampler, request.adapter
+                )
+                if plan.threaded and k > 0 and not round_.done:  # a draft model: k forwards in a thread of its own
+                    round_ = await asyncio.to_thread(self._redraft, round_, plan, k, request.adapter)
                 if constraint is not None:
                     constraint.prefetch()  # the next mask computes while the nodes run this token
-                yield token
-                if count == request.max_new_tokens or (token.eos and not request.ignore_eos):
+                for token in round_.tokens:
+                    yield token
+                plan.verified(len(drafts), round_.accepted)
+                del fed[len(fed) - len(drafts) + round_.accepted :]  # the rejected drafts: the next step rewinds them
+                if round_.done:
                     break  # the last token is never fed: nothing would read its output
-                output = await chain.step(hidden, len(fed))
-                fed.append(token.token_id)
+                started = time.monotonic()
+                output = await chain.step(round_.hidden, len(fed))  # [1, 1 + k, D]: the last token and new drafts
+                plan.stepped(time.monotonic() - started, relay_rtt if round_.drafts else plain_rtt)
+                fed += [round_.tokens[-1].token_id, *round_.drafts]
+                drafts, stored = round_.drafts, len(fed)
             held = fed
         finally:
             self.heads.forget(sampler)
+            if held is not None and request.reuse_scope is not None and stored > len(held):
+                held = await self._truncated(chain, held)
             if held is not None and request.reuse_scope is not None:
                 await self.kept.keep(_kept_scope(request), held, chain)
             else:
@@ -306,19 +340,69 @@ class GenerationEngine:
         """-> hidden [1, T, D] in float32 (the wire dtype), with ``adapter``'s embedding update if it has one."""
         return self.head.embed(torch.tensor([token_ids]), adapter).float()
 
-    def _pick(
-        self, logits: torch.Tensor, sampler: Sampler, num_logprobs: int | None, adapter: str | None = None
-    ) -> tuple[GeneratedToken, torch.Tensor]:
-        """The next token from the last position's logits [V], and its embedding [1, 1, D] to feed the chain.
+    def _drafter(self, request: GenerationRequest) -> Drafter | None:
+        if self.settings.speculative == "off":
+            return None
+        tuner = SpecTuner(self.settings.speculative_max_k, self.settings.speculative_min_rtt)
+        if self.draft_model is not None:
+            return self.draft_model.session(request.prompt_ids, tuner)
+        return PromptLookup(request.prompt_ids, tuner)
+
+    def _chain_rtts(self, chain: ChainSession) -> tuple[float, float]:
+        """Seconds of round trips (a verify step's, relayed hop by hop; a decode step's, pushed node to node when the
+        chain pushes: gateway -> A -> B -> gateway costs (n + 1) / 2 round trips for n hops instead of n)."""
+        rtts = self.router.rtts
+        relay = sum(rtts.get(hop.peer_id, 0.0) for hop in chain.hops)  # a node not yet measured counts 0
+        hops = len(chain.hops)
+        return relay, relay * (hops + 1) / (2 * hops) if chain.pushes_decode else relay
+
+    async def _truncated(self, chain: ChainSession, held: list[int]) -> list[int] | None:
+        """The nodes rolled back to ``held`` (rejected drafts past it dropped), or None with the chain closed."""
+        try:
+            await chain.truncate(len(held))
+        except Exception as error:
+            logger.info("closing a chain that could not roll back its drafts: %s", error)
+            await chain.close()
+            return None
+        return held
+
+    def _verify(
+        self,
+        logits: torch.Tensor,
+        drafts: list[int],
+        sampler: Sampler,
+        num_logprobs: int | None,
+        plan: DecodePlan,
+        k: int,
+        adapter: str | None = None,
+    ) -> Verified:
+        """logits [1 + len(drafts), V]: the output after the last emitted token and after each draft -> the tokens
+        the model's own sampling emits (a draft is kept while the sample equals it), the next drafts and the next
+        step's input embeddings [1, 1 + k', D].
 
         Run by the head batcher's worker thread: embedding there saves each session a hop to a thread per step."""
+        pick = functools.partial(self._token, sampler=sampler, num_logprobs=num_logprobs)
+        tokens, accepted = verify_drafts(logits, drafts, pick, plan)
+        if plan.done:
+            return Verified(tokens, accepted, True)
+        following = plan.propose(k)
+        hidden = self._embed([tokens[-1].token_id, *following], adapter)
+        return Verified(tokens, accepted, False, following, hidden)
+
+    def _redraft(self, round_: Verified, plan: DecodePlan, k: int, adapter: str | None) -> Verified:
+        """``round_`` with up to ``k`` drafts after its tokens, and the next step's input embeddings for them."""
+        following = plan.propose(k)
+        hidden = self._embed([round_.tokens[-1].token_id, *following], adapter)
+        return Verified(round_.tokens, round_.accepted, False, following, hidden)
+
+    def _token(self, logits: torch.Tensor, sampler: Sampler, num_logprobs: int | None) -> GeneratedToken:
+        """The next token from one position's logits [V], with the model's own logprobs when asked."""
         token = sampler.next_token(logits)
         eos = token in self.stop_ids
-        hidden = self._embed([token], adapter)
         if num_logprobs is None:
-            return GeneratedToken(token, eos), hidden
+            return GeneratedToken(token, eos)
         logprobs = torch.log_softmax(logits, dim=-1)  # [V]
-        return GeneratedToken(token, eos, float(logprobs[token]), top_logprobs(logprobs, num_logprobs)), hidden
+        return GeneratedToken(token, eos, float(logprobs[token]), top_logprobs(logprobs, num_logprobs))
 
     def _prompt_scores(
         self, output: torch.Tensor, prompt_ids: list[int], k: int, adapter: str | None = None

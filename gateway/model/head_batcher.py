@@ -14,7 +14,8 @@ waits for the sessions due at the head (``shared.batching.Rhythm``), and a lone 
   forward of 2B rows costs far less than two forwards of B rows.
 
 Each row's sampling (its own sampler, penalties and seed) runs right after, in the same worker thread, so no
-session's tokens depend on who else was in the batch.
+session's tokens depend on who else was in the batch. A row may bring several positions (``score_positions``: a
+speculative verify step's k+1): they go into the same matmul as rows of their own.
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ from shared.batching import Batcher, Job, Rhythm
 
 @dataclass
 class _Row:
-    hidden: torch.Tensor  # [1, 1, D]
-    finish: Callable[[torch.Tensor], Any]  # logits [V] -> the caller's result (sampled token, logprobs)
+    hidden: torch.Tensor  # [1, T, D]
+    finish: Callable[[torch.Tensor], Any]  # logits [V] (or [T, V] when ``positions``) -> the caller's result
     adapter: str | None = None  # the LoRA adapter whose head parts score this row
+    positions: bool = False
 
 
 class HeadBatcher(Batcher[_Row, Any]):
@@ -62,6 +64,16 @@ class HeadBatcher(Batcher[_Row, Any]):
         """
         return await self.submit(_Row(hidden, finish, adapter), session)
 
+    async def score_positions(
+        self,
+        hidden: torch.Tensor,
+        finish: Callable[[torch.Tensor], Any],
+        session: object | None = None,
+        adapter: str | None = None,
+    ) -> Any:
+        """``finish(logits [T, V])`` for every position of ``hidden`` [1, T, D], batched like ``score``."""
+        return await self.submit(_Row(hidden, finish, adapter, positions=True), session)
+
     async def _score_rows(self, jobs: list[Job[_Row, Any]]) -> None:
         results = await asyncio.to_thread(self._compute, [job.item for job in jobs])
         for job, (ok, value) in zip(jobs, results, strict=True):
@@ -71,11 +83,17 @@ class HeadBatcher(Batcher[_Row, Any]):
                 job.fail(value)
 
     def _compute(self, rows: list[_Row]) -> list[tuple[bool, Any]]:
-        logits = self._logits(torch.cat([row.hidden for row in rows]), [row.adapter for row in rows])  # [B, 1, V]
+        # every position a row of one matmul: [N, 1, D] -> [N, 1, V], N = the rows' positions in all
+        adapters = [row.adapter for row in rows for _ in range(row.hidden.shape[1])]
+        logits = self._logits(torch.cat([row.hidden.transpose(0, 1) for row in rows]), adapters)[:, -1]  # [N, V]
         results: list[tuple[bool, Any]] = []
-        for index, row in enumerate(rows):
+        offset = 0
+        for row in rows:
+            count = row.hidden.shape[1]
+            scored = logits[offset : offset + count]  # [T, V]
+            offset += count
             try:
-                results.append((True, row.finish(logits[index, -1])))
+                results.append((True, row.finish(scored if row.positions else scored[-1])))
             except Exception as error:  # one row's sampling error is that row's alone
                 results.append((False, error))
         return results

@@ -37,8 +37,10 @@ from shared.protocol import (
     ServerMessage,
     SessionOpened,
     SessionResized,
+    SessionTruncated,
     Step,
     StepResult,
+    TruncateSession,
     encode_request,
 )
 from shared.rpc_client import decode_reply, over_transport
@@ -154,6 +156,12 @@ class NodeSession:
         if not isinstance(reply, SessionResized) or reply.max_length != max_length:
             raise MalformedReply(f"node {self.hop.peer_id} sent a malformed resize reply")
         self.max_length = max_length
+
+    async def truncate(self, length: int) -> None:
+        """The node forgets its stored tokens from ``length`` on (refused past what it holds)."""
+        reply, _ = await self._exchange(TruncateSession(length=length))
+        if not isinstance(reply, SessionTruncated) or reply.length != length:
+            raise MalformedReply(f"node {self.hop.peer_id} sent a malformed truncate reply")
 
     async def replay(self, chunks: list[tuple[int, torch.Tensor]]) -> list[tuple[int, torch.Tensor]]:
         """Send past inputs in their original chunks, pipelined (all sent, then all read): the node computes exactly

@@ -57,12 +57,16 @@ class Segment:
 
     def record(self, position: int, hidden: torch.Tensor) -> None:
         """Remember an input; inputs at or after ``position`` are forgotten first (the node rewinds the same way)."""
+        self.truncate(position)
+        self.history.append((position, hidden))
+
+    def truncate(self, length: int) -> None:
+        """Forget the inputs from position ``length`` on (the node was rolled back there)."""
         kept = []
         for start, chunk in self.history:
-            if start >= position:
+            if start >= length:
                 break
-            kept.append((start, chunk[:, : position - start]))
-        kept.append((position, hidden))
+            kept.append((start, chunk[:, : length - start]))
         self.history = kept
 
 
@@ -96,6 +100,7 @@ class ChainSession:
         self._failovers_left = max_failovers
         self._failover_wait = failover_wait
         self._segments: list[Segment] = []
+        self._stored = 0  # tokens the nodes hold: a step below it rewinds them, which only a relayed step may do
         self.failovers = 0
         self.closed = False
 
@@ -120,6 +125,20 @@ class ChainSession:
         for result in results:
             if isinstance(result, BaseException):
                 raise result
+
+    async def truncate(self, length: int) -> None:
+        """Every node forgets its stored tokens from ``length`` on (speculative drafts the model rejected), and so
+        does each hop's replay history. Raises the first node's error, like ``resize``."""
+        self._check_open()
+        results = await asyncio.gather(
+            *(segment.session.truncate(length) for segment in self._segments), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        for segment in self._segments:
+            segment.truncate(length)
+        self._stored = min(self._stored, length)
 
     async def __aenter__(self) -> ChainSession:
         await self.open()
@@ -150,9 +169,17 @@ class ChainSession:
         """hidden: [1, T, D] embeddings of new tokens at position... -> [1, T, D] output of the last block."""
         self._check_open()
         chain_opened()  # the request's first step ends its queue time (later calls are no-ops)
-        if self.push and hidden.shape[1] == 1 and len(self._segments) > 1 and self._push_pays():
-            return await push_step(self, hidden, position)
-        return await self.relay(hidden, position, 0)
+        if hidden.shape[1] == 1 and position == self._stored and self.pushes_decode:
+            output = await push_step(self, hidden, position)
+        else:  # a prefill, a speculative verify step, or a step after rejected drafts (a rewind)
+            output = await self.relay(hidden, position, 0)
+        self._stored = position + hidden.shape[1]
+        return output
+
+    @property
+    def pushes_decode(self) -> bool:
+        """Whether a decode step (one token) goes node to node now."""
+        return self.push and len(self._segments) > 1 and self._push_pays()
 
     def _push_pays(self) -> bool:
         """A push saves half a round trip per later hop; on loopback that is less than its extra messages cost."""

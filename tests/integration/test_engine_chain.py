@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import PreTrainedTokenizerBase
 
+from gateway.metrics import GatewayMetrics, current_metrics
 from gateway.model.engine import GenerationEngine, GenerationRequest
 from gateway.model.sampling import SamplingParams
 from gateway.settings import EngineSettings
@@ -83,5 +85,40 @@ async def test_smollm2_two_nodes_match_transformers_generate(local_swarm: LocalS
             request = GenerationRequest(ids[0].tolist(), 32, SamplingParams(temperature=0.0))
             got = [token async for token in engine.generate(request)]
             assert got == expected, (prompt, tokenizer.decode(got), tokenizer.decode(expected))
+    finally:
+        await engine.close()
+    await _speculative_greedy_equals_generate(local_swarm, smollm2_gguf, reference, tokenizer)
+
+
+COPY_PROMPT = (
+    "Rewrite the paragraph below, changing the word 'river' to 'stream' and nothing else.\n\n"
+    "The old mill stood beside the river for two hundred years. Every morning the miller opened the doors, "
+    "fed the fire and listened to the river turning the great wheel. Children from the village came to watch "
+    "the flour pour into the sacks, and in the evening the river carried the last light down the valley."
+)
+
+
+async def _speculative_greedy_equals_generate(
+    swarm: LocalSwarm, gguf: Path, reference: torch.nn.Module, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    """Prompt-lookup speculation through the real nodes (drafting even on loopback): a copy-heavy prompt's greedy
+    tokens equal transformers' generate, and the spec metrics counted drafts the model accepted."""
+    settings = engine_settings(gguf, swarm).model_copy(update={"speculative": "ngram", "speculative_min_rtt": 0.0})
+    engine = await GenerationEngine.create(settings)
+    metrics = GatewayMetrics()
+    current_metrics.set(metrics)
+    try:
+        await _wait_covered(engine)
+        prompt = tokenizer.apply_chat_template(
+            [{"role": "user", "content": COPY_PROMPT}], tokenize=False, add_generation_prompt=True
+        )
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        with torch.no_grad():
+            expected = reference.generate(ids, max_new_tokens=48, do_sample=False)[0, ids.shape[1] :].tolist()  # type: ignore[operator]
+        request = GenerationRequest(ids[0].tolist(), 48, SamplingParams(temperature=0.0), reuse_scope="spec")
+        got = [token async for token in engine.generate(request)]
+        assert got == expected, (tokenizer.decode(got), tokenizer.decode(expected))
+        accepted = metrics.spec_accepted._value.get()
+        assert 0 < accepted <= metrics.spec_draft._value.get()
     finally:
         await engine.close()

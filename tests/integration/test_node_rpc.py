@@ -182,6 +182,39 @@ async def test_cache_room_comes_back_after_close_and_after_a_dropped_stream(clie
     assert (await wait_for_room(client_p2p, node_peer, 300)).cache_tokens_left == 300
 
 
+async def test_truncate_rolls_back_exactly_keeps_the_room_and_refuses_past_what_is_held(
+    client_p2p: P2P, node_peer: str
+) -> None:
+    """Speculative drafts the gateway rejects are forgotten with a typed truncate: later steps compute what they
+    would have without the drafts, the session's room is untouched (a resize gives it back exactly), and a truncate
+    past the stored tokens is refused."""
+    await wait_for_room(client_p2p, node_peer, 300)
+    torch.manual_seed(1)
+    prompt, drafts, token = torch.randn(1, 5, HIDDEN), torch.randn(1, 4, HIDDEN), torch.randn(1, 1, HIDDEN)
+    hop = Hop(node_peer, 0, NUM_LAYERS)
+    plain = NodeSession(client_p2p, hop, max_length=16, step_timeout=60)
+    await plain.open()
+    await plain.step(prompt, 0)
+    await plain.step(drafts[:, :1], 5)
+    expected = await plain.step(token, 6)
+    await plain.close()
+
+    session = NodeSession(client_p2p, hop, max_length=16, step_timeout=60)
+    await session.open()
+    await session.step(prompt, 0)
+    await session.step(drafts, 5)  # holds 9 tokens; the last three drafts are rejected
+    await session.truncate(6)
+    assert (await node_info(client_p2p, node_peer)).cache_tokens_left == 300 - 16  # the room stays the session's
+    with pytest.raises(PositionOutOfRange):
+        await session.truncate(7)  # only 6 are held now
+    # the draft kept was computed in a 4-position step, not a decode step: equal within float tolerance
+    torch.testing.assert_close(await session.step(token, 6), expected, rtol=1e-5, atol=1e-5)
+    await session.resize(7)
+    assert (await node_info(client_p2p, node_peer)).cache_tokens_left == 300 - 7
+    await session.close()
+    assert (await wait_for_room(client_p2p, node_peer, 300)).cache_tokens_left == 300
+
+
 # -- fuzzing: seeded random, truncated and ill-typed messages over the real node ---------------------------------
 
 FUZZ_SEED = 20261129
@@ -197,6 +230,8 @@ ILL_TYPED: list[object] = [
     {"type": "open", "protocol": PROTOCOL_VERSION, "start": 0, "end": NUM_LAYERS, "max_length": -5},
     {"type": "resize", "max_length": 0},
     {"type": "resize", "max_length": 10**12},
+    {"type": "truncate", "length": -1},
+    {"type": "truncate", "length": 10**6},
     [],
     42,
     None,

@@ -14,7 +14,9 @@ import torch
 from hivemind.p2p import P2P
 
 from gateway.model.head import ModelHead, build_head
+from gateway.swarm import remote_session
 from gateway.swarm.node_session import NodeSession
+from gateway.swarm.push_step import push_step
 from gateway.swarm.remote_session import ChainSession
 from gateway.swarm.router import Router
 from gateway.swarm.routing import Hop
@@ -144,7 +146,7 @@ def start_chain_nodes(swarm: LocalSwarm, folder: Path, spans: list[str]) -> None
 
 
 async def test_a_three_node_chain_that_pushes_equals_generate(
-    local_swarm: LocalSwarm, tiny_model: GetTinyModel
+    local_swarm: LocalSwarm, tiny_model: GetTinyModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tiny = tiny_model("llama")
     start_chain_nodes(local_swarm, tiny.folder, SPANS)
@@ -166,6 +168,39 @@ async def test_a_three_node_chain_that_pushes_equals_generate(
             assert [t async for t in client.greedy(chain, 12)] == expected
         assert client.router.stats.pushed_hops - before[0] == 22
         assert client.router.stats.relayed_hops - before[1] == 11 + 33
+        await _a_rewinding_step_is_relayed(client, expected, monkeypatch)
+
+
+async def _a_rewinding_step_is_relayed(
+    client: PushClient, expected: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a speculative verify step whose drafts were rejected, the next decode step rewinds the nodes: it is
+    relayed (a push never rewinds a node), then decode steps push again."""
+
+    def embed(ids: list[int]) -> torch.Tensor:
+        return client.head.embed(torch.tensor([ids]))
+
+    def greedy(output: torch.Tensor) -> int:
+        return int(client.head.logits(output[:, -1:])[0, -1].argmax())
+
+    pushes: list[int] = []  # positions of the steps that went node to node (a refused push looks relayed in stats)
+
+    async def counted(chain: ChainSession, hidden: torch.Tensor, position: int) -> torch.Tensor:
+        pushes.append(position)
+        return await push_step(chain, hidden, position)
+
+    monkeypatch.setattr(remote_session, "push_step", counted)
+    async with client.chain() as chain:
+        await chain.step(embed(PROMPT), 0)
+        wrong = [(expected[1] + 1) % 128, 7]
+        await chain.step(embed([expected[0], *wrong]), 5)  # the nodes hold 8 tokens; both drafts are rejected
+        stats = client.router.stats
+        before = stats.pushed_hops, stats.relayed_hops
+        assert greedy(await chain.step(embed([expected[1]]), 6)) == expected[2]  # rewinds to 6
+        assert (stats.pushed_hops - before[0], stats.relayed_hops - before[1]) == (0, 3)
+        assert greedy(await chain.step(embed([expected[2]]), 7)) == expected[3]
+        assert (stats.pushed_hops - before[0], stats.relayed_hops - before[1]) == (2, 4)
+    assert pushes == [7]
 
 
 @pytest.mark.parametrize("position", [0, 1, 2])

@@ -14,9 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from gateway.generation import Grammar, InvalidGrammar, SamplingParams
+from gateway.generation import GeneratedToken, GenerationRequest, Grammar, InvalidGrammar, SamplingParams
 from gateway.model.grammar import GrammarCompiler
 from gateway.model.sampling import Sampler
+from gateway.model.speculation import DecodePlan, verify_drafts
 
 EOS = 2  # <|im_end|>
 V = 49152
@@ -176,3 +177,40 @@ def test_random_schemas_give_valid_json_at_temperature_one(
 ) -> None:
     text = generate(compiler, Grammar("json_schema", json.dumps(schema)), tokenizer, seed)
     jsonschema_rs.validator_for(schema).validate(json.loads(text))
+
+
+def test_speculative_rounds_under_a_grammar_emit_what_step_by_step_sampling_emits(
+    compiler: GrammarCompiler, tokenizer: Any
+) -> None:
+    """Drafts are verified through the grammar mask: the constraint advances over emitted tokens only, so rounds of
+    drafts (some wrong, some the grammar forbids) give exactly the tokens of step-by-step sampling, valid JSON."""
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "n": {"type": "integer"}}}
+    grammar = Grammar("json_schema", json.dumps(schema))
+    noise = torch.Generator().manual_seed(5)
+    rows = torch.randn(200, V, generator=noise) * 2  # a "model" whose logits at output position n are rows[n]
+    rows[:, _closers(tokenizer)] += 12.0
+    params = SamplingParams(temperature=0.8, seed=9)
+
+    plain_sampler = Sampler(params, V, [], compiler.constraint(grammar))
+    plain: list[int] = []
+    while not plain or plain[-1] != EOS:
+        plain.append(plain_sampler.next_token(rows[len(plain)]))
+
+    sampler = Sampler(params, V, [], compiler.constraint(grammar))
+    plan = DecodePlan(GenerationRequest([1], len(plain) + 50), None)
+
+    def pick(row: torch.Tensor) -> GeneratedToken:
+        token = sampler.next_token(row)
+        return GeneratedToken(token, token == EOS)
+
+    spec: list[int] = []
+    rounds = 0
+    while not plan.done:
+        n = len(spec)
+        # the next four tokens as drafts, every third one replaced by a token the grammar never allows here ("{")
+        drafts = [tokenizer.get_vocab()["{"] if (n + i) % 3 == 2 else t for i, t in enumerate(plain[n : n + 4])]
+        tokens, _ = verify_drafts(rows[n : n + len(drafts) + 1], drafts, pick, plan)
+        spec += [t.token_id for t in tokens]
+        rounds += 1
+    assert spec == plain and rounds < len(plain)
+    json.loads(tokenizer.decode(spec[:-1]))

@@ -29,3 +29,14 @@ def test_a_rewind_forgets_everything_from_its_position() -> None:
     assert [(p, h.shape[1]) for p, h in segment.history] == [(0, 3), (3, 4)]
     assert segment.history[0][1].flatten().tolist() == [0, 1, 2]
     assert segment.history[1][1].flatten().tolist() == [103, 104, 105, 106]
+
+
+def test_a_truncate_forgets_the_rejected_drafts() -> None:
+    segment = Segment(cast(NodeSession, None))
+    segment.record(0, chunk(0, 5))
+    segment.record(5, chunk(5, 4))  # the last token and three drafts
+    segment.truncate(7)  # two kept
+    assert [(p, h.shape[1]) for p, h in segment.history] == [(0, 5), (5, 2)]
+    assert segment.history[1][1].flatten().tolist() == [5, 6]
+    segment.truncate(3)
+    assert [(p, h.shape[1]) for p, h in segment.history] == [(0, 3)]

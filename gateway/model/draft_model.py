@@ -1,0 +1,90 @@
+"""A draft model at the gateway (``--speculative draft --draft-model PATH``): a small model of the same tokenizer,
+loaded whole with transformers, that proposes the next k tokens greedily for the chain to verify.
+
+Each generation has its own ``DraftSession``: a transformers ``DynamicCache`` over the tokens it has read. Before
+drafting, the cache is cropped to the longest prefix it shares with the text so far (the drafts the chain rejected
+go), the tokens after that prefix are read in one forward, and k tokens are drafted one forward each. It runs in a
+worker thread of its own (``asyncio.to_thread`` from the engine), never in the head batcher's: k forwards of a
+model would hold up every other session's scoring. Greedy drafts are point masses q, so the engine's acceptance (the
+request's own sampler, draft kept while the sample equals it) is the speculative sampling rule here too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+from gateway.model.files import load_tokenizer
+from gateway.model.speculation import SpecTuner, common_prefix
+from shared.errors import ModelLoadError
+from shared.model_source import resolve_model
+
+__all__ = ["DraftModel", "DraftSession"]
+
+
+class DraftModel:
+    def __init__(self, model: PreTrainedModel) -> None:
+        self.model = model.eval()
+
+    @classmethod
+    def load(cls, path: str, tokenizer: PreTrainedTokenizerBase) -> DraftModel:
+        """The draft model at ``path`` (a folder, a GGUF file or a hub id, like MODEL) in float32; refused with
+        ``ModelLoadError`` when its tokenizer is not the served model's (its drafts would be other tokens)."""
+        source = resolve_model(path)
+        if load_tokenizer(source).get_vocab() != tokenizer.get_vocab():
+            raise ModelLoadError(f"the draft model {path} has another tokenizer than the served model")
+        model: PreTrainedModel = source.load(
+            lambda location, **kwargs: AutoModelForCausalLM.from_pretrained(location, dtype=torch.float32, **kwargs),
+            "the draft model",
+        )
+        return cls(model)
+
+    def session(self, prompt_ids: Sequence[int], tuner: SpecTuner) -> DraftSession:
+        return DraftSession(self.model, prompt_ids, tuner)
+
+
+class DraftSession:
+    """One generation's drafter over the draft model (its KV cache, the text so far)."""
+
+    threaded = True  # ``propose`` runs k forwards: in a thread of its own
+
+    def __init__(self, model: PreTrainedModel, prompt_ids: Sequence[int], tuner: SpecTuner) -> None:
+        self._model = model
+        self._cache = DynamicCache(config=model.config)
+        self._read: list[int] = []  # the tokens whose keys and values the cache holds, in order
+        self.context = list(prompt_ids)
+        self.tuner = tuner
+
+    def emitted(self, token_id: int) -> None:
+        self.context.append(token_id)
+
+    @torch.inference_mode()
+    def propose(self, k: int) -> list[int]:
+        """Up to ``k`` greedy draft tokens after the text so far."""
+        if k <= 0 or not self.context:
+            return []
+        keep = min(common_prefix(self._read, self.context), len(self.context) - 1)  # at least one token to read
+        if keep < len(self._read):
+            self._forget(len(self._read) - keep)
+        token = self._next(self.context[keep:])
+        drafts = [token]
+        while len(drafts) < k:
+            token = self._next([token])
+            drafts.append(token)
+        return drafts
+
+    def _forget(self, count: int) -> None:
+        """Drop the cache's last ``count`` tokens; a sliding-window cache that cannot roll back is rebuilt."""
+        try:
+            self._cache.crop(-count)  # this transformers' crop takes how many to remove, as a negative number
+        except RuntimeError:
+            self._cache, count = DynamicCache(config=self._model.config), len(self._read)
+        del self._read[len(self._read) - count :]
+
+    def _next(self, token_ids: list[int]) -> int:
+        """Read ``token_ids`` [T] into the cache -> the greedy token after them."""
+        logits = self._model(input_ids=torch.tensor([token_ids]), cache=self._cache, use_cache=True).logits  # [1, T, V]
+        self._read += token_ids
+        return int(logits[0, -1].argmax())

@@ -1,0 +1,235 @@
+"""Speculative decoding: draft tokens cheaply at the gateway, verify k of them in one pass through the chain.
+
+    fed tokens ... t | d1 .. dk  ─one step of k+1 positions→ hidden [1, k+1, D] ─LM head→ logits [k+1, V]
+    position i:  x_i = sampler(logits[i])  → emit x_i;  x_i == d_{i+1} ? go on : stop   (x_k is the bonus token)
+
+Drafts come from prompt lookup (``propose_ngram``: the text so far repeated, no extra model). Acceptance uses the
+request's own sampler on each position's logits, in order, so every emitted token is exactly what step-by-step
+decoding would sample there: greedy output equals non-speculative decoding, penalties see the tokens before each
+position, a grammar mask advances only over emitted tokens, and a seeded request draws from its generator the same
+way as without speculation (one draw per emitted token). For a draft proposed with certainty (q a point mass, as
+prompt lookup's are), sampling x ~ p and accepting iff x == d *is* the speculative sampling rule: the draft is
+accepted with probability p(d) = min(1, p(d)/q(d)), and a rejection's x is distributed as p without d, renormalized
+— the residual max(p - q, 0) normalized.
+
+How many to draft (``choose_k``) is a small cost model: a verify round costs the chain's round trip plus compute
+that grows a little per position, and yields (1 - a^(k+1)) / (1 - a) tokens at a per-draft acceptance a. Below
+``min_rtt`` (loopback) nothing is drafted: there the extra positions cost more than the round trips they save.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from gateway.generation import GeneratedToken, GenerationRequest
+from gateway.metrics import spec_verified
+
+__all__ = [
+    "DecodePlan",
+    "Drafter",
+    "PromptLookup",
+    "Verified",
+    "SpecTuner",
+    "choose_k",
+    "verify_drafts",
+    "common_prefix",
+    "expected_tokens",
+    "propose_ngram",
+]
+
+MAX_NGRAM = 4  # longest suffix looked up in the text so far
+MIN_NGRAM = 2  # a single repeated token predicts too little to pay for its positions
+POSITION_COST = 0.1  # an extra verified position, as a fraction of a decode step's compute (decode is memory-bound)
+ACCEPTANCE_PRIOR = 0.6  # a fresh generation's guess (prompt lookup drafts only where the text repeats)
+EWMA = 0.3  # weight of the newest round in the acceptance and compute estimates
+MIN_GAIN = 1.1  # draft only when a round is expected to beat plain decoding by this factor
+
+
+def propose_ngram(context: Sequence[int], k: int, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM) -> list[int]:
+    """Up to ``k`` tokens that followed the latest earlier occurrence of the context's last n tokens (longest n
+    first, from ``max_ngram`` down to ``min_ngram``); [] when the suffix never occurred before."""
+    if k <= 0:
+        return []
+    tokens = list(context)
+    for n in range(min(max_ngram, len(tokens) - 1), min_ngram - 1, -1):
+        suffix = tokens[-n:]
+        for start in range(len(tokens) - n - 1, -1, -1):  # latest match first; the suffix itself is excluded
+            if tokens[start : start + n] == suffix:
+                return tokens[start + n : start + n + k]
+    return []
+
+
+def expected_tokens(acceptance: float, k: int) -> float:
+    """Tokens one verify round of k drafts emits on average (each draft accepted with ``acceptance``, in order,
+    plus the token sampled after the last accepted one)."""
+    if acceptance >= 1.0:
+        return float(k + 1)
+    return (1.0 - acceptance ** (k + 1)) / (1.0 - acceptance)
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    for index, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return index
+    return min(len(a), len(b))
+
+
+def choose_k(
+    acceptance: float,
+    rtt: float,
+    compute: float,
+    k_max: int,
+    min_rtt: float,
+    draft_cost: float = 0.0,
+    plain_rtt: float | None = None,
+    position_cost: float = POSITION_COST,
+) -> int:
+    """Drafts for the next round: the k in 0..k_max with the least expected time per token, where a round costs
+    ``rtt + compute * (1 + position_cost * k) + draft_cost * k`` (seconds; ``draft_cost``: drafting one token, a
+    draft model's forward) against ``plain_rtt + compute`` for a plain decode step (default ``rtt``; less when
+    decode steps are pushed node to node and verify steps are relayed). 0 below ``min_rtt`` or when drafting gains
+    under ``MIN_GAIN``."""
+    if k_max <= 0 or rtt < min_rtt:
+        return 0
+    plain = (rtt if plain_rtt is None else plain_rtt) + compute
+    best_k, best = 0, plain
+    for k in range(1, k_max + 1):
+        cost = rtt + compute * (1.0 + position_cost * k) + draft_cost * k
+        per_token = cost / expected_tokens(acceptance, k)
+        if per_token < best:
+            best_k, best = k, per_token
+    return best_k if best * MIN_GAIN <= plain else 0
+
+
+@dataclass
+class SpecTuner:
+    """One generation's estimates: acceptance per draft and the chain's compute per step (EWMAs)."""
+
+    k_max: int
+    min_rtt: float
+    acceptance: float = ACCEPTANCE_PRIOR
+    compute: float = 0.0  # seconds a step takes beyond the round trip
+    draft_cost: float = 0.0  # seconds drafting one token takes (a draft model's forward; ~0 for prompt lookup)
+
+    def next_k(self, rtt: float, limit: int, plain_rtt: float | None = None) -> int:
+        k = choose_k(self.acceptance, rtt, self.compute, self.k_max, self.min_rtt, self.draft_cost, plain_rtt)
+        return min(k, max(0, limit))
+
+    def record_draft(self, seconds: float, drafted: int) -> None:
+        if drafted > 0:
+            self.draft_cost += EWMA * (seconds / drafted - self.draft_cost)
+
+    def record_round(self, drafted: int, accepted: int) -> None:
+        if drafted > 0:
+            self.acceptance += EWMA * (accepted / drafted - self.acceptance)
+
+    def record_step(self, seconds: float, rtt: float) -> None:
+        self.compute += EWMA * (max(0.0, seconds - rtt) - self.compute)
+
+
+class Drafter(Protocol):
+    """One generation's source of drafts."""
+
+    threaded: bool  # ``propose`` is costly: the engine runs it in a thread of its own, not the head batcher's
+    tuner: SpecTuner
+
+    def emitted(self, token_id: int) -> None: ...
+
+    def propose(self, k: int) -> list[int]: ...
+
+
+class PromptLookup:
+    """One generation's drafter: prompt lookup over the prompt and the tokens emitted so far."""
+
+    threaded = False  # microseconds: done in the head batcher's thread, beside the sampling
+
+    def __init__(self, prompt_ids: Sequence[int], tuner: SpecTuner) -> None:
+        self.context = list(prompt_ids)
+        self.tuner = tuner
+
+    def emitted(self, token_id: int) -> None:
+        self.context.append(token_id)
+
+    def propose(self, k: int) -> list[int]:
+        return propose_ngram(self.context, k)
+
+
+@dataclass
+class Verified:
+    """One round at the head: the tokens emitted, how many of the round's drafts they kept, whether the generation
+    is over; if not, the next step's drafts and its input embeddings [1, 1 + len(drafts), D]."""
+
+    tokens: list[GeneratedToken]
+    accepted: int
+    done: bool
+    drafts: list[int] = field(default_factory=list)
+    hidden: torch.Tensor | None = None
+
+
+class DecodePlan:
+    """When one generation stops and what it drafts next (nothing without a drafter)."""
+
+    def __init__(self, request: GenerationRequest, drafter: Drafter | None) -> None:
+        self._max_new = request.max_new_tokens
+        self._ignore_eos = request.ignore_eos
+        self._drafter = drafter
+        self.count = 0  # tokens emitted
+        self.done = False
+
+    def emitted(self, token: GeneratedToken) -> None:
+        self.count += 1
+        if self._drafter is not None:
+            self._drafter.emitted(token.token_id)
+        self.done = self.count >= self._max_new or (token.eos and not self._ignore_eos)
+
+    def next_k(self, rtt: float, others: int, plain_rtt: float | None = None) -> int:
+        """Drafts worth verifying in the next step, by the drafter's estimates; none while ``others`` generations
+        decode through this gateway: their decode steps share one forward and one message per node, which a verify
+        step of several positions would leave (and the batchers' rhythm would wait for it)."""
+        if self._drafter is None or others > 0:
+            return 0
+        return self._drafter.tuner.next_k(rtt, self._max_new - self.count, plain_rtt)
+
+    @property
+    def threaded(self) -> bool:
+        return self._drafter is not None and self._drafter.threaded
+
+    def propose(self, k: int) -> list[int]:
+        """Up to ``k`` drafts after the tokens so far; never one that could only be emitted past max_new_tokens."""
+        room = self._max_new - self.count - 1  # the token just emitted is fed with them; the last needs no feeding
+        if self._drafter is None or min(k, room) <= 0:
+            return []
+        started = time.perf_counter()
+        drafts = self._drafter.propose(min(k, room))
+        self._drafter.tuner.record_draft(time.perf_counter() - started, len(drafts))
+        return drafts
+
+    def verified(self, drafted: int, accepted: int) -> None:
+        if self._drafter is not None and drafted > 0:
+            self._drafter.tuner.record_round(drafted, accepted)
+            spec_verified(drafted, accepted)
+
+    def stepped(self, seconds: float, rtt: float) -> None:
+        if self._drafter is not None:
+            self._drafter.tuner.record_step(seconds, rtt)
+
+
+def verify_drafts(
+    logits: torch.Tensor, drafts: Sequence[int], pick: Callable[[torch.Tensor], GeneratedToken], plan: DecodePlan
+) -> tuple[list[GeneratedToken], int]:
+    """logits [1 + len(drafts), V]: after the last emitted token, then after each draft -> (the tokens emitted, the
+    drafts kept). ``pick`` is the request's own sampling of one position; a draft is kept while it equals the pick."""
+    tokens: list[GeneratedToken] = []
+    for row in logits:
+        tokens.append(pick(row))
+        plan.emitted(tokens[-1])
+        if plan.done or len(tokens) > len(drafts) or tokens[-1].token_id != drafts[len(tokens) - 1]:
+            break
+    accepted = sum(1 for token, draft in zip(tokens, drafts, strict=False) if token.token_id == draft)
+    return tokens, accepted

@@ -1,0 +1,264 @@
+"""The engine's speculative decode loop over an in-process chain of spans (tiny random models of every family).
+
+The chain here is a seam: real span objects with real KV caches, stepped in this process instead of over P2P
+(tests/integration/test_speculative_smollm2.py runs the same loop through real node processes). Checked: a verify
+pass over k+1 positions gives step-by-step decode's logits; greedy output with speculation equals it without, for
+every family, with drafts actually verified and some accepted; seeded sampling with penalties and logprobs gives the
+same tokens with and without; and the acceptance rule keeps the model's distribution (a chi-square test over 20,000
+samples of the first two tokens).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from gateway.generation import GeneratedToken, GenerationRequest, SamplingParams
+from gateway.metrics import GatewayMetrics, current_metrics
+from gateway.model.engine import GenerationEngine
+from gateway.model.files import load_tokenizer
+from gateway.model.sampling import Sampler
+from gateway.model.speculation import DecodePlan, PromptLookup, SpecTuner
+from gateway.settings import EngineSettings
+from gateway.swarm.kept_chains import KeptChains
+from gateway.swarm.view import SwarmView
+from shared.errors import PositionOutOfRange
+from shared.model_source import load_config, resolve_model
+from swarm_node.kv_cache import SessionKV
+from tests.helpers.processes import save_tiny_tokenizer
+from tests.tiny_models import VOCAB, GetTinyModel, TinyModel
+from tests.unit.swarm_node.test_span_exactness import Chain, build_chain, random_ids
+
+ATOL = 1e-4
+PROMPT = [5, 17, 99, 3, 42, 8, 1, 64, 2, 77, 5, 17, 99, 3, 42, 8]  # repeats itself: prompt lookup finds drafts
+NEW_TOKENS = 40
+
+
+class LocalChain:
+    """What the engine needs of a ``ChainSession``, computed by span objects in this process."""
+
+    def __init__(self, chain: Chain) -> None:
+        self._chain = chain
+        self._kvs: list[SessionKV] = chain.new_session()
+        self.hops: list[object] = []
+        self.steps: list[tuple[int, int]] = []  # (position, tokens) of every step
+        self.truncated: list[int] = []
+        self.closed = False
+
+    async def step(self, hidden: torch.Tensor, position: int) -> torch.Tensor:
+        self.steps.append((position, hidden.shape[1]))
+        with torch.inference_mode():
+            return self._chain.forward(hidden, [self._kvs], [position])
+
+    async def truncate(self, length: int) -> None:
+        self.truncated.append(length)
+        for kv in self._kvs:
+            if length > kv.length:
+                raise PositionOutOfRange(f"cannot truncate to {length}: {kv.length} held")
+            kv.length = length
+
+    @property
+    def max_length(self) -> int:
+        return self._kvs[0].max_length
+
+    @property
+    def lengths(self) -> set[int]:
+        return {kv.length for kv in self._kvs}
+
+    async def resize(self, max_length: int) -> None:
+        for kv in self._kvs:
+            kv.resize(max_length)  # refused below the stored tokens, as a node refuses
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+class OracleDrafts(PromptLookup):
+    """Drafts from a known output, every fifth one wrong: rounds that keep every draft and rounds that reject one,
+    whatever the random model generates (prompt lookup on a random model rarely finds repeats)."""
+
+    def __init__(self, prompt_ids: list[int], tuner: SpecTuner, reference: list[int]) -> None:
+        super().__init__(prompt_ids, tuner)
+        self._emitted_from = len(prompt_ids)
+        self._reference = reference
+
+    def propose(self, k: int) -> list[int]:
+        done = len(self.context) - self._emitted_from
+        drafts = self._reference[done : done + k]
+        return [(t + 1) % VOCAB if (done + i) % 5 == 4 else t for i, t in enumerate(drafts)]
+
+
+class LocalEngine(GenerationEngine):
+    """The engine with its chain made in-process and a fixed route round trip."""
+
+    rtt = 0.05
+
+    def __init__(self, settings: EngineSettings, chain: Chain, oracle: list[int] | None = None) -> None:
+        source = resolve_model(settings.model)
+        super().__init__(settings, source, load_config(source), load_tokenizer(source, None), chain.head)
+        self.local = chain
+        self.chains: list[LocalChain] = []
+        self._oracle = oracle
+
+    def _drafter(self, request: GenerationRequest) -> PromptLookup | None:
+        drafter = super()._drafter(request)
+        if drafter is None or self._oracle is None:
+            return drafter
+        return OracleDrafts(request.prompt_ids, drafter.tuner, self._oracle)
+
+    async def _prefill(self, request: GenerationRequest) -> tuple[LocalChain, torch.Tensor, int]:  # type: ignore[override]
+        chain = LocalChain(self.local)
+        self.chains.append(chain)
+        return chain, await chain.step(self._embed(request.prompt_ids), 0), 0
+
+    def _chain_rtts(self, chain: object) -> tuple[float, float]:  # type: ignore[override]
+        return self.rtt, self.rtt
+
+
+def local_engine(folder: Path, chain: Chain, speculative: str, oracle: list[int] | None = None) -> LocalEngine:
+    if not (folder / "tokenizer.json").exists():
+        save_tiny_tokenizer(folder, VOCAB)
+    settings = EngineSettings(model=str(folder), speculative=speculative, speculative_min_rtt=0.0)
+    return LocalEngine(settings, chain, oracle)
+
+
+async def run(engine: LocalEngine, request: GenerationRequest) -> list[GeneratedToken]:
+    return [event async for event in engine.stream(request) if isinstance(event, GeneratedToken)]
+
+
+@pytest.fixture
+def tiny(tiny_model: GetTinyModel, tiny_variant: str) -> TinyModel:
+    return tiny_model(tiny_variant)
+
+
+def test_a_verify_pass_over_k_plus_1_positions_gives_step_by_step_logits(tiny: TinyModel) -> None:
+    chain = build_chain(tiny.folder, (3,))
+    prompt, tokens = random_ids(9, seed=5), random_ids(5, seed=6)
+    stepwise, verify = chain.new_session(), chain.new_session()
+    with torch.inference_mode():
+        chain.step(prompt, stepwise, 0)
+        chain.step(prompt, verify, 0)
+        one_by_one = torch.cat([chain.step(tokens[:, i : i + 1], stepwise, 9 + i) for i in range(5)], dim=1)
+        at_once = chain.step(tokens, verify, 9)
+    torch.testing.assert_close(at_once, one_by_one, atol=ATOL, rtol=0)
+
+
+async def test_greedy_with_speculation_equals_greedy_without(tiny: TinyModel) -> None:
+    chain = build_chain(tiny.folder, (2, 4))
+    metrics = GatewayMetrics()
+    current_metrics.set(metrics)
+    request = GenerationRequest(PROMPT, NEW_TOKENS, SamplingParams(temperature=0.0), logprobs=2)
+    plain_engine = local_engine(tiny.folder, chain, "off")
+    try:
+        plain = await run(plain_engine, request)
+        spec_engine = local_engine(tiny.folder, chain, "ngram", oracle=[t.token_id for t in plain])
+        try:
+            spec = await run(spec_engine, request)
+        finally:
+            await spec_engine.heads.close()
+    finally:
+        await plain_engine.heads.close()
+    assert [t.token_id for t in spec] == [t.token_id for t in plain]
+    for got, want in zip(spec, plain, strict=True):  # the model's own logprobs, whichever step computed them
+        assert got.logprob == pytest.approx(want.logprob, abs=ATOL)
+        assert [i for i, _ in got.top] == [i for i, _ in want.top]
+    drafted = metrics.spec_draft._value.get()
+    accepted = metrics.spec_accepted._value.get()
+    assert drafted > 0 and 0 < accepted < drafted  # drafts kept and drafts rejected (every fifth is wrong)
+    assert max(tokens for _, tokens in spec_engine.chains[0].steps[1:]) > 1  # verify steps of several positions
+    assert all(tokens == 1 for _, tokens in plain_engine.chains[0].steps[1:])
+
+
+async def test_seeded_sampling_with_penalties_gives_the_same_tokens_with_and_without_speculation(
+    tiny_model: GetTinyModel,
+) -> None:
+    tiny = tiny_model("llama")
+    chain = build_chain(tiny.folder, (3,))
+    params = SamplingParams(temperature=0.7, top_p=0.95, seed=11, presence_penalty=0.3, repetition_penalty=1.1)
+    request = GenerationRequest(PROMPT, NEW_TOKENS, params)
+    metrics = GatewayMetrics()
+    current_metrics.set(metrics)
+    engines = [local_engine(tiny.folder, chain, "off")]
+    try:
+        plain = await run(engines[0], request)
+        engines.append(local_engine(tiny.folder, chain, "ngram", oracle=[t.token_id for t in plain]))
+        spec = await run(engines[1], request)
+    finally:
+        for engine in engines:
+            await engine.heads.close()
+    assert [t.token_id for t in spec] == [t.token_id for t in plain]
+    assert any(tokens > 1 for _, tokens in engines[1].chains[0].steps[1:])
+    assert 0 < metrics.spec_accepted._value.get() < metrics.spec_draft._value.get()
+
+
+def test_the_acceptance_rule_keeps_the_models_distribution(tiny_model: GetTinyModel) -> None:
+    """First token x ~ p0; when x equals the draft d, the second token ~ p1(. | d) from the same verify pass, with
+    d counted by the penalties. 20,000 seeded rounds against those exact probabilities (chi-square)."""
+    tiny = tiny_model("llama")
+    chain = build_chain(tiny.folder, (3,))
+    engine = local_engine(tiny.folder, chain, "ngram")
+    TEMPERATURE = 0.5  # noqa: N806
+    prompt = PROMPT[:8]
+    with torch.inference_mode():
+        logits = chain.step(torch.tensor([prompt]), chain.new_session(), 0)[0, -1:]  # [1, V] after the prompt
+        p0 = torch.softmax(logits[0] / TEMPERATURE, dim=-1)
+        draft = int(p0.argmax())
+        both = chain.step(torch.tensor([[*prompt, draft]]), chain.new_session(), 0)[0, -2:]  # [2, V]
+    params = SamplingParams(temperature=TEMPERATURE, presence_penalty=0.8)
+    p0 = torch.softmax(both[0] / TEMPERATURE, dim=-1).double()
+    p1 = torch.softmax((both[1] - 0.8 * (torch.arange(VOCAB) == draft)) / TEMPERATURE, dim=-1).double()
+    assert 0.1 < float(p0[draft]) < 0.9  # both branches of the rule get exercised
+    request = GenerationRequest(prompt, 10, params)
+    counts = torch.zeros(2, VOCAB, dtype=torch.float64)  # [first token (not the draft) | second token after it]
+    for seed in range(20_000):
+        sampler = Sampler(params.with_seed(seed), VOCAB, prompt)
+        verify = functools.partial(engine._verify, drafts=[draft], num_logprobs=None, k=0)
+        tokens = verify(both, sampler=sampler, plan=DecodePlan(request, None)).tokens
+        if tokens[0].token_id != draft:
+            assert len(tokens) == 1
+            counts[0, tokens[0].token_id] += 1
+        else:
+            counts[1, tokens[1].token_id] += 1
+    expected = torch.stack([p0 * (torch.arange(VOCAB) != draft), p0[draft] * p1]) * 20_000
+    big = expected >= 5  # cells too small for chi-square are pooled into one
+    observed = torch.cat([counts[big], counts[~big].sum().view(1)])
+    wanted = torch.cat([expected[big], expected[~big].sum().view(1)])
+    wanted = wanted * observed.sum() / wanted.sum()  # float64 rounding: the totals must agree exactly
+    assert float(chisquare(observed.numpy(), wanted.numpy()).pvalue) > 1e-3
+
+
+async def test_a_kept_conversation_is_rolled_back_to_its_tokens_before_it_shrinks(tiny_model: GetTinyModel) -> None:
+    """A chat kept for its next turn must hold exactly its tokens: drafts rejected in its last round are truncated
+    away (else the shrink to its tokens would be refused and the conversation lost)."""
+    tiny = tiny_model("llama")
+    chain = build_chain(tiny.folder, (3,))
+    plain_engine = local_engine(tiny.folder, chain, "off")
+    reference = [t.token_id for t in await run(plain_engine, GenerationRequest(PROMPT, 30, SamplingParams(0.0)))]
+    await plain_engine.heads.close()
+    engine = local_engine(tiny.folder, chain, "ngram", oracle=reference)
+    engine._kept = KeptChains(_no_view, keep_alive=60.0, max_kept=64)
+    try:
+        for end in range(8, 20):  # an end-of-sequence token emitted amid a round's drafts: the ones after it go
+            engine.stop_ids = {reference[end]}
+            expected = reference[: reference.index(reference[end]) + 1]
+            request = GenerationRequest(PROMPT, 30, SamplingParams(0.0), reuse_scope=f"chat{end}")
+            assert [t.token_id for t in await run(engine, request)] == expected
+            local = engine.chains[-1]
+            kept = engine.kept.pool._kept[-1]  # what the pool holds for the chat's next turn
+            assert kept.scope == f"chat{end}" and kept.item.chain is local
+            await kept.item.shrunk
+            held = len(kept.token_ids)  # every token but the last (never fed), or all of them (fed as a draft)
+            assert held in (len(PROMPT) + len(expected) - 1, len(PROMPT) + len(expected))
+            assert local.lengths == {held} and local.max_length == held and not local.closed
+        assert any(local.truncated for local in engine.chains)
+    finally:
+        await engine.kept.close()
+        await engine.heads.close()
+
+
+async def _no_view() -> SwarmView:
+    raise AssertionError("the sweeper is not started in this test")
