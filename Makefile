@@ -32,8 +32,9 @@ $(BROWSER_STAMP): scripts/install-browser.sh
 	mkdir -p .tools
 	bash scripts/install-browser.sh && touch $@ || echo "chromium not installed: the swarm page test will skip"
 
+# Two workers, each test module whole on one of them (module-scoped swarms are started once per module).
 test: $(STAMP) $(TOOLS_STAMP) $(BROWSER_STAMP)
-	$(BIN)/python -m pytest tests/
+	$(BIN)/python -m pytest -n 2 --dist loadfile tests/
 
 # The edit loop: unit tests only, without the slow, deploy and browser groups (a minute or two on a laptop).
 test-fast: $(STAMP)
