@@ -35,20 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import (
-    AutoModelForCausalLM,
-    BloomConfig,
-    FalconConfig,
-    Gemma2Config,
-    Gemma3TextConfig,
-    LlamaConfig,
-    MixtralConfig,
-    Phi3Config,
-    PretrainedConfig,
-    PreTrainedModel,
-    Qwen2MoeConfig,
-    Qwen3MoeConfig,
-)
+import transformers
 
 from gateway.model.head import ModelHead, build_head
 from shared.model_source import load_config, resolve_model
@@ -90,7 +77,7 @@ class Shape:
         }
 
 
-def _configs(shape: Shape) -> dict[str, Callable[[], PretrainedConfig]]:
+def _configs(shape: Shape) -> dict[str, Callable[[], transformers.PretrainedConfig]]:
     common = shape.common
     moe = {"num_experts_per_tok": 2, "moe_intermediate_size": shape.hidden, "num_experts": 8}
     layer_types = ["sliding_attention", "full_attention"] * (shape.layers // 2)
@@ -98,18 +85,20 @@ def _configs(shape: Shape) -> dict[str, Callable[[], PretrainedConfig]]:
     falcon = {k: common[k] for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")}
     falcon.update(alibi=False, parallel_attn=True, bias=False, bos_token_id=None, eos_token_id=None)
     return {
-        "llama": lambda: LlamaConfig(**common),
-        "mixtral": lambda: MixtralConfig(**common, num_local_experts=8, num_experts_per_tok=2),
-        "qwen2_moe": lambda: Qwen2MoeConfig(**common, **moe, shared_expert_intermediate_size=shape.hidden),
-        "qwen3_moe": lambda: Qwen3MoeConfig(**common, **moe),
-        "falcon": lambda: FalconConfig(**falcon, new_decoder_architecture=False, multi_query=True),
-        "falcon_new": lambda: FalconConfig(**falcon, new_decoder_architecture=True, num_kv_heads=shape.kv_heads),
-        "bloom": lambda: BloomConfig(
+        "llama": lambda: transformers.LlamaConfig(**common),
+        "mixtral": lambda: transformers.MixtralConfig(**common, num_local_experts=8, num_experts_per_tok=2),
+        "qwen2_moe": lambda: transformers.Qwen2MoeConfig(**common, **moe, shared_expert_intermediate_size=shape.hidden),
+        "qwen3_moe": lambda: transformers.Qwen3MoeConfig(**common, **moe),
+        "falcon": lambda: transformers.FalconConfig(**falcon, new_decoder_architecture=False, multi_query=True),
+        "falcon_new": lambda: transformers.FalconConfig(
+            **falcon, new_decoder_architecture=True, num_kv_heads=shape.kv_heads
+        ),
+        "bloom": lambda: transformers.BloomConfig(
             vocab_size=shape.vocab, hidden_size=shape.hidden, n_layer=shape.layers, n_head=shape.heads
         ),
-        "gemma2": lambda: Gemma2Config(**gemma),
-        "gemma3": lambda: Gemma3TextConfig(**gemma),
-        "phi3": lambda: Phi3Config(
+        "gemma2": lambda: transformers.Gemma2Config(**gemma),
+        "gemma3": lambda: transformers.Gemma3TextConfig(**gemma),
+        "phi3": lambda: transformers.Phi3Config(
             **{k: v for k, v in common.items() if k not in ("head_dim", "pad_token_id")}, pad_token_id=0
         ),
     }
@@ -118,20 +107,20 @@ def _configs(shape: Shape) -> dict[str, Callable[[], PretrainedConfig]]:
 @dataclass
 class Loaded:
     folder: Path
-    config: PretrainedConfig
+    config: transformers.PretrainedConfig
     reader: WeightReader
 
 
-def save_random(config: PretrainedConfig, folder: Path) -> Loaded:
+def save_random(config: transformers.PretrainedConfig, folder: Path) -> Loaded:
     torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(folder)
+    transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(folder)
     source = resolve_model(str(folder))
     ours = load_config(source)
     return Loaded(folder, ours, open_weights(source, ours))
 
 
-def reference(folder: Path, dtype: torch.dtype, device: str) -> PreTrainedModel:
-    return AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype).to(device).eval()
+def reference(folder: Path, dtype: torch.dtype, device: str) -> transformers.PreTrainedModel:
+    return transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype).to(device).eval()
 
 
 def run_spans(spans: list[BlockSpan], head: ModelHead, ids: torch.Tensor, sessions: list[SessionKV]) -> torch.Tensor:
@@ -146,7 +135,9 @@ def relative_error(ours: torch.Tensor, theirs: torch.Tensor) -> float:
     return float((ours.float() - theirs.float()).norm() / theirs.float().norm())
 
 
-def hidden_error(loaded: Loaded, model: PreTrainedModel, dtype: torch.dtype, quant: str, device: str) -> float:
+def hidden_error(
+    loaded: Loaded, model: transformers.PreTrainedModel, dtype: torch.dtype, quant: str, device: str
+) -> float:
     layers = loaded.config.num_hidden_layers
     transform = block_transform("nf4", dtype) if quant == "nf4" else None
     span = build_span(loaded.config, loaded.reader, 0, layers, dtype=dtype, device=device, transform=transform)
@@ -163,7 +154,7 @@ def hidden_error(loaded: Loaded, model: PreTrainedModel, dtype: torch.dtype, qua
     return max(errors)
 
 
-def greedy_equal(loaded: Loaded, model: PreTrainedModel, device: str) -> tuple[bool, str]:
+def greedy_equal(loaded: Loaded, model: transformers.PreTrainedModel, device: str) -> tuple[bool, str]:
     """Whether 20 greedy tokens equal ``generate``'s; else where they part and how close our top two logits were
     there (a near-tie on a random model flips on any kernel difference)."""
     layers = loaded.config.num_hidden_layers
@@ -218,7 +209,9 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def check_family(name: str, config: PretrainedConfig, device: str, streams: list[int], workdir: Path) -> bool:
+def check_family(
+    name: str, config: transformers.PretrainedConfig, device: str, streams: list[int], workdir: Path
+) -> bool:
     loaded = save_random(config, workdir / name)
     ok = True
     fp32 = reference(loaded.folder, torch.float32, device)
@@ -248,7 +241,7 @@ def _probe(loaded: Loaded, device: str) -> torch.Tensor:
     return torch.randint(0, loaded.config.vocab_size, (1, 13), generator=torch.Generator().manual_seed(1)).to(device)
 
 
-def _hidden(model: PreTrainedModel, loaded: Loaded, device: str) -> torch.Tensor:
+def _hidden(model: transformers.PreTrainedModel, loaded: Loaded, device: str) -> torch.Tensor:
     with torch.inference_mode():
         return model.base_model(_probe(loaded, device)).last_hidden_state
 

@@ -48,7 +48,7 @@ from typing import Any
 import torch
 
 from bench import step_trace_report
-from bench.capacity import PROMPTS, SPANS, LocalSwarm, smollm2_path, wait_covered
+from bench.capacity import PROMPTS, SPANS, LocalSwarm, smollm2_path, streams, wait_covered
 from gateway.generation import SamplingParams
 from gateway.model.engine import GenerationEngine, GenerationRequest
 from gateway.settings import EngineSettings
@@ -125,13 +125,7 @@ async def copy_stream(engine: GenerationEngine, prompt: list[int]) -> tuple[floa
 
 
 async def many_streams(engine: GenerationEngine, prompts: list[list[int]], new_tokens: int) -> float:
-    async def one(prompt: list[int]) -> int:
-        request = GenerationRequest(prompt, new_tokens, SamplingParams(temperature=0.0), ignore_eos=True)
-        return len([token async for token in engine.generate(request)])
-
-    began = time.perf_counter()
-    counts = await asyncio.gather(*(one(prompts[i % len(prompts)]) for i in range(STREAMS)))
-    return sum(counts) / (time.perf_counter() - began)
+    return await streams(engine, prompts, STREAMS, new_tokens)
 
 
 async def measure_rtt(

@@ -241,8 +241,8 @@ class GenerationEngine:
                     k=0 if plan.threaded else k,
                     adapter=request.adapter,
                 )
-                round_ = await self.heads.score_positions(
-                    output[:, -len(drafts) - 1 :], verify, sampler, request.adapter
+                round_ = await self.heads.score(
+                    output[:, -len(drafts) - 1 :], verify, sampler, request.adapter, positions=True
                 )
                 if plan.threaded and k > 0 and not round_.done:  # a draft model: k forwards in a thread of its own
                     round_ = await asyncio.to_thread(self._redraft, round_, plan, k, request.adapter)

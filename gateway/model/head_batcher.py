@@ -14,7 +14,7 @@ waits for the sessions due at the head (``shared.batching.Rhythm``), and a lone 
   forward of 2B rows costs far less than two forwards of B rows.
 
 Each row's sampling (its own sampler, penalties and seed) runs right after, in the same worker thread, so no
-session's tokens depend on who else was in the batch. A row may bring several positions (``score_positions``: a
+session's tokens depend on who else was in the batch. A row may bring several positions (``score(positions=True)``: a
 speculative verify step's k+1): they go into the same matmul as rows of their own.
 """
 
@@ -56,23 +56,15 @@ class HeadBatcher(Batcher[_Row, Any]):
         finish: Callable[[torch.Tensor], Any],
         session: object | None = None,
         adapter: str | None = None,
+        positions: bool = False,
     ) -> Any:
-        """``finish(logits)`` for ``hidden`` [1, 1, D] — computed with whatever other rows are waiting.
+        """``finish(logits)`` for ``hidden`` [1, T, D] — computed with whatever other rows are waiting: the last
+        position's logits [V], or with ``positions`` every position's [T, V] (a speculative round's verify).
 
         ``session``: one object per generation (weakly held), whose rhythm tells when its next row is due;
         ``adapter``: the LoRA adapter whose LM-head part applies to this row (rows of others share the batch).
         """
-        return await self.submit(_Row(hidden, finish, adapter), session)
-
-    async def score_positions(
-        self,
-        hidden: torch.Tensor,
-        finish: Callable[[torch.Tensor], Any],
-        session: object | None = None,
-        adapter: str | None = None,
-    ) -> Any:
-        """``finish(logits [T, V])`` for every position of ``hidden`` [1, T, D], batched like ``score``."""
-        return await self.submit(_Row(hidden, finish, adapter, positions=True), session)
+        return await self.submit(_Row(hidden, finish, adapter, positions), session)
 
     async def _score_rows(self, jobs: list[Job[_Row, Any]]) -> None:
         results = await asyncio.to_thread(self._compute, [job.item for job in jobs])
