@@ -96,6 +96,7 @@ class GenerationEngine:
         self._links: StepLinks | None = None  # every session's decode steps, batched per node
         self._grammars: GrammarCompiler | None = None  # built on the first constrained request (about a second)
         self._grammars_lock = asyncio.Lock()
+        self._generations = 0  # in flight, from their prefill on: speculation drafts only while alone
         self.draft_model: DraftModel | None = None  # with ``--speculative draft``
 
     @classmethod
@@ -216,7 +217,12 @@ class GenerationEngine:
             constraint = await asyncio.to_thread((await self.grammars()).constraint, request.grammar)
         sampler = Sampler(request.sampling, self.head.vocab_size, request.prompt_ids, constraint)
         plan = DecodePlan(request, self._drafter(request))
-        chain, output, cached = await self._prefill(request)  # output: [1, T, D] for the prompt's uncached tokens
+        self._generations += 1
+        try:
+            chain, output, cached = await self._prefill(request)  # output: [1, T, D] for the prompt's uncached tokens
+        except BaseException:
+            self._generations -= 1
+            raise
         held: list[int] | None = None  # once the generation ended well: the ids the nodes' caches hold
         stored = len(request.prompt_ids)  # tokens the nodes hold: ``held`` and any drafts rejected after it
         try:
@@ -229,7 +235,9 @@ class GenerationEngine:
             fed = list(request.prompt_ids)  # the tokens the nodes hold, the last step's drafts included
             drafts: list[int] = []  # the last step's drafts: the tail of ``fed``, verified by this round
             while request.max_new_tokens > 0:
-                others = self.heads.running(besides=sampler)  # other generations decoding here now
+                # Other generations here now: decoding, or still prefilling (streams started together must not
+                # draft in their first rounds: a verify step would leave the batch they are about to form).
+                others = max(self.heads.running(besides=sampler), self._generations - 1)
                 relay_rtt, plain_rtt = self._chain_rtts(chain)
                 k = plan.next_k(relay_rtt, others, plain_rtt)  # drafts to propose after this round
                 verify = functools.partial(
@@ -261,6 +269,7 @@ class GenerationEngine:
                 drafts, stored = round_.drafts, len(fed)
             held = fed
         finally:
+            self._generations -= 1
             self.heads.forget(sampler)
             if held is not None and request.reuse_scope is not None and stored > len(held):
                 held = await self._truncated(chain, held)

@@ -10,6 +10,7 @@ samples of the first two tokens).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from pathlib import Path
 
@@ -51,6 +52,7 @@ class LocalChain:
 
     async def step(self, hidden: torch.Tensor, position: int) -> torch.Tensor:
         self.steps.append((position, hidden.shape[1]))
+        await asyncio.sleep(0)  # a remote step suspends the generation, as the nodes' round trip does
         with torch.inference_mode():
             return self._chain.forward(hidden, [self._kvs], [position])
 
@@ -193,6 +195,26 @@ async def test_seeded_sampling_with_penalties_gives_the_same_tokens_with_and_wit
     assert [t.token_id for t in spec] == [t.token_id for t in plain]
     assert any(tokens > 1 for _, tokens in engines[1].chains[0].steps[1:])
     assert 0 < metrics.spec_accepted._value.get() < metrics.spec_draft._value.get()
+
+
+async def test_generations_started_together_never_draft(tiny_model: GetTinyModel) -> None:
+    """Streams that start at once decode as one batch: none drafts, not even in its first rounds (a verify step of
+    several positions would leave the batch). Each still equals the same request alone."""
+    tiny = tiny_model("llama")
+    chain = build_chain(tiny.folder, (3,))
+    request = GenerationRequest(PROMPT, 12, SamplingParams(temperature=0.0))
+    alone_engine = local_engine(tiny.folder, chain, "off")
+    try:
+        alone = [t.token_id for t in await run(alone_engine, request)]
+    finally:
+        await alone_engine.heads.close()
+    engine = local_engine(tiny.folder, chain, "ngram", oracle=alone)
+    try:
+        together = await asyncio.gather(*(run(engine, request) for _ in range(3)))
+    finally:
+        await engine.heads.close()
+    assert [[t.token_id for t in tokens] for tokens in together] == [alone] * 3
+    assert all(tokens == 1 for c in engine.chains for _, tokens in c.steps[1:])  # decode steps of one token only
 
 
 def test_the_acceptance_rule_keeps_the_models_distribution(tiny_model: GetTinyModel) -> None:
