@@ -170,7 +170,10 @@ schemas = st.recursive(_scalar, _compound, max_leaves=8)
 
 
 @pytest.mark.timeout(1800)  # about a minute alone; the 2-core box is often shared by many test runs
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# derandomize: the same 200 schemas every run, so a run fails only when the code changed.
+@settings(
+    max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(schema=schemas, seed=st.integers(0, 2**31))
 def test_random_schemas_give_valid_json_at_temperature_one(
     compiler: GrammarCompiler, tokenizer: Any, schema: dict[str, Any], seed: int
