@@ -25,7 +25,7 @@ from gateway.swarm.liveness import Liveness
 from gateway.swarm.recovery import Recovery
 from gateway.swarm.routing import Hop, RouteRequest, RoutingMode, plan_route
 from gateway.swarm.view import SwarmMonitor, SwarmView
-from shared.errors import SwarmError, format_block_ranges
+from shared.errors import MissingBlocks, SwarmError, format_block_ranges
 from shared.membership import CallAuth
 from shared.reachability import open_paths
 from shared.rpc_client import fetch_info
@@ -34,6 +34,9 @@ logger = logging.getLogger(__name__)
 
 RTT_SMOOTHING = 0.5  # weight of a new sample in the moving average
 PROBE_TIMEOUT = 2.0
+# Seconds a new session may be routed on the last swarm view while a newer one is fetched (nodes re-announce every
+# 10 s and their departures are noticed by failing sessions, pings and departures.py).
+ROUTE_STALE_OK = 30.0
 
 
 @dataclass
@@ -111,20 +114,31 @@ class Router:
         ``avoid``: nodes to pass over like banned ones (used only where nothing else serves a block); ``push``: the
         chain sends hidden states node to node (routing counts the links between nodes); ``adapter``: only nodes
         serving this LoRA adapter."""
-        view = await self.view(fresh, max_age)
-        await self._probe(view, [s.peer_id for s in view.online() if s.peer_id not in self.rtts])
-        avoided = self.bans.banned() | avoid
-        request = RouteRequest(
-            max_length,
-            start,
-            end,
-            rtts=dict(self.rtts),
-            banned=avoided,
-            load=dict(self.load),
-            push=push,
-            adapter=adapter,
-        )
-        hops = plan_route(view, request, mode or self.mode)
+        # A new session routes on the last view (up to ROUTE_STALE_OK old, refreshed behind it); a gap in it is
+        # checked against a fresh one before it is an error. Failovers ask for fresh views themselves.
+        stale_ok = ROUTE_STALE_OK if not fresh and max_age is None else 0.0
+        while True:
+            view = await self.view(fresh, max_age, stale_ok)
+            await self._probe(view, [s.peer_id for s in view.online() if s.peer_id not in self.rtts])
+            avoided = self.bans.banned() | avoid
+            request = RouteRequest(
+                max_length,
+                start,
+                end,
+                rtts=dict(self.rtts),
+                banned=avoided,
+                load=dict(self.load),
+                push=push,
+                adapter=adapter,
+            )
+            try:
+                hops = plan_route(view, request, mode or self.mode)
+            except MissingBlocks:
+                if stale_ok == 0.0:
+                    raise
+                fresh, stale_ok = True, 0.0
+                continue
+            break
         self.load.update(hop.peer_id for hop in hops)
         return hops
 
@@ -159,9 +173,10 @@ class Router:
             self.waiting[label] -= 1
             self.waiting = +self.waiting
 
-    async def view(self, fresh: bool = False, max_age: float | None = None) -> SwarmView:
+    async def view(self, fresh: bool = False, max_age: float | None = None, stale_ok: float = 0.0) -> SwarmView:
         """What routing sees: the DHT's records, less nodes outside the allowlist and departed nodes."""
-        self.last_view = self.departures.filter(self._allowed(await self.monitor.view(fresh=fresh, max_age=max_age)))
+        view = await self.monitor.view(fresh=fresh, max_age=max_age, stale_ok=stale_ok)
+        self.last_view = self.departures.filter(self._allowed(view))
         return self.last_view
 
     def _allowed(self, view: SwarmView) -> SwarmView:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -10,6 +11,8 @@ from hivemind import DHT
 
 from shared.dht_records import NodeState, ServerRecord, fetch_announcements
 from shared.reachability import Reachability
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -52,9 +55,20 @@ class SwarmMonitor:
         self._max_age = max_age
         self._view: SwarmView | None = None
         self._lock = asyncio.Lock()
+        self._refresh: asyncio.Task[None] | None = None
 
-    async def view(self, fresh: bool = False, max_age: float | None = None) -> SwarmView:
-        """A view at most ``max_age`` seconds old (default: the monitor's), or a new one if ``fresh``."""
+    async def view(self, fresh: bool = False, max_age: float | None = None, stale_ok: float = 0.0) -> SwarmView:
+        """A view at most ``max_age`` seconds old (default: the monitor's), or a new one if ``fresh``.
+
+        ``stale_ok``: a view older than that but younger than ``stale_ok`` seconds is returned at once while a new
+        one is fetched in the background — a request does not wait on the DHT (several round trips to nodes across
+        the world) for records that rarely change; the failover path asks for fresh views."""
+        held = self._view
+        if not fresh and held is not None and time.monotonic() - held.fetched_at <= stale_ok:
+            aged = time.monotonic() - held.fetched_at > (self._max_age if max_age is None else max_age)
+            if aged and (self._refresh is None or self._refresh.done()):
+                self._refresh = asyncio.create_task(self._refetch(max_age))
+            return held
         async with self._lock:
             limit = self._max_age if max_age is None else max_age
             stale = self._view is None or time.monotonic() - self._view.fetched_at > limit
@@ -64,3 +78,9 @@ class SwarmMonitor:
                 self._view = SwarmView(self._num_blocks, servers, began, announced)
             assert self._view is not None  # set just above when missing
             return self._view
+
+    async def _refetch(self, max_age: float | None) -> None:
+        try:
+            await self.view(max_age=max_age)
+        except Exception:  # the next request tries again
+            logger.warning("refreshing the swarm view failed; routing keeps the last one", exc_info=True)
