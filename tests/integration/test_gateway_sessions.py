@@ -324,7 +324,7 @@ def _assert_rate_limited(response: httpx.Response, kind: str) -> None:
 async def test_a_cancellation_storm_leaves_no_session_on_nodes_or_in_redis_within_seconds(
     replicas: list[Gateway], module_swarm: LocalSwarm, client_p2p: P2P
 ) -> None:
-    """200 concurrent streams, every client gone after 0.5 s: within 5 s (the 2 s resume grace included) a new
+    """200 concurrent streams, every client gone after 1.5 s: within 5 s (the 2 s resume grace included) a new
     request succeeds, no node holds a session and no session is running in Redis."""
     a, b = replicas
     body = completion(a, max_tokens=30, stream=True)  # 200 x 37 tokens fit the nodes' 8192-token pools
@@ -335,14 +335,16 @@ async def test_a_cancellation_storm_leaves_no_session_on_nodes_or_in_redis_withi
 
     async def dropped() -> None:
         with contextlib.suppress(TimeoutError, httpx.HTTPError):
-            async with asyncio.timeout(0.5), http.stream("POST", "/v1/completions", json=body) as response:
+            async with asyncio.timeout(1.5), http.stream("POST", "/v1/completions", json=body) as response:
                 async for _ in response.aiter_lines():
                     pass
 
     await asyncio.gather(*(dropped() for _ in range(200)))
     await http.aclose()
     started = len(_all_sessions(a)) - before
-    assert started >= 50, started  # a storm: at least a quarter got a session within their half second
+    # A storm: at least a quarter got a session before their client left (1.5 s: the suite runs two workers, and
+    # on a loaded 2-core box a quarter of 200 requests takes more than the half second it takes alone).
+    assert started >= 50, started
     began = time.monotonic()
     async with b.async_http() as client:
         response = await client.post("/v1/completions", json=completion(b, max_tokens=3), headers=bearer(ADMIN))
