@@ -237,7 +237,7 @@ class GenerationEngine:
             while request.max_new_tokens > 0:
                 # Other generations here now: decoding, or still prefilling (streams started together must not
                 # draft in their first rounds: a verify step would leave the batch they are about to form).
-                others = max(self.heads.running(besides=sampler), self._generations - 1)
+                others = self._generations - 1
                 relay_rtt, plain_rtt = self._chain_rtts(chain)
                 k = plan.next_k(relay_rtt, others, plain_rtt)  # drafts to propose after this round
                 verify = functools.partial(
