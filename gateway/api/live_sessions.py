@@ -58,6 +58,7 @@ READER_KEY_SECONDS = 3  # a remote reader's presence key lives this long unless 
 WATCH_PERIOD = 0.5  # seconds between checks whether anyone still reads an abandoned stream
 RETRY_MS = 1000  # EventSource clients reconnect after this long instead of their default (~3 s)
 CANCEL_WAIT = 5.0  # DELETE waits this long for the owning replica to confirm the cancel
+SLOW_STOP_SECONDS = 2.0  # a stopped generation's cleanup taking longer than this is logged
 # A bare comment line, no blank line after it: the openai client dispatches an empty event at a blank line once an
 # event id was seen, and fails to parse it (a comment alone between two events is ignored by every SSE parser).
 KEEPALIVE_LINE = b": keep-alive\n"
@@ -119,26 +120,43 @@ class LiveSession:
         return self.tracker.read(self.id, 0)
 
     async def _produce(self, chunks: AsyncGenerator[str, None]) -> None:
-        """Every chunk into the log, then ``[DONE]``; a cancel or a failure is a final error event before it."""
+        """Every chunk into the log, then ``[DONE]``; a cancel or a failure is a final error event before it.
+
+        A cancel ends the stream and the record at once: the client and the replica that relayed the cancel don't
+        wait for the generation's cleanup (closing its node sessions), which runs on; the producer ends after it."""
+        pump = asyncio.ensure_future(self._pump(chunks))
         status = SessionStatus.FINISHED
         try:
-            await race(self._pump(chunks), self.cancelled)
+            await race(asyncio.shield(pump), self.cancelled)
         except SessionCancelled as exc:
             status = SessionStatus.CANCELLED
+            pump.cancel()
             await self.tracker.store.append_event(self.id, json.dumps(exc.body()))
         except Exception as exc:
             status = SessionStatus.FAILED
             await self.tracker.store.append_event(self.id, json.dumps(as_api_error(exc).body()))
+        except asyncio.CancelledError:  # this producer stopped from outside (the loop shutting down)
+            status = SessionStatus.CANCELLED
+            raise
         finally:
+            pump.cancel()  # a no-op once it ended
             with contextlib.suppress(Exception):
                 await self.tracker.store.append_event(self.id, DONE)
             await asyncio.shield(self._finish(status))
+            await self._settled(pump)
 
     async def _pump(self, chunks: AsyncGenerator[str, None]) -> None:
         # Cancelled by a stop signal: the serving generator's own cleanup closes the chain and frees the node caches.
         async with contextlib.aclosing(chunks):
             async for chunk in chunks:
                 await self.tracker.store.append_event(self.id, chunk)
+
+    async def _settled(self, pump: asyncio.Future[None]) -> None:
+        """Wait for a stopped generation's cleanup; one that takes long is logged (its node caches stay held)."""
+        began = time.monotonic()
+        await asyncio.gather(pump, return_exceptions=True)
+        if (took := time.monotonic() - began) > SLOW_STOP_SECONDS:
+            logger.warning("session %s: its generation took %.1fs to stop", self.id, took)
 
     async def _watch_readers(self, producer: asyncio.Task[None]) -> None:
         """Stop the producer once nobody has read the stream for ``resume_grace`` seconds."""

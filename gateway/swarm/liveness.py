@@ -44,7 +44,7 @@ class Liveness:
         self._p2p = p2p
         self._auth = auth
         self.reply_times: dict[str, float] = {}  # peer -> moving average of its reply times, seconds
-        self._pings: dict[str, asyncio.Task[None]] = {}
+        self._pings: dict[str, tuple[asyncio.Future[None], float]] = {}  # peer -> its last ping, sent when
 
     def probe_after(self, peer_id: str) -> float:
         """Seconds a reply from ``peer_id`` may take before the node is pinged."""
@@ -73,11 +73,15 @@ class Liveness:
                     await task
 
     async def ping(self, peer_id: str) -> None:
-        """Returns if the node answers (whatever it answers); raises ``NodeUnreachable`` if it is gone or frozen."""
-        ping = self._pings.get(peer_id)
-        if ping is None or ping.done():
-            ping = self._pings[peer_id] = asyncio.ensure_future(self._ping(peer_id))
+        """Returns if the node answers (whatever it answers); raises ``NodeUnreachable`` if it is gone or frozen.
+        A ping in flight, or one sent less than ``PING_PERIOD`` ago, answers for every waiter: their timers need
+        not fire in one turn of the loop to share it."""
+        now = time.monotonic()
+        ping, sent = self._pings.get(peer_id, (None, 0.0))
+        if ping is None or (ping.done() and now - sent >= PING_PERIOD):
+            ping = asyncio.ensure_future(self._ping(peer_id))
             ping.add_done_callback(_retrieve)  # its waiters may all be gone by the time it fails
+            self._pings[peer_id] = (ping, now)
         await asyncio.shield(ping)
 
     async def _ping(self, peer_id: str) -> None:

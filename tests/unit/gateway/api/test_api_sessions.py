@@ -19,6 +19,7 @@ from gateway.app import create_app
 from gateway.generation import EngineEvent, GeneratedToken, GenerationRequest
 from gateway.sessions.redis_link import RedisLink
 from gateway.sessions.store import SessionStore
+from tests.helpers.polling import eventually
 from tests.helpers.scripted_engine import ALPHABET, ScriptedEngine, completion, sse_data
 
 
@@ -27,6 +28,8 @@ class SlowEngine(ScriptedEngine):
     """One token every 20 ms: long enough to act on a generation while it runs; ``started`` once one runs."""
 
     started: asyncio.Event = field(default_factory=asyncio.Event)
+    cleanup: asyncio.Event | None = None  # set: a stopped generation's cleanup waits for it (slow node closes)
+    streaming: asyncio.Event = field(default_factory=asyncio.Event)  # set once two tokens went out
 
     async def stream(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
         self.active += 1
@@ -36,8 +39,12 @@ class SlowEngine(ScriptedEngine):
             for char in self.script[: request.max_new_tokens]:
                 await asyncio.sleep(0.02)
                 produced += 1
+                if produced == 2:
+                    self.streaming.set()
                 yield GeneratedToken(ALPHABET.index(char), False, -0.1)
         finally:
+            if self.cleanup is not None:
+                await self.cleanup.wait()
             self.active -= 1
             if produced < min(len(self.script), request.max_new_tokens):
                 self.closed_early += 1
@@ -90,6 +97,24 @@ async def test_delete_cancels_a_running_stream_which_ends_with_an_error_event_th
         data = sse_data(await request)
         assert data[-1] == "[DONE]" and json.loads(data[-2])["error"]["code"] == "session_cancelled"
         assert len(data) < 50 and engine.closed_early == 1 and engine.active == 0
+
+
+async def test_a_cancel_ends_the_stream_and_the_record_without_waiting_for_the_generations_cleanup() -> None:
+    # Closing node sessions can be slow (a loaded box, a node that answers late): the user's stream and the replica
+    # that relayed the DELETE must not wait for it. The cleanup still runs to its end.
+    engine = SlowEngine(script="abcdefghijklmnopqrstuvwxyz" * 2, context_length=128, cleanup=asyncio.Event())
+    async with make_client(engine) as client:
+        request = asyncio.create_task(client.post("/v1/completions", json=completion(stream=True, max_tokens=50)))
+        await engine.streaming.wait()  # past the first token: the response streams
+        session_id = (await client.get("/v1/sessions")).json()["data"][0]["id"]
+        cancelled = await client.delete(f"/v1/sessions/{session_id}")
+        assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+        data = sse_data(await asyncio.wait_for(request, 5))
+        assert data[-1] == "[DONE]" and json.loads(data[-2])["error"]["code"] == "session_cancelled"
+        assert engine.active == 1  # its cleanup still runs
+        engine.cleanup.set()
+        await eventually(lambda: engine.active == 0, within=5)
+        assert engine.closed_early == 1
 
 
 async def test_operator_keys_turn_authentication_on_for_every_v1_route_but_not_probes() -> None:

@@ -76,3 +76,16 @@ async def test_concurrent_waiters_share_one_ping(monkeypatch: pytest.MonkeyPatch
     )
     assert all(isinstance(r, NodeUnreachable) for r in results)
     assert pinged == ["A"]
+
+
+async def test_a_waiter_whose_timer_fires_a_moment_later_takes_the_same_ping(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A loaded loop fires waiters' timers in different turns: a ping answered a moment ago still answers for them.
+    monkeypatch.setattr(liveness, "PING_PERIOD", 1.0)
+    pinged = scripted_ping(monkeypatch, NodeUnreachable("gone"))
+    watch = Liveness(cast(P2P, None))
+    first = asyncio.ensure_future(watch.wait("A", "answer", never(), limit=600))
+    await asyncio.sleep(0.02)
+    second = asyncio.ensure_future(watch.wait("A", "answer", never(), limit=600))
+    results = await asyncio.gather(first, second, return_exceptions=True)
+    assert all(isinstance(r, NodeUnreachable) for r in results)
+    assert pinged == ["A"]
