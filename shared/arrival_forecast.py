@@ -43,11 +43,9 @@ class ArrivalForecast(Generic[Key]):
         """The session ended: nobody should wait for it (before its key is garbage-collected)."""
         self._rhythms.pop(key, None)
 
-    def running(self, now: float, besides: Key | None = None) -> int:
-        """Sessions that still run (``besides`` not counted): their latest request was recent, judged by their own
-        rhythm."""
-        rhythms = [rhythm for key, rhythm in list(self._rhythms.items()) if key is not besides]
-        return sum(1 for rhythm in rhythms if self._running(rhythm, now))
+    def running(self, now: float) -> int:
+        """Sessions that still run: their latest request was recent, judged by their own rhythm."""
+        return sum(1 for rhythm in list(self._rhythms.values()) if self._running(rhythm, now))
 
     def due(self, now: float, until: float, present: Collection[Key]) -> int:
         """Sessions not ``present`` that still run and whose next request is expected by ``until`` (one overdue by

@@ -115,10 +115,6 @@ class Batcher(Generic[Item, Result]):
     async def submit(self, item: Item, session: object | None = None) -> Result:
         return await self.enqueue(item, session)
 
-    def running(self, besides: object | None = None) -> int:
-        """Sessions whose requests still come in their rhythm, ``besides`` not counted."""
-        return self._forecast.running(asyncio.get_running_loop().time(), besides)
-
     def forget(self, session: object) -> None:
         """``session`` ended: no run waits for it any more."""
         self._forecast.forget(session)

@@ -125,26 +125,3 @@ async def test_the_rhythm_waits_for_due_sessions_and_never_for_forgotten_ones() 
     lone.add_done_callback(lambda _: done.set())
     await asyncio.wait_for(done.wait(), 2.0)  # far less than the 5 s windows: nobody else is due
     assert batcher.batch_sizes[-1] == 1
-
-
-async def test_running_counts_the_sessions_in_rhythm_besides_one() -> None:
-    """What speculation asks before drafting: does anyone else decode through this batcher now?"""
-    batcher: Batcher[int, int] = Batcher(lambda jobs: _resolve_all(jobs), name="running", rhythm=Rhythm(0.0))
-    mine, theirs = _Session(), _Session()
-    assert batcher.running(besides=mine) == 0
-    await batcher.submit(1, mine)
-    assert batcher.running(besides=mine) == 0 and batcher.running() == 1
-    await batcher.submit(2, theirs)
-    assert batcher.running(besides=mine) == 1
-    batcher.forget(theirs)
-    assert batcher.running(besides=mine) == 0
-    await batcher.close()
-
-
-class _Session:
-    """A generation's key (weakly referenced by the forecast, as samplers are)."""
-
-
-async def _resolve_all(jobs: list[Job[int, int]]) -> None:
-    for job in jobs:
-        job.resolve(job.item)
