@@ -173,10 +173,13 @@ def _tool_call(call_id: str, name: str, arguments: str) -> Message:
 
 
 def _tool_fields(body: ResponsesRequest) -> dict[str, Any]:
-    if not body.tools:
-        if body.tool_choice not in (None, "none", "auto"):
-            raise InvalidRequest("This tool_choice needs tools.", "invalid_value", "tool_choice")
-        return {}  # no tools: nothing for the chat request to know
+    choice: Any = body.tool_choice
+    if isinstance(choice, NamedToolChoice):
+        if choice.type != "function" or not choice.name:
+            raise InvalidRequest("tool_choice must name a function tool.", "unsupported_value", "tool_choice")
+        choice = {"type": "function", "function": {"name": choice.name}}
+    if not body.tools:  # a choice that requires a call is refused where the chat request is planned
+        return {} if choice in (None, "none", "auto") else {"tool_choice": choice}
     tools = [
         {
             "type": "function",
@@ -193,11 +196,6 @@ def _tool_fields(body: ResponsesRequest) -> dict[str, Any]:
         }
         for tool in body.tools
     ]
-    choice: Any = body.tool_choice
-    if isinstance(choice, NamedToolChoice):
-        if choice.type != "function" or not choice.name:
-            raise InvalidRequest("tool_choice must name a function tool.", "unsupported_value", "tool_choice")
-        choice = {"type": "function", "function": {"name": choice.name}}
     return {"tools": tools, "tool_choice": choice, "parallel_tool_calls": body.parallel_tool_calls}
 
 

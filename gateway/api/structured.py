@@ -40,6 +40,10 @@ def plan_tools(
     parallel: bool,
 ) -> ToolPlan:
     """``choice``: OpenAI's mode, or the name of the function that must be called."""
+    if not functions and choice not in (None, "none", "auto"):
+        raise InvalidRequest(
+            "tool_choice requires a call, but the request has no tools.", "invalid_value", "tool_choice"
+        )
     if not functions or choice == "none":
         return ToolPlan((), (), parallel)
     if choice in (None, "auto"):

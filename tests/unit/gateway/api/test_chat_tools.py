@@ -205,6 +205,8 @@ async def test_what_the_output_must_be_becomes_the_requests_grammar(
     ("fields", "param"),
     [
         ({"tool_choice": {"type": "function", "function": {"name": "nope"}}, "tools": [TOOL]}, "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice"),  # a call is required, and there is nothing to call
+        ({"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "tool_choice"),
         ({"tool_choice": "required", "tools": [TOOL], "response_format": {"type": "json_object"}}, "response_format"),
         ({"response_format": {"type": "json_schema"}}, "response_format"),
         ({"chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs"),
@@ -216,6 +218,14 @@ async def test_bad_tool_and_format_requests_are_400s(fields: dict[str, Any], par
         response = await http.post("/v1/chat/completions", json={"model": "m", "messages": ASK, **fields})
     assert response.status_code == 400
     assert response.json()["error"]["param"] == param
+
+
+@pytest.mark.parametrize("choice", ["auto", "none"])
+async def test_a_tool_choice_that_requires_no_call_is_fine_without_tools(choice: str) -> None:
+    async with client(TextEngine("hi", AsciiCodec(""))) as http:
+        response = await http.post("/v1/chat/completions", json={"model": "m", "messages": ASK, "tool_choice": choice})
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["content"] == "hi"
 
 
 @pytest.mark.parametrize("parser", ["auto", "qwen3"])
