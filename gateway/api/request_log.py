@@ -48,6 +48,7 @@ class RequestRecord:
     cached_tokens: int = 0  # prompt tokens whose node caches were reused from an earlier turn
     finish_reason: str | None = None  # of the last choice that finished
     started: float = field(default_factory=time.monotonic)
+    created: int = field(default_factory=lambda: int(time.time()))  # the response's ``created``: one per response
     timer: RequestTimer | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:

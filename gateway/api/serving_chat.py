@@ -80,7 +80,9 @@ class ChatServing(ServingBase):
         results = await self.run_collected(record, specs, context)
         choices = [self._choice(body, plan, result) for result in results]
         usage = Usage.of(record.prompt_tokens, record.completion_tokens, record.cached_tokens)
-        return ChatCompletionResponse(id=record.id, model=body.model, choices=choices, usage=usage)
+        return ChatCompletionResponse(
+            id=record.id, created=record.created, model=body.model, choices=choices, usage=usage
+        )
 
     def plan(self, body: ChatCompletionRequest) -> ChatPlan:
         template = self.engine.codec.chat_template()
@@ -203,7 +205,7 @@ class ChatServing(ServingBase):
                     out = _joined(out, parser.finish())
                 if out.calls:
                     called.add(event.index)
-                if out or piece.tokens:
+                if out or (piece.tokens and body.logprobs):  # text held back (a tool call's markup): nothing yet
                     logprobs = self._logprobs(body, piece.tokens)
                     yield self._chunk(body, record, event.index, _delta(out), logprobs)
                 if piece.finish_reason is not None:
@@ -216,7 +218,9 @@ class ChatServing(ServingBase):
                     yield self._chunk(body, record, event.index, Delta(), finish_reason=finish)
             if body.include_usage():
                 usage = Usage.of(record.prompt_tokens, record.completion_tokens, record.cached_tokens)
-                last = ChatCompletionChunk(id=record.id, model=body.model, choices=[], usage=usage)
+                last = ChatCompletionChunk(
+                    id=record.id, created=record.created, model=body.model, choices=[], usage=usage
+                )
                 yield last.model_dump_json()
 
     def _chunk(
@@ -229,7 +233,7 @@ class ChatServing(ServingBase):
         finish_reason: ChatFinishReason | None = None,
     ) -> str:
         choice = ChatChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=finish_reason)
-        chunk = ChatCompletionChunk(id=record.id, model=body.model, choices=[choice])
+        chunk = ChatCompletionChunk(id=record.id, created=record.created, model=body.model, choices=[choice])
         # OpenAI sends "usage": null on every chunk only when the client asked for the usage chunk.
         return chunk.model_dump_json(exclude=None if body.include_usage() else {"usage"})
 

@@ -148,7 +148,7 @@ class CompletionServing(ServingBase):
             for rank, result in enumerate(candidates):
                 choices.append(self._choice(body, prompt, result, p * n + rank))
         usage = Usage.of(record.prompt_tokens, record.completion_tokens)
-        return CompletionResponse(id=record.id, model=body.model, choices=choices, usage=usage)
+        return CompletionResponse(id=record.id, created=record.created, model=body.model, choices=choices, usage=usage)
 
     def _choice(self, body: CompletionRequest, prompt: Prompt, result: ChoiceResult, index: int) -> CompletionChoice:
         text = (prompt.text if body.echo else "") + result.text
@@ -218,7 +218,9 @@ class CompletionServing(ServingBase):
                     yield self._chunk(body, record, choice)
             if body.include_usage():
                 usage = Usage.of(record.prompt_tokens, record.completion_tokens)
-                last = CompletionResponse(id=record.id, model=body.model, choices=[], usage=usage)
+                last = CompletionResponse(
+                    id=record.id, created=record.created, model=body.model, choices=[], usage=usage
+                )
                 yield last.model_dump_json()
 
     def _echo_choice(self, body: CompletionRequest, prompt: Prompt, event: ChoiceEvent) -> CompletionChoice:
@@ -229,7 +231,7 @@ class CompletionServing(ServingBase):
         return CompletionChoice(index=event.index, text=prompt.text, logprobs=logprobs)
 
     def _chunk(self, body: CompletionRequest, record: RequestRecord, choice: CompletionChoice) -> str:
-        chunk = CompletionResponse(id=record.id, model=body.model, choices=[choice])
+        chunk = CompletionResponse(id=record.id, created=record.created, model=body.model, choices=[choice])
         # OpenAI sends "usage": null on every chunk only when the client asked for the usage chunk.
         return chunk.model_dump_json(exclude=None if body.include_usage() else {"usage"})
 

@@ -115,7 +115,7 @@ class ToolCallParser:
     """One choice's output split into content and tool-call deltas, text piece by text piece."""
 
     format: ToolFormat
-    calls: list[ToolCall] = field(default_factory=list)  # calls whose object is complete, in order
+    calls: list[ToolCall] = field(default_factory=list)  # in order; after ``finish`` the last may be cut short
     _text: str = ""
     _pos: int = 0  # characters of ``_text`` consumed
     _mode: Literal["start", "text", "between", "call"] = "start"
@@ -135,8 +135,9 @@ class ToolCallParser:
         content: list[str] = []
         deltas: list[ToolCallDelta] = []
         call = self._call
-        if call is not None and call.announced:
+        if call is not None and call.announced:  # cut short (the length limit): kept with what it had, as streamed
             deltas += self._arguments(call, len(self._text))
+            self.calls.append(ToolCall(call.id, call.name or "", self._arguments_text(call)))
         elif call is not None:
             content.append(self._text[call.start :])  # no call after all: the text goes back to the user
         elif self._mode in ("start", "text"):
@@ -293,9 +294,15 @@ class ToolCallParser:
             arguments = "{}"
         else:
             deltas += self._arguments(call, self._pos)
-            arguments = self._text[call.arguments_from : call.arguments_from + call.arguments_sent]
+            arguments = self._arguments_text(call)
         self.calls.append(ToolCall(call.id, call.name or "", arguments))
         return deltas
+
+    def _arguments_text(self, call: _Call) -> str:
+        """The arguments handed out so far, whole."""
+        if call.arguments_from is None:
+            return ""
+        return self._text[call.arguments_from : call.arguments_from + call.arguments_sent]
 
 
 def _partial_suffix(text: str, markers: Sequence[str]) -> int:

@@ -8,7 +8,9 @@ non-streamed message.
 
 from __future__ import annotations
 
+import itertools
 import json
+import time
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,9 +67,10 @@ class TextEngine(WholeSwarm):
 
     async def stream(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
         self.requests.append(request)
-        for char in self.text:
+        for char in self.text[: request.max_new_tokens]:
             yield GeneratedToken(ord(char), False, -0.5)
-        yield GeneratedToken(EOS, True, -0.1)
+        if len(self.text) < request.max_new_tokens:
+            yield GeneratedToken(EOS, True, -0.1)
 
 
 def client(engine: TextEngine, **config: Any) -> httpx.AsyncClient:
@@ -218,6 +221,33 @@ async def test_bad_tool_and_format_requests_are_400s(fields: dict[str, Any], par
         response = await http.post("/v1/chat/completions", json={"model": "m", "messages": ASK, **fields})
     assert response.status_code == 400
     assert response.json()["error"]["param"] == param
+
+
+async def test_every_chunk_of_a_chat_stream_carries_the_responses_one_created(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = itertools.count(1_800_000_000)
+    monkeypatch.setattr(time, "time", lambda: float(next(clock)))  # a second passes at every look at the clock
+    body = {"model": "m", "messages": ASK, "stream": True, "stream_options": {"include_usage": True}}
+    async with client(TextEngine("hello", AsciiCodec("template"))) as http:
+        streamed = await http.post("/v1/chat/completions", json=body)
+    chunks = [json.loads(data) for data in sse_data(streamed)[:-1]]
+    assert len(chunks) > 3 and len({chunk["created"] for chunk in chunks}) == 1
+
+
+async def test_a_call_cut_short_by_the_length_limit_is_in_the_response_as_it_was_streamed() -> None:
+    engine = TextEngine(CALL_TEXT, AsciiCodec("no tool support here"))
+    body = {"model": "m", "messages": ASK, "tools": [TOOL], "max_tokens": CALL_TEXT.index("aris")}
+    async with client(engine) as http:
+        whole = (await http.post("/v1/chat/completions", json=body)).json()
+        streamed = await http.post("/v1/chat/completions", json={**body, "stream": True})
+    choice = whole["choices"][0]
+    calls = [(c["function"]["name"], c["function"]["arguments"]) for c in choice["message"]["tool_calls"]]
+    assert choice["finish_reason"] == "length" and calls == [("get_weather", '{"city": "P')]
+    content, _, streamed_calls, finish = stream_totals(streamed)
+    assert (content, finish) == ("Sure.", "length")
+    assert [(c["name"], c["arguments"]) for c in streamed_calls] == calls
+    # Chunks carry something: no empty deltas while the call's markup is held back (the first and last are OpenAI's).
+    chunks = [json.loads(data)["choices"][0] for data in sse_data(streamed)[:-1]]
+    assert all(chunk["delta"] for chunk in chunks[1:-1]) and chunks[-1]["finish_reason"] == "length"
 
 
 @pytest.mark.parametrize("choice", ["auto", "none"])

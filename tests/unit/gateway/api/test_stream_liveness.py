@@ -5,7 +5,9 @@ The same across real gateway processes and a frozen node is in tests/integration
 
 from __future__ import annotations
 
+import itertools
 import json
+import time
 
 import httpx
 import openai
@@ -44,6 +46,20 @@ async def test_a_stall_longer_than_the_stale_window_gives_the_whole_text_then_do
     assert data[-1] == "[DONE]" and text_of(data) == "hello world"
     keepalives = [line for line in response.text.splitlines() if line == ": keep-alive"]
     assert len(keepalives) >= 3, response.text  # ~1 s of silence at one comment per 0.1 s
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_a_response_has_one_created_in_every_chunk_and_the_usage_chunk(
+    monkeypatch: pytest.MonkeyPatch, stream: bool
+) -> None:
+    clock = itertools.count(1_800_000_000)
+    monkeypatch.setattr(time, "time", lambda: float(next(clock)))  # a second passes at every look at the clock
+    body = completion(stream=stream, stream_options={"include_usage": True} if stream else None)
+    async with make_client(ScriptedEngine(script="hello world")) as client:
+        response = await client.post("/v1/completions", json=body)
+    bodies = [json.loads(data) for data in sse_data(response)[:-1]] if stream else [response.json()]
+    created = {body["created"] for body in bodies}
+    assert len(created) == 1 and created.pop() >= 1_800_000_000, bodies
 
 
 async def test_a_busy_stream_sends_no_keepalives() -> None:

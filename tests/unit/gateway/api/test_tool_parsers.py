@@ -90,7 +90,11 @@ def test_an_unfinished_call_keeps_what_it_streamed() -> None:
     parser = ToolCallParser(FORMATS["hermes"])
     first = parser.feed('hi <tool_call>{"name": "f", "arguments": {"a": ')
     assert first.content == "hi " and first.calls[0].name == "f"
-    assert parser.finish().content == ""
+    last = parser.finish()
+    assert last.content == ""
+    streamed = "".join(delta.arguments for delta in first.calls + last.calls)
+    # A whole response (the same parser over the whole text) keeps the cut-short call too, as OpenAI does on length.
+    assert [(call.name, call.arguments) for call in parser.calls] == [("f", streamed)] and streamed == '{"a": '
 
 
 def test_the_format_follows_the_template_unless_configured() -> None:
