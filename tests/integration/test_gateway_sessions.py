@@ -9,7 +9,6 @@ runs last.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import signal
 import subprocess
@@ -324,8 +323,9 @@ def _assert_rate_limited(response: httpx.Response, kind: str) -> None:
 async def test_a_cancellation_storm_leaves_no_session_on_nodes_or_in_redis_within_seconds(
     replicas: list[Gateway], module_swarm: LocalSwarm, client_p2p: P2P
 ) -> None:
-    """200 concurrent streams, every client gone after 1.5 s: within 5 s (the 2 s resume grace included) a new
-    request succeeds, no node holds a session and no session is running in Redis."""
+    """200 concurrent streams, each client gone once its first event came (its session running): within 5 s of the
+    last one leaving (the 2 s resume grace included) a new request succeeds, no node holds a session and no session
+    is running in Redis."""
     a, b = replicas
     body = completion(a, max_tokens=30, stream=True)  # 200 x 37 tokens fit the nodes' 8192-token pools
     before = len(_all_sessions(a))
@@ -333,18 +333,20 @@ async def test_a_cancellation_storm_leaves_no_session_on_nodes_or_in_redis_withi
         base_url=a.url, trust_env=False, timeout=60, headers=bearer(ADMIN), limits=httpx.Limits(max_connections=250)
     )
 
-    async def dropped() -> None:
-        with contextlib.suppress(TimeoutError, httpx.HTTPError):
-            async with asyncio.timeout(1.5), http.stream("POST", "/v1/completions", json=body) as response:
-                async for _ in response.aiter_lines():
-                    pass
+    async def dropped() -> bool:
+        """Whether the stream started; leaving the block drops the connection mid-generation."""
+        async with http.stream("POST", "/v1/completions", json=body) as response:
+            async for line in response.aiter_lines():
+                if line.startswith("data: "):
+                    return True
+        return False
 
-    await asyncio.gather(*(dropped() for _ in range(200)))
+    # Each client leaves at its first event, not after a fixed time: how many sessions a storm starts must not hang
+    # on how loaded the machine is.
+    dropped_mid_stream = await asyncio.gather(*(dropped() for _ in range(200)))
     await http.aclose()
-    started = len(_all_sessions(a)) - before
-    # A storm: at least a quarter got a session before their client left (1.5 s: the suite runs two workers, and
-    # on a loaded 2-core box a quarter of 200 requests takes more than the half second it takes alone).
-    assert started >= 50, started
+    assert all(dropped_mid_stream)
+    assert len(_all_sessions(a)) - before == 200
     began = time.monotonic()
     async with b.async_http() as client:
         response = await client.post("/v1/completions", json=completion(b, max_tokens=3), headers=bearer(ADMIN))
