@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from gateway.swarm.view import SwarmView
-from shared.dht_records import ServerRecord
 from shared.errors import MissingBlocks
+from shared.server_records import ServerRecord
 
 # Seconds-equivalent added to a node without room for the session: chosen only when nothing else serves its blocks.
 CACHE_SHORT_PENALTY = 60.0

@@ -15,13 +15,13 @@ from hivemind.p2p import P2P
 
 from gateway.model.head import ModelHead, build_head
 from gateway.swarm import remote_session
+from gateway.swarm.monitor import SwarmMonitor
 from gateway.swarm.node_session import NodeSession
 from gateway.swarm.push_step import push_step
 from gateway.swarm.remote_session import ChainSession
 from gateway.swarm.router import Router
 from gateway.swarm.routing import Hop
 from gateway.swarm.step_links import StepLinks
-from gateway.swarm.view import SwarmMonitor
 from shared.dht_records import fetch_servers
 from shared.model_source import load_config, resolve_model
 from shared.protocol import PUSH_HANDLER, BatchRow, PushAccepted, PushStep, encode_request
