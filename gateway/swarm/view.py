@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 
@@ -26,7 +27,22 @@ class SwarmView:
 
     def servers_for(self, block: int, adapter: str | None = None) -> list[ServerRecord]:
         """Who serves ``block`` (with ``adapter``, when one is named)."""
-        return [s for s in self.online() if s.start <= block < s.end and (adapter is None or adapter in s.adapters)]
+        return [s for s in self._by_block.get(block, ()) if adapter is None or adapter in s.adapters]
+
+    def serving(self, start: int, end: int, adapter: str | None = None) -> list[ServerRecord]:
+        """Who serves some block of [start, end) (with ``adapter``, when one is named)."""
+        return [
+            s for s in self.online() if s.start < end and s.end > start and (adapter is None or adapter in s.adapters)
+        ]
+
+    @functools.cached_property
+    def _by_block(self) -> dict[int, list[ServerRecord]]:
+        # Built once per view (a view is immutable): per-block questions cost the block's servers, not the swarm's.
+        index: dict[int, list[ServerRecord]] = {}
+        for server in self.online():
+            for block in range(server.start, min(server.end, self.num_blocks)):
+                index.setdefault(block, []).append(server)
+        return index
 
     def missing_blocks(self, adapter: str | None = None) -> list[int]:
         return [block for block in range(self.num_blocks) if not self.servers_for(block, adapter)]
