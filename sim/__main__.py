@@ -16,8 +16,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="two small, short scenarios (tests)")
     parser.add_argument("--out", type=Path, default=Path("bench/results"), help="folder for sim.md and the plots")
     parser.add_argument("--workers", type=int, default=2, help="scenarios run at once (processes)")
+    parser.add_argument("--max-nodes", type=int, default=None, help="skip scenarios with more nodes than this")
     args = parser.parse_args()
     chosen = scenarios.quick() if args.quick else scenarios.full()
+    chosen = [s for s in chosen if args.max_nodes is None or s.nodes <= args.max_nodes]
     began = time.monotonic()
     # Scenarios are independent (each its own seed and world): one process per core. Biggest first.
     order = sorted(range(len(chosen)), key=lambda i: -chosen[i].nodes * chosen[i].duration)

@@ -55,14 +55,26 @@ class Result:
     summary: dict[str, float] = field(default_factory=dict)
 
 
-def run(scenario: Scenario) -> Result:
+def settle(scenario: Scenario, until: float) -> World:
+    """The scenario's nodes joined and placed (no traffic), at ``until`` seconds."""
+    world = _populate(scenario)
+    world.clock.run_until(until)
+    return world
+
+
+def _populate(scenario: Scenario) -> World:
     world = World(scenario.model, scenario.seed, scenario.mode)
     world.balancing = scenario.balancing
-    mean_output, mean_length = mean_request()
     for _ in range(scenario.nodes):
         _add_node(world, scenario, float(world.rng.uniform(0, JOIN_WINDOW)))
     if scenario.churn:
         _replacements(world, scenario)
+    return world
+
+
+def run(scenario: Scenario) -> Result:
+    world = _populate(scenario)
+    mean_output, mean_length = mean_request()
     world.clock.at(scenario.traffic_from, lambda: _start_traffic(world, scenario, mean_output, mean_length))
     if scenario.event is not None:
         world.clock.at(scenario.event_at, lambda: _event(world, scenario))

@@ -30,22 +30,56 @@ class Legs:
     """The servers a route may use, in peer order, with the parts of ``routing.hop_cost`` that do not depend on
     where the route enters them: a leg entered at ``b`` costs ``fixed + (reach - b) * block_time + link``."""
 
-    servers: Sequence[ServerRecord]
+    links: Sequence[dict[int, float]]  # ServerTable.links
     reach: Ints  # the boundary each takes the route to
     block_time: Floats
     fixed: Floats  # the cache penalty, and when pushing from the last hop the half RTT back to the gateway
     own_link: Floats  # the link into it when its predecessor measured none
     enterable: dict[int, Ints]  # per boundary: the servers a route may enter there
-    index: dict[str, int]
 
 
-def usable(servers: Sequence[ServerRecord], banned: frozenset[str], start: int, end: int) -> dict[int, Ints]:
+@dataclass(frozen=True)
+class ServerTable:
+    """Servers as arrays, in peer order: built once per view (and adapter), shared by every route planned on it."""
+
+    servers: Sequence[ServerRecord]
+    starts: Ints
+    ends: Ints
+    throughput: Floats
+    cache_left: Ints
+    peers: list[str]
+    links: list[dict[int, float]]  # per server: the RTTs it measured to others (``next_rtts``), by their row
+
+
+def table_of(servers: Sequence[ServerRecord]) -> ServerTable:
+    ordered = sorted(servers, key=lambda s: s.peer_id)
+    index = {s.peer_id: i for i, s in enumerate(ordered)}
+    links = [{index[p]: rtt for p, rtt in s.next_rtts.items() if p in index} if s.next_rtts else {} for s in ordered]
+    return ServerTable(
+        ordered,
+        np.array([s.start for s in ordered], dtype=np.int64),
+        np.array([s.end for s in ordered], dtype=np.int64),
+        np.array([s.throughput for s in ordered], dtype=np.float64),
+        np.array([s.cache_tokens_left for s in ordered], dtype=np.int64),
+        [s.peer_id for s in ordered],
+        links,
+    )
+
+
+def overlapping(table: ServerTable, start: int, end: int) -> ServerTable:
+    """The servers of some block of [start, end) (a failover's sub-range; a whole route keeps the table)."""
+    rows = np.flatnonzero((table.starts < end) & (table.ends > start))
+    if len(rows) == len(table.servers):
+        return table
+    return table_of([table.servers[i] for i in rows])
+
+
+def usable(table: ServerTable, banned: frozenset[str], start: int, end: int) -> dict[int, Ints]:
     """Per block, who a route may enter there: its servers less the banned ones, unless every one is banned."""
-    if not servers:
+    if not table.servers:
         raise MissingBlocks(list(range(start, end)))
-    starts = np.array([s.start for s in servers])
-    ends = np.array([s.end for s in servers])
-    allowed = np.array([s.peer_id not in banned for s in servers])
+    starts, ends = table.starts, table.ends
+    allowed = np.array([p not in banned for p in table.peers]) if banned else np.ones(len(starts), dtype=bool)
     blocks = np.arange(start, end)[:, None]
     cover = (starts[None, :] <= blocks) & (ends[None, :] > blocks)  # [blocks, servers]
     missing = [int(b) for b in np.flatnonzero(~cover.any(axis=1)) + start]
@@ -58,7 +92,7 @@ def usable(servers: Sequence[ServerRecord], banned: frozenset[str], start: int, 
 
 def cheapest(legs: Legs, start: int, end: int, push: bool) -> list[tuple[int, int, int]]:
     """(server index, from, to) hops of the cheapest route over [start, end)."""
-    n = len(legs.servers)
+    n = len(legs.reach)
     cost = np.full(n, np.inf)
     before = np.full(n, NO_SERVER, dtype=np.int64)
     entered = np.zeros(n, dtype=np.int64)
@@ -91,14 +125,14 @@ def _relax(legs: Legs, block: int, states: list[int], cost: Floats, before: Ints
     priced = base + legs.fixed[idx] + (legs.reach[idx] - block) * legs.block_time[idx] + legs.own_link[idx]
     special = np.zeros(len(idx), dtype=bool)
     if links[best]:
-        by_best = np.zeros(len(legs.servers), dtype=bool)
+        by_best = np.zeros(len(legs.reach), dtype=bool)
         by_best[list(links[best])] = True
         special = by_best[idx]
     better = (priced < cost[idx]) & ~special
     _update(cost, before, entered, idx[better], priced[better], best, block)
     # Legs whose price some state's measured link changes: the cheapest of those measured offers and the plain one
     # from the cheapest state that measured nothing to the leg.
-    can_enter = np.zeros(len(legs.servers), dtype=bool)
+    can_enter = np.zeros(len(legs.reach), dtype=bool)
     can_enter[idx] = True
     offers: dict[int, list[tuple[float, int]]] = {}
     for state in states:
@@ -125,10 +159,7 @@ def _leg_cost(legs: Legs, leg: int, block: int) -> float:
 
 def _measured(legs: Legs, state: int) -> dict[int, float]:
     """The links ``state``'s server measured to others, by their index (none before the first hop)."""
-    if state == NO_SERVER:
-        return {}
-    rtts = legs.servers[state].next_rtts
-    return {legs.index[peer]: rtt for peer, rtt in rtts.items() if peer in legs.index}
+    return {} if state == NO_SERVER else legs.links[state]
 
 
 def _update(cost: Floats, before: Ints, entered: Ints, idx: Ints, values: Floats, state: int, block: int) -> None:

@@ -64,13 +64,22 @@ class RouteRequest:
 def plan_route(view: SwarmView, request: RouteRequest, mode: RoutingMode) -> list[Hop]:
     """Hops covering blocks [start, end); raises ``MissingBlocks`` naming every block nobody serves."""
     end = view.num_blocks if request.end is None else request.end
-    servers = sorted(view.serving(request.start, end, request.adapter), key=lambda s: s.peer_id)
-    enterable = route_search.usable(servers, request.banned, request.start, end)
+    table = route_search.overlapping(_table(view, request.adapter), request.start, end)
+    enterable = route_search.usable(table, request.banned, request.start, end)
     if mode is RoutingMode.MIN_LATENCY:
-        legs = _legs(servers, enterable, request, end)
+        legs = _legs(table, enterable, request, end)
         hops = route_search.cheapest(legs, request.start, end, request.push)
-        return [Hop(servers[i].peer_id, start, stop) for i, start, stop in hops]
-    return _max_throughput(servers, enterable, request, end)
+        return [Hop(table.peers[i], start, stop) for i, start, stop in hops]
+    return _max_throughput(list(table.servers), enterable, request, end)
+
+
+def _table(view: SwarmView, adapter: str | None) -> route_search.ServerTable:
+    """The view's servers (of ``adapter``) as arrays, kept on the view: every route planned on it shares them."""
+    key = ("route_table", adapter)
+    if key not in view.memo:
+        view.memo[key] = route_search.table_of(view.serving(0, view.num_blocks, adapter))
+    table: route_search.ServerTable = view.memo[key]
+    return table
 
 
 def hop_cost(
@@ -87,19 +96,19 @@ def hop_cost(
 
 
 def _legs(
-    servers: list[ServerRecord], enterable: dict[int, route_search.Ints], request: RouteRequest, end: int
+    table: route_search.ServerTable, enterable: dict[int, route_search.Ints], request: RouteRequest, end: int
 ) -> route_search.Legs:
     """``hop_cost``'s terms per server, split into what depends on where a route enters it and what does not."""
-    own = np.array([request.rtts.get(s.peer_id, UNKNOWN_RTT) for s in servers])
-    reach = np.array([min(s.end, end) for s in servers], dtype=np.int64)
-    block_time = np.array([s.block_time if s.throughput > 0 else UNKNOWN_BLOCK_TIME for s in servers])
-    short = np.array([s.cache_tokens_left < request.max_length for s in servers])
-    fixed = np.where(short, CACHE_SHORT_PENALTY, 0.0)
+    own = np.fromiter((request.rtts.get(p, UNKNOWN_RTT) for p in table.peers), np.float64, len(table.peers))
+    reach = np.minimum(table.ends, end)
+    measured = table.throughput > 0
+    rate = np.where(measured, table.throughput * (table.ends - table.starts), 1.0)
+    block_time = np.where(measured, 1.0 / rate, UNKNOWN_BLOCK_TIME)  # ServerRecord.block_time, or the default
+    fixed = np.where(table.cache_left < request.max_length, CACHE_SHORT_PENALTY, 0.0)
     if request.push:
         fixed = fixed + np.where(reach == end, own / 2, 0.0)
     own_link = own / 2 if request.push else own
-    index = {s.peer_id: i for i, s in enumerate(servers)}
-    return route_search.Legs(servers, reach, block_time, fixed, own_link, enterable, index)
+    return route_search.Legs(table.links, reach, block_time, fixed, own_link, enterable)
 
 
 def _max_throughput(

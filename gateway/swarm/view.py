@@ -36,6 +36,11 @@ class SwarmView:
         ]
 
     @functools.cached_property
+    def memo(self) -> dict[object, object]:
+        """What readers derive from this (immutable) view and keep with it, by a key of their own."""
+        return {}
+
+    @functools.cached_property
     def _by_block(self) -> dict[int, list[ServerRecord]]:
         # Built once per view (a view is immutable): per-block questions cost the block's servers, not the swarm's.
         index: dict[int, list[ServerRecord]] = {}
