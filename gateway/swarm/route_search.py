@@ -71,7 +71,7 @@ def overlapping(table: ServerTable, start: int, end: int) -> ServerTable:
     rows = np.flatnonzero((table.starts < end) & (table.ends > start))
     if len(rows) == len(table.servers):
         return table
-    return table_of([table.servers[i] for i in rows])
+    return table_of([table.servers[int(i)] for i in rows])
 
 
 def usable(table: ServerTable, banned: frozenset[str], start: int, end: int) -> dict[int, Ints]:

@@ -76,9 +76,9 @@ def plan_route(view: SwarmView, request: RouteRequest, mode: RoutingMode) -> lis
 def _table(view: SwarmView, adapter: str | None) -> route_search.ServerTable:
     """The view's servers (of ``adapter``) as arrays, kept on the view: every route planned on it shares them."""
     key = ("route_table", adapter)
-    if key not in view.memo:
-        view.memo[key] = route_search.table_of(view.serving(0, view.num_blocks, adapter))
-    table: route_search.ServerTable = view.memo[key]
+    table = view.memo.get(key)
+    if not isinstance(table, route_search.ServerTable):
+        table = view.memo[key] = route_search.table_of(view.serving(0, view.num_blocks, adapter))
     return table
 
 
