@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-fast lint demo bench bench-load bench-wan gpu-check
+.PHONY: test test-fast lint demo bench bench-load bench-wan gpu-check sim
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -67,6 +67,12 @@ bench-load: $(BENCH_STAMP)
 # (about 15 minutes).
 bench-wan: $(BENCH_STAMP)
 	$(BIN)/python -m bench.wan
+
+# The swarm simulator (sim/): our routing, span choice and rebalancing over 100-1,000 simulated nodes on a virtual
+# clock, against the max-flow bound; writes bench/results/sim.md and sim-*.png (about 10 minutes on 2 idle cores;
+# `python -m sim --quick` for a minute's check, `--max-nodes 300` to leave out the 1,000-node runs).
+sim: $(BENCH_STAMP)
+	$(BIN)/python -m sim
 
 # GPU readiness (bench/gpu_check.py): every family's span in bfloat16 and nf4 against transformers on CUDA, greedy
 # equality in float32, decode tokens/s at 1/8/32 streams (a few minutes). Runs with the machine's own Python, which

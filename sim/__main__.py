@@ -8,6 +8,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from sim import report, scenarios
+from sim.hardware import LLAMA_405B
+from sim.route_timing import time_routes
 from sim.scenario import run
 
 
@@ -26,10 +28,9 @@ def main() -> None:
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         done = dict(zip(order, pool.map(run, [chosen[i] for i in order]), strict=True))
     results = [done[i] for i in range(len(chosen))]
-    route_times: dict[int, list[float]] = {}
-    for result in results:
-        if result.scenario.event is None and result.scenario.slow_share == 0:
-            route_times.setdefault(result.scenario.nodes, []).extend(result.route_times)
+    # Route choice by size, on settled swarms up to the largest size asked for (placement only: cheap at 1,000).
+    sizes = [n for n in (40,) if args.quick] or [n for n in (100, 300, 1000) if args.max_nodes is None or n <= 1000]
+    route_times = {n: time_routes(LLAMA_405B, n) for n in sizes}
     print(f"{len(results)} scenarios in {time.monotonic() - began:.0f} s wall", flush=True)  # noqa: T201
     command = "python -m sim" + (" --quick" if args.quick else "")
     print(report.write(results, route_times, args.out, command))  # noqa: T201
