@@ -24,25 +24,25 @@ from gateway.api.auth import Authenticator, authenticate
 from gateway.api.body_limit import BodyLimitMiddleware
 from gateway.api.dependencies import Services
 from gateway.api.errors import install_error_handlers
-from gateway.api.live_sessions import SessionTracker
 from gateway.api.metrics_http import install_metrics
 from gateway.api.openapi_docs import install_openapi
 from gateway.api.request_log import install_request_ids
 from gateway.api.routes import chat, completions, health, metrics, models, page, responses, tokenize
 from gateway.api.routes import sessions as session_routes
-from gateway.api.serving_chat import ChatServing
-from gateway.api.serving_common import ServingConfig
-from gateway.api.serving_completions import CompletionServing
-from gateway.api.serving_models import ModelServing
-from gateway.api.serving_responses import ResponsesServing
+from gateway.api.serving.chat import ChatServing
+from gateway.api.serving.common import ServingConfig
+from gateway.api.serving.completions import CompletionServing
+from gateway.api.serving.live_sessions import SessionTracker
+from gateway.api.serving.models import ModelServing
+from gateway.api.serving.responses import ResponsesServing
 from gateway.generation import Engine
-from gateway.sessions.api_keys import KeyStore
-from gateway.sessions.quotas import QuotaLimiter
-from gateway.sessions.redis_link import RedisLink
-from gateway.sessions.replicas import ReplicaCensus
-from gateway.sessions.responses_store import ResponseStore
-from gateway.sessions.store import SessionStore
-from gateway.settings import ServeSettings, is_loopback
+from gateway.settings import GatewaySettings, is_loopback
+from gateway.state.api_keys import KeyStore
+from gateway.state.quotas import QuotaLimiter
+from gateway.state.redis_link import RedisLink
+from gateway.state.replicas import ReplicaCensus
+from gateway.state.responses_store import ResponseStore
+from gateway.state.store import SessionStore
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ def create_app(
     return app
 
 
-async def serve(settings: ServeSettings) -> None:
+async def serve(settings: GatewaySettings) -> None:
     """Build the engine, serve the API until SIGINT/SIGTERM, then close the engine (its DHT and sessions)."""
     from gateway.model.engine import GenerationEngine  # torch and hivemind load only when serving for real
 
@@ -164,7 +164,7 @@ async def _watch_coverage(models: ModelServing) -> None:
             logger.warning("swarm coverage check failed", exc_info=True)
 
 
-def _authenticator(settings: ServeSettings, link: RedisLink) -> Authenticator:
+def _authenticator(settings: GatewaySettings, link: RedisLink) -> Authenticator:
     """Authentication as the operator set it (``--auth``), fixed for the process's life."""
     mode, operator_keys = settings.auth_mode(), settings.operator_keys()
     if mode == "none":

@@ -18,8 +18,8 @@ from typing import TypeVar
 
 import torch
 
-from swarm_node.batcher import BatchPolicy, DecodeBatcher
 from swarm_node.capacity import return_freed_memory
+from swarm_node.decode_batcher import BatchPolicy, DecodeBatcher
 from swarm_node.kv_cache import SessionKV
 from swarm_node.metrics import NodeMetrics
 from swarm_node.prefill_batcher import PrefillBatcher

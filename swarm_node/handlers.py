@@ -29,7 +29,7 @@ from shared.errors import (
     WrongSpan,
 )
 from shared.membership import ReplayGuard
-from shared.protocol import (
+from shared.wire import (
     BATCH_HANDLER,
     FORWARD_HANDLER,
     INFERENCE_HANDLER,

@@ -31,10 +31,10 @@ from shared.errors import SwarmError
 from shared.families import context_length, family_of
 from shared.membership import CallAuth, ReplayGuard
 from shared.model_source import ModelSource, load_config, resolve_model
-from shared.protocol import PROTOCOL_VERSION
 from shared.reachability import DialBackService, Reachability, open_paths
 from shared.rpc_client import fetch_info
 from shared.weights import open_weights
+from shared.wire import PROTOCOL_VERSION
 from swarm_node.adapters import load_span_adapters
 from swarm_node.backend import SpanBackend
 from swarm_node.block_count import auto_num_blocks
@@ -43,8 +43,8 @@ from swarm_node.capacity import default_cache_tokens
 from swarm_node.handlers import NodeStatus, SpanHandlers
 from swarm_node.metrics import NodeGauges, NodeMetrics
 from swarm_node.quantize import block_transform, resolve_quant
-from swarm_node.reach import settle_reachability
-from swarm_node.settings import ServeSettings
+from swarm_node.reachability_probe import settle_reachability
+from swarm_node.settings import NodeSettings
 from swarm_node.span import build_span
 from swarm_node.span_choice import block_throughputs, choose_new_start, choose_start
 from swarm_node.throughput import BlockSpeed, block_speed, load_cached, speed_key
@@ -70,7 +70,7 @@ def resolve_dtype(setting: str, device: torch.device) -> torch.dtype:
 
 
 class SpanServer:
-    def __init__(self, settings: ServeSettings) -> None:
+    def __init__(self, settings: NodeSettings) -> None:
         """Raises ``ModelLoadError`` or ``ValueError`` (bad span, too little memory) before anything starts."""
         self.settings = settings
         self.source: ModelSource = resolve_model(settings.model, settings.revision)

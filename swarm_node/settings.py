@@ -11,7 +11,7 @@ from shared.lora import AdapterSpecs, parse_adapter_specs
 from shared.settings import P2PSettings, positional
 
 if TYPE_CHECKING:
-    from swarm_node.batcher import BatchPolicy
+    from swarm_node.decode_batcher import BatchPolicy
 
 
 class DhtSettings(P2PSettings):
@@ -23,7 +23,7 @@ class DhtSettings(P2PSettings):
     )
 
 
-class ServeSettings(P2PSettings):
+class NodeSettings(P2PSettings):
     """Host a span of a model's transformer blocks and serve it to the swarm."""
 
     model: str = positional("a local Hugging Face folder, a .gguf file, or a hub repo id")
@@ -143,7 +143,7 @@ class ServeSettings(P2PSettings):
         return parse_blocks(self.blocks) if self.blocks else None
 
     def batch_policy(self) -> BatchPolicy:
-        from swarm_node.batcher import BatchPolicy  # torch-heavy; --help need not import it
+        from swarm_node.decode_batcher import BatchPolicy  # torch-heavy; --help need not import it
 
         return BatchPolicy(self.batch_window, self.max_batch_size, self.prefill_chunk_tokens)
 

@@ -24,8 +24,8 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from gateway.api.errors import ServiceUnavailable, Unauthorized
-from gateway.sessions.api_keys import ApiKey, KeyLimits, KeyStore, hash_key
-from gateway.sessions.redis_link import RedisDown
+from gateway.state.api_keys import ApiKey, KeyLimits, KeyStore, hash_key
+from gateway.state.redis_link import RedisDown
 
 logger = logging.getLogger(__name__)
 

@@ -49,9 +49,9 @@ from gateway.model.sampling import Sampler, top_logprobs
 from gateway.model.speculation import DecodePlan, Drafter, PromptLookup, SpecTuner, Verified, verify_drafts
 from gateway.model.tokens import HFTokenCodec
 from gateway.settings import EngineSettings
+from gateway.swarm.chain_session import ChainSession
 from gateway.swarm.conversations import Taken
 from gateway.swarm.kept_chains import KeptChains, Parked
-from gateway.swarm.remote_session import ChainSession
 from gateway.swarm.report import swarm_report
 from gateway.swarm.router import Router
 from gateway.swarm.routing import RoutingMode

@@ -13,7 +13,7 @@ from hivemind import DHT
 from hivemind.dht.node import DHTNode
 from hivemind.utils import get_dht_time
 
-from gateway.swarm.remote_session import NodeSession
+from gateway.swarm.chain_session import NodeSession
 from gateway.swarm.router import Router
 from gateway.swarm.routing import Hop
 from gateway.swarm.view import SwarmMonitor
