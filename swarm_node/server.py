@@ -41,6 +41,7 @@ from swarm_node.block_count import auto_num_blocks
 from swarm_node.cache_pool import CachePool
 from swarm_node.capacity import default_cache_tokens
 from swarm_node.handlers import NodeStatus, SpanHandlers
+from swarm_node.layer_api import cache_keyword
 from swarm_node.metrics import NodeGauges, NodeMetrics
 from swarm_node.quantize import block_transform, resolve_quant
 from swarm_node.reachability_probe import settle_reachability
@@ -80,6 +81,8 @@ class SpanServer:
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("--device cuda: this machine has no CUDA device torch can use (try --device cpu)")
         self.dtype = resolve_dtype(settings.dtype, self.device)
+        family = family_of(self.config)
+        cache_keyword(family.decoder_layer, family.layer_call)  # refuse a transformers whose layers we cannot drive
         self.quant = resolve_quant(settings.quant, self.device)
         span = settings.span()
         if span is not None and span[1] > self.num_model_blocks:
