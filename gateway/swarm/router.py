@@ -25,6 +25,7 @@ from gateway.swarm.liveness import Liveness
 from gateway.swarm.recovery import Recovery
 from gateway.swarm.routing import Hop, RouteRequest, RoutingMode, plan_route
 from gateway.swarm.view import SwarmMonitor, SwarmView
+from shared.background import Periodic
 from shared.errors import MissingBlocks, SwarmError, format_block_ranges
 from shared.membership import CallAuth
 from shared.reachability import open_paths
@@ -82,20 +83,17 @@ class Router:
         self.allowed_peers = allowed_peers  # None: any node that announces itself (with the swarm secret, if any)
         self._p2p = p2p
         self._probe_period = probe_period
-        self._prober: asyncio.Task[None] | None = None
+        self._prober = Periodic("rtt-probe", self._probe_period, self._probe_all, "RTT probing failed")
         self.departures = Departures()
         self.liveness = Liveness(p2p, self.auth)
         self.waiting: Counter[str] = Counter()  # sessions waiting for a node, by block range ("15:30")
         self.last_view: SwarmView | None = None  # the latest view() returned (the prober refreshes it)
 
     def start(self) -> None:
-        self._prober = asyncio.create_task(self._probe_forever())
+        self._prober.start()
 
     async def close(self) -> None:
-        if self._prober is not None:
-            self._prober.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._prober
+        await self._prober.stop()
 
     async def route(
         self,
@@ -199,11 +197,6 @@ class Router:
         old = self.rtts.get(peer_id)
         self.rtts[peer_id] = rtt if old is None else (1 - RTT_SMOOTHING) * old + RTT_SMOOTHING * rtt
 
-    async def _probe_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self._probe_period)
-            try:
-                view = await self.view()
-                await self._probe(view, [s.peer_id for s in view.online()])
-            except Exception:
-                logger.warning("RTT probing failed", exc_info=True)
+    async def _probe_all(self) -> None:
+        view = await self.view()
+        await self._probe(view, [s.peer_id for s in view.online()])

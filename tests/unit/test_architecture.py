@@ -115,5 +115,6 @@ def test_a_circle_through_a_type_checking_import_is_found(tmp_path: Path) -> Non
     for package in PACKAGES:
         shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
     with (tmp_path / "gateway/swarm/push_step.py").open("a") as source:
-        source.write("\n\nfrom typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    import gateway.swarm.chain_session\n")
+        source.write("\n\nfrom typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n")
+        source.write("    import gateway.swarm.chain_session\n")
     assert "gateway.swarm.chain_session <-> gateway.swarm.push_step" in import_circles(tmp_path)

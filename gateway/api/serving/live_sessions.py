@@ -54,7 +54,6 @@ T = TypeVar("T")
 # missed beats) before they call the replica gone.
 HEARTBEAT_SECONDS = 3.0
 KEEPALIVE_SECONDS = 10.0  # an idle stream sends a comment line this often (proxies close idle ones at 30-60 s)
-READER_KEY_SECONDS = 3  # a remote reader's presence key lives this long unless refreshed
 WATCH_PERIOD = 0.5  # seconds between checks whether anyone still reads an abandoned stream
 RETRY_MS = 1000  # EventSource clients reconnect after this long instead of their default (~3 s)
 CANCEL_WAIT = 5.0  # DELETE waits this long for the owning replica to confirm the cancel
@@ -62,10 +61,6 @@ SLOW_STOP_SECONDS = 2.0  # a stopped generation's cleanup taking longer than thi
 # A bare comment line, no blank line after it: the openai client dispatches an empty event at a blank line once an
 # event id was seen, and fails to parse it (a comment alone between two events is ignored by every SSE parser).
 KEEPALIVE_LINE = b": keep-alive\n"
-
-
-def _reader_key(session_id: str) -> str:
-    return f"sg:reader:{session_id}"
 
 
 def session_lost(session_id: str) -> ServiceUnavailable:
@@ -318,13 +313,13 @@ class SessionTracker:
         """Tell the owning replica (through Redis) that someone here still reads its stream, until ``gone``."""
         while not gone.is_set():
             with contextlib.suppress(RedisDown):
-                await self.store.link.run(lambda r: r.set(_reader_key(session_id), "1", ex=READER_KEY_SECONDS))
+                await self.store.mark_reader(session_id)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(gone.wait(), 1.0)
 
     async def remote_reader(self, session_id: str) -> bool:
         try:
-            return bool(await self.store.link.run(lambda r: r.exists(_reader_key(session_id))))
+            return await self.store.has_reader(session_id)
         except RedisDown:
             return False
 
