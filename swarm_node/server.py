@@ -40,6 +40,7 @@ from swarm_node.backend import SpanBackend
 from swarm_node.block_count import auto_num_blocks
 from swarm_node.cache_pool import CachePool
 from swarm_node.capacity import default_cache_tokens
+from swarm_node.faults import computed_quant, wrong_weights
 from swarm_node.handlers import NodeStatus, SpanHandlers
 from swarm_node.layer_api import cache_keyword
 from swarm_node.metrics import NodeGauges, NodeMetrics
@@ -210,15 +211,20 @@ class SpanServer:
     async def _load(self, start: int, end: int) -> SpanBackend:
         logger.info("loading blocks %d:%d of %s", start, end, self.source.name)
         reader = await asyncio.to_thread(open_weights, self.source, self.config)
+        fault = self.settings.faulty_outputs
+        quant = computed_quant(fault, self.quant)  # what the span computes (self.quant is what is announced)
         transform = await asyncio.to_thread(
-            block_transform, self.quant, self.dtype, self.device, self.settings.cpu_batched_copy
+            block_transform, quant, self.dtype, self.device, self.settings.cpu_batched_copy
         )
+        if fault == "wrong-weights":
+            transform = wrong_weights(transform)
         prefixes = [family_of(self.config).layout.block_prefix(block) for block in range(start, end)]
         adapters = await asyncio.to_thread(load_span_adapters, self.settings.adapter_folders(), prefixes)
         span = await asyncio.to_thread(
             build_span, self.config, reader, start, end, self.dtype, self.device, transform, adapters
         )
-        return SpanBackend(span, self.settings.batch_policy(), self.metrics)
+        span.forget_kv = fault == "stale-cache"
+        return SpanBackend(span, self.settings.batch_policy(), self.metrics, fault)
 
     async def _choose_start(self, num_blocks: int) -> int:
         assert self.dht is not None  # started in run()
