@@ -25,7 +25,7 @@ from hivemind import DHT
 from hivemind.p2p import P2P
 
 import shared
-from shared.dht_process import start_dht
+from shared.dht_process import start_dht, stop_dht
 from shared.dht_records import ModelRecord, NodeState, ServerRecord, announce, fetch_servers
 from shared.errors import SwarmError
 from shared.families import context_length, family_of
@@ -56,6 +56,10 @@ logger = logging.getLogger(__name__)
 OFFLINE_RECORD_TTL = 30.0  # how long an OFFLINE record lingers so readers see the node left rather than vanished
 NEXT_HOPS_PROBED = 4  # nodes serving our end block whose round-trip time we measure and announce
 PROBE_TIMEOUT = 2.0
+# A DHT store on the way out (DRAINING, then OFFLINE) waits for peers that may be gone or for a stuck p2pd: each is
+# bounded so that a node exits within its drain timeout + 10 s of SIGTERM, whoever else is gone (two of these and
+# the DHT's stop grace, shared.dht_process, fit in that).
+STOP_ANNOUNCE_TIMEOUT = 2.0
 
 
 def resolve_device(setting: str) -> torch.device:
@@ -109,6 +113,7 @@ class SpanServer:
         self.pool = CachePool(cache_tokens)
         self.start, self.end = span or (0, 0)
         self.announced: NodeState | None = None  # the state of the last announcement that reached the DHT
+        self.dht_answers = True  # False once a bounded announcement on the way out timed out or failed
         self.next_rtts: dict[str, float] = {}
         self.reachability = Reachability.DIRECT
         self.relay_addrs: list[str] = []
@@ -199,11 +204,11 @@ class SpanServer:
                 task.cancel()
         finally:
             self.status.state = NodeState.OFFLINE
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._announce(OFFLINE_RECORD_TTL), timeout=5)
+            if self.dht_answers:  # a DHT that did not take the DRAINING record will not take this one either
+                await self._announce_leaving(OFFLINE_RECORD_TTL)
             if self.handlers is not None:
                 self.handlers.shutdown()
-            self.dht.shutdown()
+            stop_dht(self.dht)
             if exporter is not None:
                 exporter.shutdown()
             logger.info("node stopped")
@@ -236,12 +241,21 @@ class SpanServer:
     async def _drain(self) -> None:
         """Refuse new sessions (announced) and let open ones finish, up to the drain timeout."""
         self.status.state = NodeState.DRAINING
-        with contextlib.suppress(Exception):
-            await self._announce()
+        await self._announce_leaving()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.pool.wait_until_empty(), self.settings.drain_timeout)
         if self.pool.sessions:
             logger.warning("drain timeout: leaving %d sessions behind", self.pool.sessions)
+
+    async def _announce_leaving(self, expiration: float | None = None) -> None:
+        """Announce on the way out, bounded (``dht_answers`` says whether it went through)."""
+        try:
+            await asyncio.wait_for(self._announce(expiration), STOP_ANNOUNCE_TIMEOUT)
+        except Exception as exc:  # a timeout, or whatever the DHT raised: either way we are leaving
+            logger.warning("the DHT did not take our %s record: %r", self.status.state.value, exc)
+            self.dht_answers = False
+        else:
+            self.dht_answers = True
 
     async def _announce_forever(self, p2p: P2P) -> None:
         period = self.settings.announce_period
