@@ -52,11 +52,12 @@ from gateway.settings import EngineSettings
 from gateway.swarm.chain_session import ChainSession
 from gateway.swarm.conversations import Taken
 from gateway.swarm.kept_chains import KeptChains, Parked
+from gateway.swarm.monitor import SwarmMonitor
 from gateway.swarm.report import swarm_report
 from gateway.swarm.router import Router
 from gateway.swarm.routing import RoutingMode
 from gateway.swarm.step_links import StepLinks
-from gateway.swarm.view import SwarmMonitor, SwarmView
+from gateway.swarm.view import SwarmView
 from shared.dht_process import start_dht, stop_dht
 from shared.dht_records import fetch_announced_models
 from shared.membership import CallAuth
