@@ -21,6 +21,7 @@ import uvicorn
 from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
+from gateway.api.anthropic_errors import AnthropicErrorMiddleware
 from gateway.api.auth import Authenticator, authenticate
 from gateway.api.body_limit import BodyLimitMiddleware
 from gateway.api.dependencies import Services
@@ -28,7 +29,7 @@ from gateway.api.errors import install_error_handlers
 from gateway.api.metrics_http import install_metrics
 from gateway.api.openapi_docs import install_openapi
 from gateway.api.request_log import install_request_ids
-from gateway.api.routes import chat, completions, health, metrics, models, page, responses, tokenize
+from gateway.api.routes import chat, completions, health, messages, metrics, models, page, responses, tokenize
 from gateway.api.routes import sessions as session_routes
 from gateway.api.serving.chat import ChatServing
 from gateway.api.serving.common import ServingConfig
@@ -78,6 +79,7 @@ def create_app(
     install_error_handlers(app)
     install_openapi(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_request_bytes)
+    app.add_middleware(AnthropicErrorMiddleware)  # around every error of /v1/messages (413 and 401 included)
     install_metrics(app, engine)
     if allowed_origins:  # outermost, so that errors (401, 413, ...) carry the CORS headers a browser needs to read them
         app.add_middleware(
@@ -88,7 +90,7 @@ def create_app(
             expose_headers=["X-Session-Id", "Retry-After"],
         )
     authenticated = [Depends(authenticate)]  # every /v1 route but the swarm view (the page and probes read it)
-    for module in (completions, chat, responses, models, tokenize, session_routes):
+    for module in (completions, chat, responses, messages, models, tokenize, session_routes):
         app.include_router(module.router, dependencies=authenticated)
     for module in (health, metrics, page):  # probes, Prometheus and the swarm page need no API key
         app.include_router(module.router)

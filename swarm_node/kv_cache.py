@@ -176,6 +176,13 @@ class BatchCache:
                 f" of {self.new_tokens} (the installed transformers' layers ignored the cache we passed?)"
             )
 
+    def forget(self) -> None:
+        """Drop the keys/values this forward stored (``--faulty-outputs stale-cache``: later steps attend to zeros,
+        as they did when transformers' layers swallowed the cache keyword)."""
+        for session, start, length in zip(self.sessions, self.starts, self.lengths, strict=True):
+            session.keys[:, :, start : start + length] = 0
+            session.values[:, :, start : start + length] = 0
+
     def commit(self) -> None:
         """After the forward: every session now holds exactly the tokens up to its last written position."""
         for session, start, length in zip(self.sessions, self.starts, self.lengths, strict=True):

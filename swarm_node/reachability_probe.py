@@ -23,7 +23,7 @@ from typing import Any
 from hivemind import DHT
 from hivemind.p2p import P2P
 
-from shared.dht_process import start_dht
+from shared.dht_process import start_dht, stop_dht
 from shared.reachability import Reachability, ask_dial_back, circuit_addrs, describe, peer_of
 from swarm_node.settings import NodeSettings
 
@@ -74,7 +74,7 @@ async def settle_reachability(dht: DHT, settings: NodeSettings, dht_kwargs: dict
     if not settings.use_relay:
         return _decided(Reach(dht, Reachability.UNREACHABLE))
     logger.info("no peer could dial this node directly; reserving a relay slot on %s", ", ".join(helpers))
-    dht.shutdown()
+    stop_dht(dht)
     relay_client = {**dht_kwargs, **settings.relay_client_kwargs()}
     relay_client["daemon_flags"] = settings.relay_service_flags(False)  # a peer nobody can dial relays for nobody
     dht = start_dht(**relay_client)

@@ -27,7 +27,7 @@ from hivemind.p2p import P2P
 
 import shared
 from shared.background import Periodic
-from shared.dht_process import start_dht
+from shared.dht_process import start_dht, stop_dht
 from shared.dht_records import ModelRecord, NodeState, ServerRecord, announce, fetch_servers
 from shared.errors import SwarmError
 from shared.families import context_length, family_of
@@ -42,6 +42,7 @@ from swarm_node.backend import SpanBackend
 from swarm_node.block_count import auto_num_blocks
 from swarm_node.cache_pool import CachePool
 from swarm_node.capacity import default_cache_tokens
+from swarm_node.faults import computed_quant, wrong_weights
 from swarm_node.handlers import NodeStatus, SpanHandlers
 from swarm_node.layer_api import cache_keyword
 from swarm_node.metrics import NodeGauges, NodeMetrics
@@ -57,6 +58,10 @@ logger = logging.getLogger(__name__)
 OFFLINE_RECORD_TTL = 30.0  # how long an OFFLINE record lingers so readers see the node left rather than vanished
 NEXT_HOPS_PROBED = 4  # nodes serving our end block whose round-trip time we measure and announce
 PROBE_TIMEOUT = 2.0
+# A DHT store on the way out (DRAINING, then OFFLINE) waits for peers that may be gone or for a stuck p2pd: each is
+# bounded so that a node exits within its drain timeout + 10 s of SIGTERM, whoever else is gone (two of these and
+# the DHT's stop grace, shared.dht_process, fit in that).
+STOP_ANNOUNCE_TIMEOUT = 2.0
 
 
 def resolve_device(setting: str) -> torch.device:
@@ -110,6 +115,7 @@ class SpanServer:
         self.pool = CachePool(cache_tokens)
         self.start, self.end = span or (0, 0)
         self.announced: NodeState | None = None  # the state of the last announcement that reached the DHT
+        self.dht_answers = True  # False once a bounded announcement on the way out timed out or failed
         self.next_rtts: dict[str, float] = {}
         self.reachability = Reachability.DIRECT
         self.relay_addrs: list[str] = []
@@ -202,11 +208,11 @@ class SpanServer:
             await asyncio.gather(*(job.stop() for job in jobs))
         finally:
             self.status.state = NodeState.OFFLINE
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._announce(OFFLINE_RECORD_TTL), timeout=5)
+            if self.dht_answers:  # a DHT that did not take the DRAINING record will not take this one either
+                await self._announce_leaving(OFFLINE_RECORD_TTL)
             if self.handlers is not None:
                 self.handlers.shutdown()
-            self.dht.shutdown()
+            stop_dht(self.dht)
             if exporter is not None:
                 exporter.shutdown()
             logger.info("node stopped")
@@ -214,15 +220,20 @@ class SpanServer:
     async def _load(self, start: int, end: int) -> SpanBackend:
         logger.info("loading blocks %d:%d of %s", start, end, self.source.name)
         reader = await asyncio.to_thread(open_weights, self.source, self.config)
+        fault = self.settings.faulty_outputs
+        quant = computed_quant(fault, self.quant)  # what the span computes (self.quant is what is announced)
         transform = await asyncio.to_thread(
-            block_transform, self.quant, self.dtype, self.device, self.settings.cpu_batched_copy
+            block_transform, quant, self.dtype, self.device, self.settings.cpu_batched_copy
         )
+        if fault == "wrong-weights":
+            transform = wrong_weights(transform)
         prefixes = [family_of(self.config).layout.block_prefix(block) for block in range(start, end)]
         adapters = await asyncio.to_thread(load_span_adapters, self.settings.adapter_folders(), prefixes)
         span = await asyncio.to_thread(
             build_span, self.config, reader, start, end, self.dtype, self.device, transform, adapters
         )
-        return SpanBackend(span, self.settings.batch_policy(), self.metrics)
+        span.forget_kv = fault == "stale-cache"
+        return SpanBackend(span, self.settings.batch_policy(), self.metrics, fault)
 
     async def _choose_start(self, num_blocks: int) -> int:
         assert self.dht is not None  # started in run()
@@ -234,12 +245,21 @@ class SpanServer:
     async def _drain(self) -> None:
         """Refuse new sessions (announced) and let open ones finish, up to the drain timeout."""
         self.status.state = NodeState.DRAINING
-        with contextlib.suppress(Exception):
-            await self._announce()
+        await self._announce_leaving()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.pool.wait_until_empty(), self.settings.drain_timeout)
         if self.pool.sessions:
             logger.warning("drain timeout: leaving %d sessions behind", self.pool.sessions)
+
+    async def _announce_leaving(self, expiration: float | None = None) -> None:
+        """Announce on the way out, bounded (``dht_answers`` says whether it went through)."""
+        try:
+            await asyncio.wait_for(self._announce(expiration), STOP_ANNOUNCE_TIMEOUT)
+        except Exception as exc:  # a timeout, or whatever the DHT raised: either way we are leaving
+            logger.warning("the DHT did not take our %s record: %r", self.status.state.value, exc)
+            self.dht_answers = False
+        else:
+            self.dht_answers = True
 
     async def _refresh(self, p2p: P2P) -> None:
         """The periodic announcement: round trips to the next hops measured, then our record."""

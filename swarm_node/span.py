@@ -100,6 +100,7 @@ class BlockSpan(nn.Module):
         self.cache_dtype = torch.float32
         self.adapter_rows = AdapterRows()  # each row's adapter during a forward (swarm_node.adapters)
         self.adapters: frozenset[str] = frozenset()  # the LoRA adapters a session may name
+        self.forget_kv = False  # testing only (--faulty-outputs stale-cache): drop each forward's keys/values
 
     def _new_rotary(self) -> nn.Module | None:
         rotary = self.family.rotary_embedding
@@ -147,6 +148,8 @@ class BlockSpan(nn.Module):
             self.adapter_rows.clear()
         cache.check_written(blocks)  # a block that stored no keys/values would make every later step wrong
         cache.commit()
+        if self.forget_kv:
+            cache.forget()
         return hidden
 
 
