@@ -33,3 +33,10 @@ def test_the_error_tree_lists_every_typed_error() -> None:
     }
     listed = set(re.findall(r"\b([A-Z]\w+)\b", tree))
     assert sorted(typed - listed) == []
+
+
+def test_every_page_the_readme_links_exists() -> None:
+    readme = (ROOT / "README.md").read_text()
+    links = set(re.findall(r"\]\(((?:docs|bench)/[^)#]+)\)", readme))
+    assert links, "README links to no docs page: the pattern broke"
+    assert sorted(link for link in links if not (ROOT / link).exists()) == []
