@@ -12,7 +12,8 @@ Two modes:
   after its announced queue and the sessions this gateway already runs on it.
 
 A session of a LoRA adapter goes only through nodes that announce it. Banned servers are skipped, except for a
-block whose every server is banned: then bans are ignored for that block.
+block whose every server is banned: then bans are ignored for that block. Excluded servers (in probation, failed
+or distrusted: ``gateway.swarm.verify``) are never used; a node's ``penalties`` (less reputation) add to its cost.
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ class RouteRequest:
     load: Mapping[str, int] = field(default_factory=dict)  # this gateway's open sessions per node
     push: bool = False  # hidden states go node to node: a later hop's link is from its predecessor
     adapter: str | None = None  # a LoRA adapter every hop must serve (None: the base model, any node)
+    excluded: frozenset[str] = frozenset()  # never routed: not (or no longer) trusted to compute right
+    penalties: Mapping[str, float] = field(default_factory=dict)  # seconds-equivalent per hop, by reputation
 
 
 def plan_route(view: SwarmView, request: RouteRequest, mode: RoutingMode) -> list[Hop]:
@@ -74,7 +77,7 @@ def _candidates(view: SwarmView, request: RouteRequest, end: int) -> dict[int, l
     candidates: dict[int, list[ServerRecord]] = {}
     missing = []
     for block in range(request.start, end):
-        servers = view.servers_for(block, request.adapter)
+        servers = [s for s in view.servers_for(block, request.adapter) if s.peer_id not in request.excluded]
         if not servers:
             missing.append(block)
         allowed = [s for s in servers if s.peer_id not in request.banned]
@@ -91,6 +94,7 @@ def hop_cost(
     own_rtt = request.rtts.get(server.peer_id, UNKNOWN_RTT)
     block_time = server.block_time if server.throughput > 0 else UNKNOWN_BLOCK_TIME
     penalty = CACHE_SHORT_PENALTY if server.cache_tokens_left < request.max_length else 0.0
+    penalty += request.penalties.get(server.peer_id, 0.0)
     if not request.push:
         return own_rtt + blocks * block_time + penalty
     link_in = own_rtt if before is None else before.next_rtts.get(server.peer_id, own_rtt)
@@ -137,7 +141,8 @@ def _max_throughput(candidates: dict[int, list[ServerRecord]], request: RouteReq
         has_room = server.cache_tokens_left >= request.max_length
         rate = (server.throughput or 1.0) * (server.end - server.start)  # block-tokens per second
         busy = 1 + server.queue_depth + request.load.get(server.peer_id, 0)
-        return has_room, rate / busy, server.peer_id
+        trusted = 1.0 - request.penalties.get(server.peer_id, 0.0)  # reputation orders equally spare nodes
+        return has_room, rate * trusted / busy, server.peer_id
 
     hops = []
     block = request.start
