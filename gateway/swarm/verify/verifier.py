@@ -163,11 +163,32 @@ class Verifier:
             verdict, where = await self._tie_break(view, candidate, reference, challenge, got, (verdict, where))
         if verdict.agrees:
             self.book.passed(peer_id, f"passed its challenge on {where}: {verdict.describe()}")
-            self.book.confirmed(reference.peer_id)
+            if self.book.nodes[reference.peer_id].state is Verification.UNVERIFIED:
+                await self._challenge_back(candidate, reference, challenge)
             self.counts["challenge", "passed"] += 1
             logger.info("node %s passed its challenge on %s: %s", peer_id, where, verdict.describe())
             return
         self._fail(peer_id, f"failed its challenge on {where}: {verdict.describe()}")
+
+    async def _challenge_back(self, candidate: ServerRecord, reference: ServerRecord, challenge: Challenge) -> None:
+        """An unverified reference answered the challenge's forward; its sessions (where a cache is used) are
+        checked too, against the candidate's forward, before it counts as verified."""
+        timeout, blocks, inputs = self.settings.timeout, challenge.blocks, challenge.inputs
+        try:
+            got, want = await asyncio.gather(
+                session_outputs(self._p2p, reference.peer_id, blocks, inputs, timeout, self._auth),
+                forward_outputs(self._p2p, candidate.peer_id, blocks, inputs, timeout, self._auth),
+            )
+            verdict = judge(challenge, reference, candidate, got, want)
+        except MalformedReply as error:
+            verdict, detail = None, f"answered a session with garbage: {error}"
+        if verdict is not None and verdict.agrees:
+            self.book.confirmed(reference.peer_id)
+            return
+        detail = detail if verdict is None else verdict.describe()
+        reason = f"its session disagreed with {candidate.peer_id}'s forward (seed {challenge.seed}): {detail}"
+        self.book.lost(reference.peer_id, reason, outvoted=True)
+        logger.warning("node %s is out of routing: %s", reference.peer_id, reason)
 
     def _fail(self, peer_id: str, reason: str) -> None:
         self.book.failed(peer_id, reason)
