@@ -24,7 +24,7 @@ from hivemind.p2p import P2P
 from gateway.swarm.routing import Hop
 from gateway.swarm.verify.compare import Comparison, compare
 from gateway.swarm.verify.remote import forward_outputs
-from gateway.swarm.verify.tolerances import Precision, tolerance_for
+from gateway.swarm.verify.tolerances import Precision, Tolerance, tolerance_for
 from gateway.swarm.verify.trust import TrustBook
 from gateway.swarm.view import SwarmView
 from shared.dht_records import ServerRecord
@@ -86,7 +86,16 @@ async def run_spot_check(
     verdict = versus(reference, want)
     if verdict.agrees or len(others) < 2:
         return _settle(book, hop.peer_id, verdict, f"{reference.peer_id}'s forward", self_check=False)
-    return _tie_break(book, check, others[1], reference, await on(others[1].peer_id), versus)
+    return _tie_break(book, check, others[1], reference, (want, await on(others[1].peer_id)), versus)
+
+
+def side_of(with_node: bool, with_reference: bool) -> str:
+    """Whom a third replica sides with: "node" (the reference is outvoted), "reference" (the node is), or "none"
+    when it cannot tell (it agrees with both: too imprecise to judge a difference the reference saw; or with
+    neither): then the checked node is only disputed — the reference was the most precise replica at hand."""
+    if with_node != with_reference:
+        return "node" if with_node else "reference"
+    return "none"
 
 
 def _tie_break(
@@ -94,23 +103,33 @@ def _tie_break(
     check: SpotCheck,
     third: ServerRecord,
     reference: ServerRecord,
-    third_output: torch.Tensor,
+    outputs: tuple[torch.Tensor, torch.Tensor],
     versus: Versus,
 ) -> SpotResult:
-    """The checked node and ``reference`` disagree: ``third`` decides who is outvoted."""
-    peer = check.hop.peer_id
+    """The checked node and ``reference`` disagree: ``third`` decides who is outvoted (``side_of``)."""
+    peer, (reference_output, third_output) = check.hop.peer_id, outputs
     with_node = versus(third, third_output)
-    if with_node.agrees:  # the reference is the odd one out
+    with_reference = compare(
+        check.inputs()[:, -third_output.shape[1] :], third_output, reference_output, tolerance_of(third, reference)
+    )
+    side = side_of(with_node.agrees, with_reference.agrees)
+    if side == "node":  # the reference is the odd one out
         book.agreed(peer)
         book.lost(reference.peer_id, f"outvoted by {peer} and {third.peer_id} on a spot check", outvoted=True)
         return SpotResult("spot", "agreed")
-    reason = (
-        f"outvoted on a spot check of blocks {check.hop.start}:{check.hop.end} by {reference.peer_id} and"
-        f" {third.peer_id}: {with_node.describe()}"
-    )
-    book.agreed(reference.peer_id)
-    book.lost(peer, reason, outvoted=True)
-    return SpotResult("spot", "outvoted")
+    blocks = f"{check.hop.start}:{check.hop.end}"
+    if side == "reference":
+        book.agreed(reference.peer_id)
+        reason = f"outvoted on a spot check of blocks {blocks} by {reference.peer_id} and {third.peer_id}"
+        book.lost(peer, f"{reason}: {with_node.describe()}", outvoted=True)
+        return SpotResult("spot", "outvoted")
+    reason = f"disagreed on a spot check of blocks {blocks} with {reference.peer_id} ({third.peer_id} could not tell)"
+    book.lost(peer, reason, outvoted=False)
+    return SpotResult("spot", "disputed")
+
+
+def tolerance_of(a: ServerRecord, b: ServerRecord) -> Tolerance:
+    return tolerance_for(Precision.parse(a.precision), Precision.parse(b.precision))
 
 
 def _settle(book: TrustBook, peer: str, verdict: Comparison, against: str, self_check: bool) -> SpotResult:
