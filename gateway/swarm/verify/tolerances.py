@@ -4,20 +4,25 @@ A node announces its precision (``ServerRecord.precision``, "quant/dtype/device"
 of its looser side. A node that announces nothing is held to float32's (a lying node must not gain slack by
 saying less); two float32 nodes on different device classes (CPU and CUDA: TF32, other kernels) to bfloat16's.
 
-How the numbers were measured (``bench/verify_calibrate.py``, CPU, torch threads 1, 2026-12-01): SmolLM2-135M (its
-GGUF, dequantized, then quantized again by bitsandbytes for int8/nf4) over blocks 0:4, 10:16 and 24:30, and the
-tiny random llama / qwen2 / mixtral over 0:6; inputs: embeddings of seeded random token ids (carried through the
-float32 blocks before the span), 8 positions; every replica's session output (prefill of 7, then one decode step)
-against every replica's stateless forward, and the worst position over 10 seeds. Measured worst, per pair class:
+How the numbers were measured (CPU, torch threads 1, 2026-12-01), on SmolLM2-135M (its GGUF dequantized, then
+quantized again by bitsandbytes for int8/nf4), replicas none/float32, none/bfloat16, int8/float32, nf4/float32 and
+nf4/bfloat16, 8 positions, every replica's session output (a prefill of 7, then one decode step) against every
+replica's stateless forward, the worst position deciding:
+
+* blocks 0:4, 10:16 and 24:30, inputs the embeddings of seeded random tokens carried through the float32 blocks
+  before the span, 10 / 5 / 5 seeds (a script over ``bench.verify_spans``);
+* blocks 0:2, 6:8, 14:16, 22:24 and 28:30, inputs the embeddings themselves, 4 seeds
+  (``python -m bench.verify --quick --spans 0:2,6:8,14:16,22:24,28:30``); nf4 against int8 over SmolLM2's last
+  blocks was the worst pair of all.
 
     pair (looser side)      min cosine   max relative L2     tolerance (cosine >=, rel L2 <=)
     float32 / float32       1.000000     < 1e-5              0.9999, 0.005
     bfloat16 (either)       0.998865     0.064               0.99,   0.20
     int8 (either)           0.982003     0.274               0.95,   0.60
-    nf4 (either)            0.919237     0.645               0.80,   1.20
+    nf4 (either)            0.714930     0.908               0.50,   1.60
 
-Each tolerance leaves about 2x (3x for float32's: other CPUs' kernels) over the worst measured honest pair:
-``bench.verify`` counts honest pairs flagged over 10,000 comparisons, and must find none. What that buys and
+Each tolerance leaves about 2x (3x for float32's: other CPUs' kernels) over the worst measured honest pair, and
+``make bench-verify`` counts honest pairs flagged over 10,000 comparisons (bench/results/verify.md). What that buys and
 costs: a node that adds 1 % noise moves the update by >= 1 % and is caught against a float32 replica, not against
 an nf4 one (1 % hides inside nf4's own error); the checker therefore prefers the most precise replica it has.
 """
@@ -37,7 +42,7 @@ class Tolerance:
 FLOAT32 = Tolerance(0.9999, 0.005)
 HALF = Tolerance(0.99, 0.20)
 INT8 = Tolerance(0.95, 0.60)
-NF4 = Tolerance(0.80, 1.20)
+NF4 = Tolerance(0.50, 1.60)
 _BY_CLASS = {"nf4": NF4, "int8": INT8, "half": HALF, "float32": FLOAT32}
 _ORDER = ["nf4", "int8", "half", "float32"]
 _HALF_DTYPES = {"bfloat16", "float16"}

@@ -1,10 +1,12 @@
 """The gateway's verifier: puts every new node through probation and spot-checks served steps, off the token path.
 
 It owns a ``TrustBook``; the router asks it which nodes are excluded from routing and how reputed the others are.
-Challenges run one at a time in one background task, in the order nodes were seen (so of several nodes that appear
-together for the same blocks, the first becomes the ``unverified`` reference and the others are challenged against
-it); spot checks run as background tasks, at most ``max_checks`` at once (a step sampled while they are all busy is
-not checked, and counted as skipped). Nothing here is awaited by a user's step.
+Whether a new node needs a challenge is decided as the view is read, in a stable order (so of several nodes that
+appear together for the same blocks, the first becomes the ``unverified`` reference and the others are challenged
+against it); challenges then run as background tasks, ``CHALLENGES_AT_ONCE`` at a time, each within
+``CHALLENGE_TIMEOUT`` (a frozen node holds up no other's). Spot checks run as background tasks, at most
+``max_checks`` at once (a step sampled while they are all busy is not checked, and counted as skipped). Nothing here
+is awaited by a user's step.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ logger = logging.getLogger(__name__)
 
 _NEW = NodeTrust(Verification.PROBATION, (0, 0))  # how a node the book has not seen yet counts
 CHALLENGE_RETRY = 5.0  # seconds before a challenge that could not run (node busy, unreachable) is tried again
+CHALLENGE_TIMEOUT = 10.0  # seconds a challenge's remote calls may take (8 tokens: far less than a step's timeout)
+CHALLENGES_AT_ONCE = 4
 
 
 @dataclass(frozen=True)
@@ -54,19 +58,19 @@ class Verifier:
         self.settings = settings
         self.book = TrustBook(settings.threshold)
         self.counts: Counter[tuple[str, str]] = Counter()  # (kind, result) -> checks
-        self._queue: asyncio.Queue[str] = asyncio.Queue()
+        self._challenges: set[asyncio.Task[None]] = set()
+        self._challenge_slots = asyncio.Semaphore(CHALLENGES_AT_ONCE)
         self._retry: dict[str, float] = {}
         self._view: SwarmView | None = None
-        self._worker: asyncio.Task[None] | None = None
         self._checks: set[asyncio.Task[None]] = set()
         self._random = random.Random()
         self._announced_out: set[str] = set()  # distrusted nodes already logged
 
     def start(self) -> None:
-        self._worker = asyncio.create_task(self._challenge_forever())
+        """Nothing runs until the first view is watched (challenges and checks are started as they are due)."""
 
     async def close(self) -> None:
-        tasks = [t for t in [self._worker, *self._checks] if t is not None]
+        tasks = [*self._challenges, *self._checks]
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -86,7 +90,7 @@ class Verifier:
                 self._queue_or_settle(view, server)
             elif self._retry.get(server.peer_id, float("inf")) <= loop_time:
                 del self._retry[server.peer_id]
-                self._queue.put_nowait(server.peer_id)
+                self._start_challenge(server.peer_id)
 
     def excluded(self, view: SwarmView) -> frozenset[str]:
         if not self.settings.enabled:
@@ -103,7 +107,7 @@ class Verifier:
 
     def _queue_or_settle(self, view: SwarmView, server: ServerRecord) -> None:
         if self._references(view, server):
-            self._queue.put_nowait(server.peer_id)
+            self._start_challenge(server.peer_id)
             return
         reason = "first node of its blocks: nothing to compare it with yet"
         self.book.unverified(server.peer_id, reason)
@@ -123,14 +127,19 @@ class Verifier:
             reverse=True,
         )
 
-    async def _challenge_forever(self) -> None:
-        while True:
-            peer_id = await self._queue.get()
+    def _start_challenge(self, peer_id: str) -> None:
+        task = asyncio.create_task(self._challenge_guarded(peer_id))
+        self._challenges.add(task)
+        task.add_done_callback(self._challenges.discard)
+
+    async def _challenge_guarded(self, peer_id: str) -> None:
+        async with self._challenge_slots:
             try:
-                await self._challenge(peer_id)
+                async with asyncio.timeout(CHALLENGE_TIMEOUT):
+                    await self._challenge(peer_id)
             except MalformedReply as error:  # NaN, a wrong shape or dtype: computed wrong, not merely unavailable
                 self._fail(peer_id, f"answered its challenge with garbage: {error}")
-            except Exception as error:  # the node could not be challenged now (busy, gone): it stays in probation
+            except Exception as error:  # could not be challenged now (busy, gone, timed out): stays in probation
                 self.counts["challenge", "error"] += 1
                 node = self.book.nodes.get(peer_id)
                 if node is not None and node.state is Verification.PROBATION:
