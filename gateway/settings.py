@@ -161,7 +161,7 @@ class KeyRevokeSettings(RedisSettings):
     key_id: str = positional("the key's id (as `gateway keys list` shows it)")
 
 
-class ServeSettings(EngineSettings, RedisSettings):
+class GatewaySettings(EngineSettings, RedisSettings):
     """Serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, ...) for a model."""
 
     host: str = Field("127.0.0.1", description="address the HTTP server listens on (0.0.0.0: every interface)")

@@ -29,7 +29,7 @@ from shared.errors import (
     WrongSpan,
 )
 from shared.membership import ReplayGuard
-from shared.protocol import (
+from shared.wire import (
     BATCH_HANDLER,
     FORWARD_HANDLER,
     INFERENCE_HANDLER,
@@ -81,7 +81,7 @@ class NodeStatus:
     max_session_length: int
     state: NodeState = NodeState.JOINING
     added_latency: float = 0.0  # seconds slept before every reply: emulates a distant node (tests, demos)
-    faulty_outputs: str = "none"  # testing: "nan", "shape" or "dtype" corrupts every step's output
+    faulty_outputs: str = "none"  # testing: "nan", "shape" or "dtype" corrupts every step's reply (others: faults.py)
     session_idle_timeout: float = 300.0  # seconds a session may sit without a step before its room is taken back
     peer_id: str = ""  # this node's own peer id (call tokens name it)
     guard: ReplayGuard | None = None  # a private swarm's call-token check; None: a public swarm

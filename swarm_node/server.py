@@ -25,26 +25,28 @@ from hivemind import DHT
 from hivemind.p2p import P2P
 
 import shared
-from shared.dht_process import start_dht
+from shared.dht_process import start_dht, stop_dht
 from shared.dht_records import ModelRecord, NodeState, ServerRecord, announce, fetch_servers
 from shared.errors import SwarmError
 from shared.families import context_length, family_of
 from shared.membership import CallAuth, ReplayGuard
 from shared.model_source import ModelSource, load_config, resolve_model
-from shared.protocol import PROTOCOL_VERSION
 from shared.reachability import DialBackService, Reachability, open_paths
 from shared.rpc_client import fetch_info
 from shared.weights import open_weights
+from shared.wire import PROTOCOL_VERSION
 from swarm_node.adapters import load_span_adapters
 from swarm_node.backend import SpanBackend
 from swarm_node.block_count import auto_num_blocks
 from swarm_node.cache_pool import CachePool
 from swarm_node.capacity import default_cache_tokens
+from swarm_node.faults import computed_quant, wrong_weights
 from swarm_node.handlers import NodeStatus, SpanHandlers
+from swarm_node.layer_api import cache_keyword
 from swarm_node.metrics import NodeGauges, NodeMetrics
 from swarm_node.quantize import block_transform, resolve_quant
-from swarm_node.reach import settle_reachability
-from swarm_node.settings import ServeSettings
+from swarm_node.reachability_probe import settle_reachability
+from swarm_node.settings import NodeSettings
 from swarm_node.span import build_span
 from swarm_node.span_choice import block_throughputs, choose_new_start, choose_start
 from swarm_node.throughput import BlockSpeed, block_speed, load_cached, speed_key
@@ -54,6 +56,10 @@ logger = logging.getLogger(__name__)
 OFFLINE_RECORD_TTL = 30.0  # how long an OFFLINE record lingers so readers see the node left rather than vanished
 NEXT_HOPS_PROBED = 4  # nodes serving our end block whose round-trip time we measure and announce
 PROBE_TIMEOUT = 2.0
+# A DHT store on the way out (DRAINING, then OFFLINE) waits for peers that may be gone or for a stuck p2pd: each is
+# bounded so that a node exits within its drain timeout + 10 s of SIGTERM, whoever else is gone (two of these and
+# the DHT's stop grace, shared.dht_process, fit in that).
+STOP_ANNOUNCE_TIMEOUT = 2.0
 
 
 def resolve_device(setting: str) -> torch.device:
@@ -70,7 +76,7 @@ def resolve_dtype(setting: str, device: torch.device) -> torch.dtype:
 
 
 class SpanServer:
-    def __init__(self, settings: ServeSettings) -> None:
+    def __init__(self, settings: NodeSettings) -> None:
         """Raises ``ModelLoadError`` or ``ValueError`` (bad span, too little memory) before anything starts."""
         self.settings = settings
         self.source: ModelSource = resolve_model(settings.model, settings.revision)
@@ -80,6 +86,8 @@ class SpanServer:
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("--device cuda: this machine has no CUDA device torch can use (try --device cpu)")
         self.dtype = resolve_dtype(settings.dtype, self.device)
+        family = family_of(self.config)
+        cache_keyword(family.decoder_layer, family.layer_call)  # refuse a transformers whose layers we cannot drive
         self.quant = resolve_quant(settings.quant, self.device)
         span = settings.span()
         if span is not None and span[1] > self.num_model_blocks:
@@ -105,6 +113,7 @@ class SpanServer:
         self.pool = CachePool(cache_tokens)
         self.start, self.end = span or (0, 0)
         self.announced: NodeState | None = None  # the state of the last announcement that reached the DHT
+        self.dht_answers = True  # False once a bounded announcement on the way out timed out or failed
         self.next_rtts: dict[str, float] = {}
         self.reachability = Reachability.DIRECT
         self.relay_addrs: list[str] = []
@@ -195,11 +204,11 @@ class SpanServer:
                 task.cancel()
         finally:
             self.status.state = NodeState.OFFLINE
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._announce(OFFLINE_RECORD_TTL), timeout=5)
+            if self.dht_answers:  # a DHT that did not take the DRAINING record will not take this one either
+                await self._announce_leaving(OFFLINE_RECORD_TTL)
             if self.handlers is not None:
                 self.handlers.shutdown()
-            self.dht.shutdown()
+            stop_dht(self.dht)
             if exporter is not None:
                 exporter.shutdown()
             logger.info("node stopped")
@@ -207,15 +216,20 @@ class SpanServer:
     async def _load(self, start: int, end: int) -> SpanBackend:
         logger.info("loading blocks %d:%d of %s", start, end, self.source.name)
         reader = await asyncio.to_thread(open_weights, self.source, self.config)
+        fault = self.settings.faulty_outputs
+        quant = computed_quant(fault, self.quant)  # what the span computes (self.quant is what is announced)
         transform = await asyncio.to_thread(
-            block_transform, self.quant, self.dtype, self.device, self.settings.cpu_batched_copy
+            block_transform, quant, self.dtype, self.device, self.settings.cpu_batched_copy
         )
+        if fault == "wrong-weights":
+            transform = wrong_weights(transform)
         prefixes = [family_of(self.config).layout.block_prefix(block) for block in range(start, end)]
         adapters = await asyncio.to_thread(load_span_adapters, self.settings.adapter_folders(), prefixes)
         span = await asyncio.to_thread(
             build_span, self.config, reader, start, end, self.dtype, self.device, transform, adapters
         )
-        return SpanBackend(span, self.settings.batch_policy(), self.metrics)
+        span.forget_kv = fault == "stale-cache"
+        return SpanBackend(span, self.settings.batch_policy(), self.metrics, fault)
 
     async def _choose_start(self, num_blocks: int) -> int:
         assert self.dht is not None  # started in run()
@@ -227,12 +241,21 @@ class SpanServer:
     async def _drain(self) -> None:
         """Refuse new sessions (announced) and let open ones finish, up to the drain timeout."""
         self.status.state = NodeState.DRAINING
-        with contextlib.suppress(Exception):
-            await self._announce()
+        await self._announce_leaving()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.pool.wait_until_empty(), self.settings.drain_timeout)
         if self.pool.sessions:
             logger.warning("drain timeout: leaving %d sessions behind", self.pool.sessions)
+
+    async def _announce_leaving(self, expiration: float | None = None) -> None:
+        """Announce on the way out, bounded (``dht_answers`` says whether it went through)."""
+        try:
+            await asyncio.wait_for(self._announce(expiration), STOP_ANNOUNCE_TIMEOUT)
+        except Exception as exc:  # a timeout, or whatever the DHT raised: either way we are leaving
+            logger.warning("the DHT did not take our %s record: %r", self.status.state.value, exc)
+            self.dht_answers = False
+        else:
+            self.dht_answers = True
 
     async def _announce_forever(self, p2p: P2P) -> None:
         period = self.settings.announce_period

@@ -11,14 +11,14 @@ from pydantic import BaseModel
 
 from gateway.api.auth import CallerDep
 from gateway.api.errors import ClientDisconnected
-from gateway.api.live_sessions import SessionTracker
-from gateway.api.serving_chat import ChatServing
-from gateway.api.serving_common import RequestContext, Stream
-from gateway.api.serving_completions import CompletionServing
-from gateway.api.serving_models import ModelServing
-from gateway.api.serving_responses import ResponsesServing
+from gateway.api.serving.chat import ChatServing
+from gateway.api.serving.common import RequestContext, Stream
+from gateway.api.serving.completions import CompletionServing
+from gateway.api.serving.live_sessions import SessionTracker
+from gateway.api.serving.models import ModelServing
+from gateway.api.serving.responses import ResponsesServing
+from gateway.api.serving.stop_signals import Signal, when
 from gateway.api.sse import event_stream
-from gateway.api.stop_signals import Signal, when
 
 
 @dataclass(frozen=True)

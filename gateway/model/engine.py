@@ -49,16 +49,17 @@ from gateway.model.sampling import Sampler, top_logprobs
 from gateway.model.speculation import DecodePlan, Drafter, PromptLookup, SpecTuner, Verified, verify_drafts
 from gateway.model.tokens import HFTokenCodec
 from gateway.settings import EngineSettings
+from gateway.swarm.chain_session import ChainSession
 from gateway.swarm.conversations import Taken
 from gateway.swarm.kept_chains import KeptChains, Parked
-from gateway.swarm.remote_session import ChainSession
+from gateway.swarm.monitor import SwarmMonitor
 from gateway.swarm.report import swarm_report
 from gateway.swarm.router import Router
 from gateway.swarm.routing import RoutingMode
 from gateway.swarm.step_links import StepLinks
 from gateway.swarm.verify.verifier import Verifier, VerifySettings
-from gateway.swarm.view import SwarmMonitor, SwarmView
-from shared.dht_process import start_dht
+from gateway.swarm.view import SwarmView
+from shared.dht_process import start_dht, stop_dht
 from shared.dht_records import fetch_announced_models
 from shared.membership import CallAuth
 from shared.model_source import ModelSource, load_config, resolve_model
@@ -185,7 +186,7 @@ class GenerationEngine:
         if self._router is not None:
             await self._router.close()
         if self._dht is not None:
-            await asyncio.to_thread(self._dht.shutdown)
+            await asyncio.to_thread(stop_dht, self._dht)
             self._dht = None
 
     async def swarm_view(self, fresh: bool = False) -> SwarmView:

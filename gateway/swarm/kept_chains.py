@@ -14,8 +14,8 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+from gateway.swarm.chain_session import ChainSession
 from gateway.swarm.conversations import ConversationPool, Taken
-from gateway.swarm.remote_session import ChainSession
 from gateway.swarm.view import SwarmView
 
 logger = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ import torch
 from shared.errors import PushMissing
 
 if TYPE_CHECKING:
-    from gateway.swarm.remote_session import ChainSession, Segment
+    from gateway.swarm.chain_session import ChainSession, Segment
 
 # Seconds a pushed hop may take beyond the previous hop's answer (plus two of its round trips) before the gateway
 # relays the input itself: long enough for a busy node's forward, short enough that a lost push costs little.

@@ -22,10 +22,11 @@ from hivemind.p2p import P2P
 from gateway.swarm.bans import BanList
 from gateway.swarm.departures import Departures
 from gateway.swarm.liveness import Liveness
+from gateway.swarm.monitor import SwarmMonitor
 from gateway.swarm.recovery import Recovery
 from gateway.swarm.routing import Hop, RouteRequest, RoutingMode, plan_route
 from gateway.swarm.verify.verifier import Verifier
-from gateway.swarm.view import SwarmMonitor, SwarmView
+from gateway.swarm.view import SwarmView
 from shared.errors import MissingBlocks, SwarmError, format_block_ranges
 from shared.membership import CallAuth
 from shared.reachability import open_paths

@@ -18,14 +18,15 @@ or distrusted: ``gateway.swarm.verify``) are never used; a node's ``penalties`` 
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+import numpy as np
+
+from gateway.swarm import route_search
 from gateway.swarm.view import SwarmView
-from shared.dht_records import ServerRecord
-from shared.errors import MissingBlocks
+from shared.server_records import ServerRecord
 
 # Seconds-equivalent added to a node without room for the session: chosen only when nothing else serves its blocks.
 CACHE_SHORT_PENALTY = 60.0
@@ -66,25 +67,14 @@ class RouteRequest:
 def plan_route(view: SwarmView, request: RouteRequest, mode: RoutingMode) -> list[Hop]:
     """Hops covering blocks [start, end); raises ``MissingBlocks`` naming every block nobody serves."""
     end = view.num_blocks if request.end is None else request.end
-    candidates = _candidates(view, request, end)
+    serving = view.serving(request.start, end, request.adapter)
+    servers = sorted((s for s in serving if s.peer_id not in request.excluded), key=lambda s: s.peer_id)
+    enterable = route_search.usable(servers, request.banned, request.start, end)
     if mode is RoutingMode.MIN_LATENCY:
-        return _min_latency(candidates, request, end)
-    return _max_throughput(candidates, request, end)
-
-
-def _candidates(view: SwarmView, request: RouteRequest, end: int) -> dict[int, list[ServerRecord]]:
-    """Per block, the servers a route may use there."""
-    candidates: dict[int, list[ServerRecord]] = {}
-    missing = []
-    for block in range(request.start, end):
-        servers = [s for s in view.servers_for(block, request.adapter) if s.peer_id not in request.excluded]
-        if not servers:
-            missing.append(block)
-        allowed = [s for s in servers if s.peer_id not in request.banned]
-        candidates[block] = allowed or servers
-    if missing:
-        raise MissingBlocks(missing)
-    return candidates
+        legs = _legs(servers, enterable, request, end)
+        hops = route_search.cheapest(legs, request.start, end, request.push)
+        return [Hop(servers[i].peer_id, start, stop) for i, start, stop in hops]
+    return _max_throughput(servers, enterable, request, end)
 
 
 def hop_cost(
@@ -101,42 +91,27 @@ def hop_cost(
     return link_in / 2 + (own_rtt / 2 if last else 0.0) + blocks * block_time + penalty
 
 
-_State = tuple[int, str]  # (block boundary, the server that reached it: "" at the start, or when links do not matter)
+def _legs(
+    servers: list[ServerRecord], enterable: dict[int, route_search.Ints], request: RouteRequest, end: int
+) -> route_search.Legs:
+    """``hop_cost``'s terms per server, split into what depends on where a route enters it and what does not."""
+    own = np.array([request.rtts.get(s.peer_id, UNKNOWN_RTT) for s in servers])
+    reach = np.array([min(s.end, end) for s in servers], dtype=np.int64)
+    block_time = np.array([s.block_time if s.throughput > 0 else UNKNOWN_BLOCK_TIME for s in servers])
+    short = np.array([s.cache_tokens_left < request.max_length for s in servers])
+    fixed = np.where(short, CACHE_SHORT_PENALTY, 0.0) + np.array(
+        [request.penalties.get(s.peer_id, 0.0) for s in servers]
+    )
+    if request.push:
+        fixed = fixed + np.where(reach == end, own / 2, 0.0)
+    own_link = own / 2 if request.push else own
+    index = {s.peer_id: i for i, s in enumerate(servers)}
+    return route_search.Legs(servers, reach, block_time, fixed, own_link, enterable, index)
 
 
-def _min_latency(candidates: dict[int, list[ServerRecord]], request: RouteRequest, end: int) -> list[Hop]:
-    # Dijkstra over block boundaries: an edge b -> min(s.end, end) for each server s usable at block b. With push the
-    # cost of an edge depends on the server before it, so a state is (boundary, that server).
-    servers = {s.peer_id: s for block in candidates.values() for s in block}
-    start: _State = (request.start, "")
-    best: dict[_State, float] = {start: 0.0}
-    came_from: dict[_State, tuple[_State, Hop]] = {}
-    queue: list[tuple[float, _State]] = [(0.0, start)]
-    final = start
-    while queue:
-        cost, state = heapq.heappop(queue)
-        block, before = state
-        if block == end:
-            final = state
-            break
-        if cost > best.get(state, float("inf")):
-            continue
-        for server in sorted(candidates[block], key=lambda s: s.peer_id):
-            reach = min(server.end, end)
-            total = cost + hop_cost(server, reach - block, request, servers.get(before), reach == end)
-            reached = (reach, server.peer_id if request.push else "")
-            if total < best.get(reached, float("inf")):
-                best[reached] = total
-                came_from[reached] = (state, Hop(server.peer_id, block, reach))
-                heapq.heappush(queue, (total, reached))
-    hops = []
-    while final != start:
-        final, hop = came_from[final]
-        hops.append(hop)
-    return hops[::-1]
-
-
-def _max_throughput(candidates: dict[int, list[ServerRecord]], request: RouteRequest, end: int) -> list[Hop]:
+def _max_throughput(
+    servers: list[ServerRecord], enterable: dict[int, route_search.Ints], request: RouteRequest, end: int
+) -> list[Hop]:
     def spare_rate(server: ServerRecord) -> tuple[bool, float, str]:
         has_room = server.cache_tokens_left >= request.max_length
         rate = (server.throughput or 1.0) * (server.end - server.start)  # block-tokens per second
@@ -147,7 +122,7 @@ def _max_throughput(candidates: dict[int, list[ServerRecord]], request: RouteReq
     hops = []
     block = request.start
     while block < end:
-        server = max(candidates[block], key=spare_rate)
+        server = max((servers[i] for i in enterable[block]), key=spare_rate)
         reach = min(server.end, end)
         hops.append(Hop(server.peer_id, block, reach))
         block = reach

@@ -8,7 +8,7 @@ from fastapi.responses import Response
 from gateway.api.auth import CallerDep
 from gateway.api.dependencies import ContextDep, ResponsesDep, respond
 from gateway.api.openapi_docs import errors, streamed
-from gateway.api.protocol_responses import DeletedResponse, ResponseObject, ResponsesRequest, ResponseStreamEvent
+from gateway.api.protocol.responses import DeletedResponse, ResponseObject, ResponsesRequest, ResponseStreamEvent
 
 router = APIRouter(responses=errors(400, 401, 404))
 

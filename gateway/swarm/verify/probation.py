@@ -16,7 +16,7 @@ import torch
 
 from gateway.swarm.verify.compare import Comparison, compare
 from gateway.swarm.verify.tolerances import Precision, tolerance_for
-from shared.dht_records import ServerRecord
+from shared.server_records import ServerRecord
 
 CHALLENGE_TOKENS = 8  # positions of a challenge: 7 of prefill, then 1 decode step
 

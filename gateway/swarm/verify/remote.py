@@ -10,7 +10,7 @@ from hivemind.proto import runtime_pb2
 
 from gateway.swarm.node_session import NodeSession
 from gateway.swarm.routing import Hop
-from shared import protocol
+from shared import wire
 from shared.errors import MalformedReply
 from shared.membership import CallAuth
 from shared.rpc_client import decode_reply, over_transport
@@ -21,18 +21,18 @@ async def forward_outputs(
 ) -> torch.Tensor:
     """hidden [1, T, D] through ``blocks`` on ``peer_id`` as one stateless prefill -> [1, T, D]."""
     start, end = blocks
-    message = protocol.ForwardRequest(
-        protocol=protocol.PROTOCOL_VERSION, start=start, end=end, auth=auth.token_for(peer_id)
+    message = wire.ForwardRequest(
+        protocol=wire.PROTOCOL_VERSION, start=start, end=end, auth=auth.token_for(peer_id)
     )
     call = p2p.call_protobuf_handler(
         PeerID.from_base58(peer_id),
-        protocol.FORWARD_HANDLER,
-        protocol.encode_request(message, (hidden,)),
+        wire.FORWARD_HANDLER,
+        wire.encode_request(message, (hidden,)),
         runtime_pb2.ExpertResponse,
     )
     response = await over_transport(peer_id, "answer a check's forward", call, limit)
     reply, tensors = decode_reply(response, peer_id)
-    if not isinstance(reply, protocol.ForwardResult) or len(tensors) != 1 or tensors[0].shape != hidden.shape:
+    if not isinstance(reply, wire.ForwardResult) or len(tensors) != 1 or tensors[0].shape != hidden.shape:
         raise MalformedReply(f"node {peer_id} sent a malformed forward result")
     return tensors[0]
 

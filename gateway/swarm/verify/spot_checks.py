@@ -27,8 +27,8 @@ from gateway.swarm.verify.remote import forward_outputs
 from gateway.swarm.verify.tolerances import Precision, Tolerance, tolerance_for
 from gateway.swarm.verify.trust import TrustBook
 from gateway.swarm.view import SwarmView
-from shared.dht_records import ServerRecord
 from shared.membership import CallAuth
+from shared.server_records import ServerRecord
 
 Versus = Callable[[ServerRecord | None, torch.Tensor], Comparison]  # the checked output against a replica's
 

@@ -28,9 +28,9 @@ from gateway.swarm.verify.remote import forward_outputs, session_outputs
 from gateway.swarm.verify.spot_checks import SpotCheck, run_spot_check
 from gateway.swarm.verify.trust import NodeTrust, TrustBook, Verification
 from gateway.swarm.view import SwarmView
-from shared.dht_records import ServerRecord
 from shared.errors import MalformedReply
 from shared.membership import CallAuth
+from shared.server_records import ServerRecord
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, settings
 from schemathesis import CheckContext, Response
 from schemathesis.core.failures import Failure
 
-from gateway.api.serving_common import ServingConfig
+from gateway.api.serving.common import ServingConfig
 from gateway.app import create_app
 from tests.helpers.scripted_engine import ALPHABET, CharCodec, ScriptedEngine
 

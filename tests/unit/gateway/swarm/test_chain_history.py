@@ -6,7 +6,7 @@ from typing import cast
 
 import torch
 
-from gateway.swarm.remote_session import NodeSession, Segment
+from gateway.swarm.chain_session import NodeSession, Segment
 
 
 def chunk(start: int, length: int) -> torch.Tensor:

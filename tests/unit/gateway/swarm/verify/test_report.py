@@ -16,8 +16,8 @@ from gateway.swarm.report import swarm_report
 from gateway.swarm.verify.spot_checks import side_of
 from gateway.swarm.verify.verifier import Verifier, VerifySettings
 from gateway.swarm.view import SwarmView
-from shared.dht_records import NodeState, ServerRecord
 from shared.membership import CallAuth
+from shared.server_records import NodeState, ServerRecord
 
 
 def _record(peer: str) -> ServerRecord:
