@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-fast test-lowest lint demo bench bench-load bench-wan gpu-check
+.PHONY: test test-fast test-lowest lint demo bench bench-load bench-wan bench-verify gpu-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -81,6 +81,13 @@ bench-load: $(BENCH_STAMP)
 # (about 15 minutes).
 bench-wan: $(BENCH_STAMP)
 	$(BIN)/python -m bench.wan
+
+# Verification of nodes (bench/verify.py): the gateway's comparison, tolerances and trust policy on SmolLM2 spans in
+# float32, bfloat16, int8 and nf4, in-process: honest pairs flagged over >= 10,000 comparisons, each lying mode's
+# checked steps until it is out of routing, the extra compute of the default check rate; then one stream through two
+# local nodes with checks off and on (bench/verify_decode.py); writes bench/results/verify.md (a few minutes).
+bench-verify: $(BENCH_STAMP)
+	$(BIN)/python -m bench.verify
 
 # GPU readiness (bench/gpu_check.py): every family's span in bfloat16 and nf4 against transformers on CUDA, greedy
 # equality in float32, decode tokens/s at 1/8/32 streams (a few minutes). Runs with the machine's own Python, which

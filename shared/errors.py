@@ -20,6 +20,7 @@ the client rebuilds the same exception type from it (``error_from_code``), and o
     ├── NodeUnreachable             the connection to a node failed or closed, or it answers no ping (dead, frozen)
     ├── MalformedReply              a node answered something that is no valid reply (wrong shape, NaN, garbage)
     ├── StepTimeout                 a remote step took longer than allowed while the node still answered pings
+    ├── NodeDistrusted              the gateway's checks took the node out of routing (gateway.swarm.verify)
     └── ModelLoadError              a model could not be resolved or loaded
         └── CacheApiMismatch        the installed transformers' decoder layers take no cache keyword we know
 """
@@ -115,6 +116,13 @@ class NodeUnreachable(SwarmError):
 
 class MalformedReply(SwarmError):
     code = "malformed_reply"
+    retryable = True
+
+
+class NodeDistrusted(SwarmError):
+    """A node whose outputs the gateway's checks no longer trust: its sessions move to trusted nodes."""
+
+    code = "node_distrusted"
     retryable = True
 
 

@@ -283,6 +283,7 @@ class SpanServer:
             reachability=self.reachability,
             relay_addrs=self.relay_addrs,
             adapters=sorted(self.settings.adapter_folders()),
+            precision=f"{self.quant}/{str(self.dtype).removeprefix('torch.')}/{self.device.type}",
             version=shared.__version__,
             protocol=PROTOCOL_VERSION,
         )

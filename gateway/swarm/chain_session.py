@@ -25,7 +25,7 @@ from gateway.swarm.router import Router
 from gateway.swarm.routing import UNKNOWN_RTT, Hop
 from gateway.swarm.segment import Segment
 from gateway.swarm.step_links import StepLinks
-from shared.errors import NodeUnreachable
+from shared.errors import NodeDistrusted, NodeUnreachable
 
 __all__ = ["ChainSession", "NodeSession", "Segment"]
 
@@ -165,11 +165,13 @@ class ChainSession:
         while index < len(self._segments):
             segment = self._segments[index]
             try:
+                self.check_trusted(segment)
                 output = await segment.session.step(hidden, position)
             except Exception as error:
                 await self.fail_over(segment, error)
                 continue  # the replacement now sits at the same index
             segment.record(position, hidden)
+            self.observed(segment, output)
             self._router.record_success(segment.session.hop.peer_id)
             self._router.stats.relayed_hops += hidden.shape[1] == 1
             hidden = output
@@ -183,6 +185,20 @@ class ChainSession:
         self._router.release(s.hop for s in sessions if not s.closed)  # a dropped segment was released already
         self._segments = []
         await asyncio.shield(asyncio.gather(*(s.close() for s in sessions), return_exceptions=True))
+
+    def check_trusted(self, segment: Segment) -> None:
+        """Raises ``NodeDistrusted`` when the segment's node is out of routing by the verifier: the step moves to a
+        trusted node (with the inputs it was given replayed), never waiting on a check. The later hops keep what
+        they computed from its earlier outputs: tokens already sampled cannot change."""
+        peer = segment.session.hop.peer_id
+        if not self._router.trusted(peer):
+            raise NodeDistrusted(f"node {peer} is out of routing: the gateway's checks no longer trust its outputs")
+
+    def observed(self, segment: Segment, output: torch.Tensor) -> None:
+        """A step the segment's node served (its history ends with this step's input): maybe spot-checked."""
+        verifier = self._router.verifier
+        if verifier is not None:
+            verifier.observe(segment.session.hop, segment.history, output)
 
     def _check_open(self) -> None:
         if self.closed:  # with no segments left, a step would return its input unchanged
