@@ -93,11 +93,17 @@ class ResponsesRequest(RequestModel):
     top_k: Annotated[int, Field(ge=-1), INTEGRAL] | None = None
     min_p: float | None = Field(None, ge=0, le=1)
     repetition_penalty: float | None = Field(None, ge=0.01, le=2)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
     seed: Annotated[int, Field(ge=-(2**53), le=2**53), INTEGRAL] | None = None
     store: bool | None = True
     stream: bool | None = False
     metadata: dict[str, str] | None = None
     user: str | None = None
+    # Bookkeeping the response object echoes; none of it changes the answer.
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    service_tier: str | None = None
     # Known fields this gateway does not implement: a value that would change the answer is a 400.
     background: bool | None = None
     conversation: Any = None
@@ -119,12 +125,17 @@ class OutputText(ResponseModel):
     logprobs: list[Any] = Field(default_factory=list)
 
 
+Phase = Literal["commentary", "final_answer"]
+
+
 class OutputMessage(ResponseModel):
     type: Literal["message"] = "message"
     id: str = Field(default_factory=lambda: item_id("msg"))
     status: ItemStatus = "in_progress"
     role: Literal["assistant"] = "assistant"
     content: list[OutputText] = Field(default_factory=list)
+    # Known once the message ends: "commentary" when tool calls follow it, "final_answer" when it ends the turn.
+    phase: Phase | None = None
 
 
 class FunctionCall(ResponseModel):
@@ -188,10 +199,17 @@ class IncompleteDetails(ResponseModel):
     reason: Literal["max_output_tokens"]
 
 
+class ConversationRef(ResponseModel):
+    id: str
+
+
 class ResponseObject(ResponseModel):
+    """Every field the Open Responses ``ResponseResource`` requires, with the values this response was made with."""
+
     id: str
     object: Literal["response"] = "response"
     created_at: int = Field(default_factory=lambda: int(time.time()))
+    completed_at: int | None = None
     status: ResponseStatus = "in_progress"
     error: ResponseError | None = None
     incomplete_details: IncompleteDetails | None = None
@@ -203,16 +221,24 @@ class ResponseObject(ResponseModel):
     previous_response_id: str | None = None
     reasoning: dict[str, Any] = Field(default_factory=lambda: {"effort": None, "summary": None})
     store: bool = True
-    temperature: float | None = None
+    temperature: float = 1.0
     text: dict[str, Any] = Field(default_factory=lambda: {"format": {"type": "text"}})
     tool_choice: Any = "auto"
     tools: list[dict[str, Any]] = Field(default_factory=list)
-    top_p: float | None = None
+    top_p: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    top_logprobs: int = 0
     truncation: str = "disabled"
     usage: ResponseUsage | None = None
     user: str | None = None
     metadata: dict[str, str] = Field(default_factory=dict)
     background: bool = False
+    max_tool_calls: int | None = None
+    service_tier: str = "default"
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    conversation: ConversationRef | None = None
 
     @property
     def output_text(self) -> str:

@@ -16,6 +16,8 @@ import json
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from dataclasses import dataclass
 
+from sse_starlette import ServerSentEvent
+
 from gateway.api.auth import Caller
 from gateway.api.errors import InvalidRequest, NotFound, SessionCancelled, as_api_error
 from gateway.api.protocol.common import IGNORED_FIELDS, reject_unsupported
@@ -32,15 +34,27 @@ from gateway.api.serving.chat import ChatServing
 from gateway.api.serving.choices import ChoiceEvent, ChoiceSpec
 from gateway.api.serving.common import RequestContext, Stream
 from gateway.api.serving.responses_events import Event, ResponseWriter
-from gateway.api.serving.responses_translate import Message, Translated, assistant_message, chat_request
-from gateway.generation import PromptScores
+from gateway.api.serving.responses_translate import (
+    Message,
+    Translated,
+    assistant_message,
+    chat_request,
+    check_supported,
+)
+from gateway.generation import PromptScores, SamplingParams
 from gateway.state.responses_store import ResponseStore, StoredResponse
 from gateway.text.assembler import FinishReason
 from gateway.text.chat_output import ChatOutputParser, OutputDelta
 from gateway.text.reasoning import starts_inside
 
 # Responses fields besides the chat path's ignored ones that cannot change the answer.
-IGNORED_RESPONSES_FIELDS = frozenset({"stream_options", "prompt_cache_retention"})
+IGNORED_RESPONSES_FIELDS = frozenset(
+    {
+        "stream_options",
+        "prompt_cache_retention",
+        "client_metadata",  # Codex's client hints (installation, session ids): never read by the model
+    }
+)
 
 
 @dataclass
@@ -72,7 +86,10 @@ class ResponsesServing:
         specs = self.chat.with_adapter(specs, adapter)
         await self._save(turn)
         if body.stream:
-            return await self.chat.run_streamed(turn.record, specs, context, lambda events: self._events(turn, events))
+            stream = await self.chat.run_streamed(
+                turn.record, specs, context, lambda events: self._events(turn, events)
+            )
+            return Stream(stream.id, named(stream.events))
         try:
             results = await self.chat.run_collected(turn.record, specs, context)
         except BaseException as exc:
@@ -118,29 +135,46 @@ class ResponsesServing:
         with _renamed_params():
             chat._check_options(request)
             plan = chat.plan(request)
+        if plan.reasoning:  # effort would change what a thinking model does: refused unless "none" (the default)
+            check_supported(body, reasons=True)
         prompt = await chat.render(request.messages, plan.tools.functions, request.chat_template_kwargs)
         plan = dataclasses.replace(plan, reasoning_inside=plan.reasoning and starts_inside(prompt))
         prompt_ids = await chat.encode_prompt(prompt)
         budget = chat.completion_budget(len(prompt_ids), request.max_completion_tokens, "input")
         specs = chat._specs(request, prompt_ids, budget, caller.scope, plan.grammar)
-        response = ResponseObject(
+        response = self._response(body, specs[0].request.sampling, budget)
+        record = RequestRecord(response.id, "responses", 1, len(prompt_ids))
+        return _Turn(body, caller, translated, history, ResponseWriter(response), record, plan.parser()), specs
+
+    @staticmethod
+    def _response(body: ResponsesRequest, sampling: SamplingParams, budget: int) -> ResponseObject:
+        """The response object as it starts: the request's settings as they are applied (the model's sampling
+        defaults where the request left them out, the gateway's token cap where it set none)."""
+        return ResponseObject(
             id=response_id(),
             model=body.model,  # the base model or the adapter asked for
             instructions=body.instructions,
-            max_output_tokens=body.max_output_tokens,
+            max_output_tokens=budget,
             previous_response_id=body.previous_response_id,
             store=body.store is not False,
-            temperature=body.temperature,
-            top_p=body.top_p,
+            temperature=sampling.temperature,
+            top_p=0.0 if sampling.top_k == 1 and body.top_p == 0 else sampling.top_p,
+            presence_penalty=sampling.presence_penalty,
+            frequency_penalty=sampling.frequency_penalty,
             text=body.text.model_dump(by_alias=True, exclude_none=True) if body.text else {"format": {"type": "text"}},
             tool_choice=_shown(body.tool_choice) or "auto",
             tools=[tool.model_dump(exclude_none=True) for tool in body.tools or []],
             parallel_tool_calls=body.parallel_tool_calls is not False,
+            reasoning=body.reasoning.model_dump(exclude={"generate_summary"})
+            if body.reasoning
+            else {"effort": None, "summary": None},
+            max_tool_calls=body.max_tool_calls,
             user=body.user,
+            safety_identifier=body.safety_identifier,
+            prompt_cache_key=body.prompt_cache_key,
+            service_tier="default",  # one tier here, whatever the request asked for
             metadata=body.metadata or {},
         )
-        record = RequestRecord(response.id, "responses", 1, len(prompt_ids))
-        return _Turn(body, caller, translated, history, ResponseWriter(response), record, plan.parser()), specs
 
     # -- streaming -----------------------------------------------------------------------------------------------
 
@@ -211,6 +245,15 @@ class ResponsesServing:
     @staticmethod
     def _usage(record: RequestRecord) -> ResponseUsage:
         return ResponseUsage.of(record.prompt_tokens, record.completion_tokens, record.cached_tokens)
+
+
+async def named(events: AsyncIterator[ServerSentEvent | bytes]) -> AsyncIterator[ServerSentEvent | bytes]:
+    """Each SSE event named for its ``type``, as the Open Responses spec requires (``event:`` matches ``type``)."""
+    async for event in events:
+        if isinstance(event, ServerSentEvent) and isinstance(event.data, str) and event.data.startswith("{"):
+            kind = json.loads(event.data).get("type")
+            event.event = kind if isinstance(kind, str) else "error"
+        yield event
 
 
 def write(writer: ResponseWriter, out: OutputDelta) -> list[Event]:
