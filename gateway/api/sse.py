@@ -9,6 +9,7 @@ clients ignore and proxies count as traffic.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
@@ -22,7 +23,10 @@ SEPARATOR = "\n"
 NO_PINGS = 24 * 3600
 
 
-def sse_event(data: str, id: str | None = None, retry: int | None = None, event: str | None = None) -> ServerSentEvent:
+def sse_event(data: str, id: str | None = None, retry: int | None = None) -> ServerSentEvent:
+    """One event; a typed one (the Responses stream's, ``{"type": ...}`` first) is named for its type, as the Open
+    Responses spec requires. Named here, where a resumed stream is read too, so a replay is the same bytes."""
+    event = json.loads(data).get("type") if data.startswith('{"type":') else None
     return ServerSentEvent(data=data, id=id, retry=retry, event=event, sep=SEPARATOR)
 
 

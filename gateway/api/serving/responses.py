@@ -16,8 +16,6 @@ import json
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from dataclasses import dataclass
 
-from sse_starlette import ServerSentEvent
-
 from gateway.api.auth import Caller
 from gateway.api.errors import InvalidRequest, NotFound, SessionCancelled, as_api_error
 from gateway.api.protocol.common import IGNORED_FIELDS, reject_unsupported
@@ -86,10 +84,7 @@ class ResponsesServing:
         specs = self.chat.with_adapter(specs, adapter)
         await self._save(turn)
         if body.stream:
-            stream = await self.chat.run_streamed(
-                turn.record, specs, context, lambda events: self._events(turn, events)
-            )
-            return Stream(stream.id, named(stream.events))
+            return await self.chat.run_streamed(turn.record, specs, context, lambda e: self._events(turn, e))
         try:
             results = await self.chat.run_collected(turn.record, specs, context)
         except BaseException as exc:
@@ -245,15 +240,6 @@ class ResponsesServing:
     @staticmethod
     def _usage(record: RequestRecord) -> ResponseUsage:
         return ResponseUsage.of(record.prompt_tokens, record.completion_tokens, record.cached_tokens)
-
-
-async def named(events: AsyncIterator[ServerSentEvent | bytes]) -> AsyncIterator[ServerSentEvent | bytes]:
-    """Each SSE event named for its ``type``, as the Open Responses spec requires (``event:`` matches ``type``)."""
-    async for event in events:
-        if isinstance(event, ServerSentEvent) and isinstance(event.data, str) and event.data.startswith("{"):
-            kind = json.loads(event.data).get("type")
-            event.event = kind if isinstance(kind, str) else "error"
-        yield event
 
 
 def write(writer: ResponseWriter, out: OutputDelta) -> list[Event]:
