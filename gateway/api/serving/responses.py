@@ -40,7 +40,7 @@ from gateway.api.serving.responses_translate import (
     check_supported,
 )
 from gateway.generation import PromptScores, SamplingParams
-from gateway.state.responses_store import ResponseStore, StoredResponse
+from gateway.state.responses_store import Kept, ResponseStore, StoredResponse
 from gateway.text.assembler import FinishReason
 from gateway.text.chat_output import ChatOutputParser, OutputDelta
 from gateway.text.reasoning import starts_inside
@@ -66,6 +66,7 @@ class _Turn:
     writer: ResponseWriter
     record: RequestRecord
     parser: ChatOutputParser  # the chat path's: reasoning tags and tool calls out of the text
+    local: Kept | None = None  # a WebSocket's own responses (store: false ones are kept only there)
 
     @property
     def response(self) -> ResponseObject:
@@ -77,10 +78,14 @@ class ResponsesServing:
         self.chat = chat
         self.store = store
 
-    async def create(self, body: ResponsesRequest, context: RequestContext) -> ResponseObject | Stream:
+    async def create(
+        self, body: ResponsesRequest, context: RequestContext, local: Kept | None = None
+    ) -> ResponseObject | Stream:
+        """``local``: the responses a WebSocket keeps for its own life (``store: false`` ones go there, not to Redis);
+        ``previous_response_id`` looks there first."""
         adapter = await self.chat.resolve_model(body.model)
         reject_unsupported(body, IGNORED_FIELDS | IGNORED_RESPONSES_FIELDS)
-        turn, specs = await self._plan(body, context.caller)
+        turn, specs = await self._plan(body, context.caller, local)
         specs = self.chat.with_adapter(specs, adapter)
         await self._save(turn)
         if body.stream:
@@ -120,11 +125,11 @@ class ResponsesServing:
 
     # -- planning ------------------------------------------------------------------------------------------------
 
-    async def _plan(self, body: ResponsesRequest, caller: Caller) -> tuple[_Turn, list[ChoiceSpec]]:
+    async def _plan(self, body: ResponsesRequest, caller: Caller, local: Kept | None) -> tuple[_Turn, list[ChoiceSpec]]:
         """The chat path's own steps (tools and format as a grammar, the template, the budget) on the translation."""
         history: list[Message] = []
         if body.previous_response_id is not None:
-            history = (await self._visible(body.previous_response_id, caller, "previous_response_id")).messages
+            history = (await self._previous(body.previous_response_id, caller, local)).messages
         translated = chat_request(body, history)
         chat, request = self.chat, translated.chat
         with _renamed_params():
@@ -139,7 +144,8 @@ class ResponsesServing:
         specs = chat._specs(request, prompt_ids, budget, caller.scope, plan.grammar)
         response = self._response(body, specs[0].request.sampling, budget)
         record = RequestRecord(response.id, "responses", 1, len(prompt_ids))
-        return _Turn(body, caller, translated, history, ResponseWriter(response), record, plan.parser()), specs
+        writer = ResponseWriter(response)
+        return _Turn(body, caller, translated, history, writer, record, plan.parser(), local), specs
 
     @staticmethod
     def _response(body: ResponsesRequest, sampling: SamplingParams, budget: int) -> ResponseObject:
@@ -220,7 +226,7 @@ class ResponsesServing:
         await self._save(turn)
 
     async def _save(self, turn: _Turn) -> None:
-        if not turn.response.store:
+        if not turn.response.store and turn.local is None:
             return
         messages = turn.history + turn.translated.turn
         if turn.response.status in ("completed", "incomplete"):
@@ -229,7 +235,24 @@ class ResponsesServing:
         stored = StoredResponse(
             key_id=turn.caller.key_id, response=turn.response.model_dump(mode="json"), messages=messages
         )
-        await self.store.save(turn.response.id, stored)
+        if turn.local is not None:
+            turn.local.keep(turn.response.id, stored)
+        if turn.response.store:
+            await self.store.save(turn.response.id, stored)
+
+    async def _previous(self, response_id: str, caller: Caller, local: Kept | None) -> StoredResponse:
+        """The response ``previous_response_id`` names: this socket's own, else a stored one of the caller's."""
+        kept = local.get(response_id) if local is not None else None
+        if kept is not None:
+            return kept
+        stored = await self.store.get(response_id)
+        if stored is None or not (caller.admin or stored.key_id == caller.key_id):
+            raise InvalidRequest(
+                f"Previous response with id {response_id!r} not found.",
+                "previous_response_not_found",
+                "previous_response_id",
+            )
+        return stored
 
     async def _visible(self, response_id: str, caller: Caller, param: str = "response_id") -> StoredResponse:
         stored = await self.store.get(response_id)

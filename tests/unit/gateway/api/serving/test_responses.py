@@ -264,7 +264,8 @@ async def test_previous_response_id_prepends_the_stored_conversation_without_its
         assert codec.decode(scripted.requests[-1].prompt_ids) == "abyescdyese"
         assert third.status_code == 200
         unknown = await client.post("/v1/responses", json=request(previous_response_id="resp_nope"))
-        assert unknown.status_code == 404 and unknown.json()["error"]["param"] == "previous_response_id"
+        assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "previous_response_id"
+        assert unknown.json()["error"]["code"] == "previous_response_not_found"
 
 
 async def test_cancel_stops_a_running_response() -> None:
