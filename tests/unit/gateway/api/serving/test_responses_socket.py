@@ -98,8 +98,8 @@ def test_previous_response_not_found_and_bad_messages_are_errors_on_an_open_sock
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}])
 def test_the_handshake_is_authenticated_as_http_is(headers: dict[str, str]) -> None:
     with app_for(AsciiEngine("ok"), auth=True) as client:
-        with pytest.raises(WebSocketDenialResponse) as denied, client.websocket_connect("/v1/responses", headers=headers):
-            pass
+        with pytest.raises(WebSocketDenialResponse) as denied:
+            client.websocket_connect("/v1/responses", headers=headers).__enter__()
         assert denied.value.status_code == 401
         assert denied.value.json()["error"]["code"] == "invalid_api_key"
         with client.websocket_connect("/v1/responses", headers={"Authorization": f"Bearer {KEY}"}) as ws:

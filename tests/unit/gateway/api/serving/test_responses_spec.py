@@ -176,11 +176,14 @@ async def test_images_on_a_text_model_are_a_clear_400(part: dict[str, Any]) -> N
     assert "reads text only" in error["message"] and "input_image" in error["message"]
 
 
+CHAT_MESSAGE = {"role": "user", "content": "hi"}
+
+
 @pytest.mark.parametrize(
     ("path", "request_body"),
     [
         ("/v1/responses", body(stream=True)),
-        ("/v1/chat/completions", {"model": "scripted", "messages": [{"role": "user", "content": "hi"}], "stream": True}),
+        ("/v1/chat/completions", {"model": "scripted", "messages": [CHAT_MESSAGE], "stream": True}),
         ("/v1/completions", {"model": "scripted", "prompt": "hi", "stream": True}),
     ],
 )
