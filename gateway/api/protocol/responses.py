@@ -43,6 +43,7 @@ class InputItem(RequestModel):
     name: str | None = None  # function_call
     arguments: str | None = None  # function_call
     output: str | list[InputContent] | None = None  # function_call_output
+    encrypted_content: str | None = None  # compaction (what /v1/responses/compact returned)
 
 
 class FunctionTool(RequestModel):
@@ -249,6 +250,41 @@ class DeletedResponse(ResponseModel):
     id: str
     object: Literal["response"] = "response"
     deleted: bool = True
+
+
+class CompactRequest(RequestModel):
+    """``POST /v1/responses/compact``: the conversation to compact (``previous_response_id``, then ``input``)."""
+
+    model: str
+    input: str | list[InputItem] | None = None
+    previous_response_id: str | None = None
+    instructions: str | None = None  # how to compact (the default asks for goals, facts, decisions and open tasks)
+
+
+class CompactionItem(ResponseModel):
+    """The summary of what the compacted conversation said, opaque to clients: they send it back as an input item.
+    Not encrypted here (the gateway has no secret to hide it from its own caller); it only round-trips."""
+
+    type: Literal["compaction"] = "compaction"
+    id: str = Field(default_factory=lambda: item_id("cmp"))
+    encrypted_content: str
+    status: Literal["completed"] = "completed"
+
+
+class UserMessageItem(ResponseModel):
+    type: Literal["message"] = "message"
+    id: str = Field(default_factory=lambda: item_id("msg"))
+    status: Literal["completed"] = "completed"
+    role: Literal["user"] = "user"
+    content: list[dict[str, str]]
+
+
+class CompactedResponse(ResponseModel):
+    id: str = Field(default_factory=response_id)
+    object: Literal["response.compaction"] = "response.compaction"
+    created_at: int = Field(default_factory=lambda: int(time.time()))
+    output: list[UserMessageItem | CompactionItem]
+    usage: ResponseUsage
 
 
 class ResponseStreamEvent(BaseModel):

@@ -129,7 +129,7 @@ class ResponsesServing:
         """The chat path's own steps (tools and format as a grammar, the template, the budget) on the translation."""
         history: list[Message] = []
         if body.previous_response_id is not None:
-            history = (await self._previous(body.previous_response_id, caller, local)).messages
+            history = (await self.previous(body.previous_response_id, caller, local)).messages
         translated = chat_request(body, history)
         chat, request = self.chat, translated.chat
         with _renamed_params():
@@ -240,7 +240,7 @@ class ResponsesServing:
         if turn.response.store:
             await self.store.save(turn.response.id, stored)
 
-    async def _previous(self, response_id: str, caller: Caller, local: Kept | None) -> StoredResponse:
+    async def previous(self, response_id: str, caller: Caller, local: Kept | None = None) -> StoredResponse:
         """The response ``previous_response_id`` names: this socket's own, else a stored one of the caller's."""
         kept = local.get(response_id) if local is not None else None
         if kept is not None:

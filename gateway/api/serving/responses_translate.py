@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from gateway.api.errors import InvalidRequest
 from gateway.api.protocol.chat import ChatCompletionRequest, ChatMessage
 from gateway.api.protocol.responses import FunctionCall, InputContent, InputItem, NamedToolChoice, ResponsesRequest
+from gateway.api.serving.compaction_summary import PREFACE, opened
 
 Message = dict[str, Any]
 
@@ -117,13 +118,15 @@ def input_messages(items: str | list[InputItem]) -> list[Message]:
             messages.append(_message(item))
         elif item.type == "function_call":
             _add_call(messages, item)
+        elif item.type == "compaction":
+            messages.append({"role": "user", "content": PREFACE + opened(item.encrypted_content)})
         elif item.type == "function_call_output":
             output = item.output if isinstance(item.output, str) else _text(item.output or [])
             messages.append({"role": "tool", "tool_call_id": _call_id(item), "content": output})
         else:
             raise InvalidRequest(
-                f"Input items of type {item.type!r} are not supported; message, function_call and "
-                "function_call_output are.",
+                f"Input items of type {item.type!r} are not supported; message, function_call, "
+                "function_call_output and compaction are.",
                 "unsupported_value",
                 "input",
             )

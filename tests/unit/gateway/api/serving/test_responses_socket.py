@@ -105,4 +105,3 @@ def test_the_handshake_is_authenticated_as_http_is(headers: dict[str, str]) -> N
         with client.websocket_connect("/v1/responses", headers={"Authorization": f"Bearer {KEY}"}) as ws:
             ws.send_json(create(input="x"))
             assert until_end(ws)[-1]["type"] == "response.completed"
-
