@@ -29,7 +29,18 @@ from gateway.api.errors import install_error_handlers
 from gateway.api.metrics_http import install_metrics
 from gateway.api.openapi_docs import install_openapi
 from gateway.api.request_log import install_request_ids
-from gateway.api.routes import chat, completions, health, messages, metrics, models, page, responses, tokenize
+from gateway.api.routes import (
+    chat,
+    completions,
+    health,
+    messages,
+    metrics,
+    models,
+    page,
+    responses,
+    responses_socket,
+    tokenize,
+)
 from gateway.api.routes import sessions as session_routes
 from gateway.api.serving.chat import ChatServing
 from gateway.api.serving.common import ServingConfig
@@ -94,6 +105,7 @@ def create_app(
         app.include_router(module.router, dependencies=authenticated)
     for module in (health, metrics, page):  # probes, Prometheus and the swarm page need no API key
         app.include_router(module.router)
+    app.include_router(responses_socket.router)  # WebSocket mode authenticates in its handshake (no Request there)
     return app
 
 

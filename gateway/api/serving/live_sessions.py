@@ -41,7 +41,7 @@ from gateway.api.errors import (
 )
 from gateway.api.request_log import RequestRecord
 from gateway.api.serving.stop_signals import race
-from gateway.api.sse import DONE
+from gateway.api.sse import DONE, sse_event
 from gateway.state.quotas import QuotaExceeded, QuotaLimiter, Ticket
 from gateway.state.redis_link import RedisDown
 from gateway.state.store import STALE_AFTER, SessionRecord, SessionStatus, SessionStore
@@ -288,7 +288,7 @@ class SessionTracker:
                     yield KEEPALIVE_LINE
                     continue
                 number, data = item
-                yield ServerSentEvent(data=data, id=str(number), retry=RETRY_MS if first else None)
+                yield sse_event(data, id=str(number), retry=RETRY_MS if first else None)
                 first, done = False, done or data == DONE
             if not done:
                 async for event in self._ending(session_id):
@@ -306,8 +306,8 @@ class SessionTracker:
         record = await self.store.get(session_id)
         if record is None or not record.ended:
             logger.warning("session %s: its replica stopped its heartbeat; ending the stream with an error", session_id)
-            yield ServerSentEvent(data=json.dumps(session_lost(session_id).body()))
-        yield ServerSentEvent(data=DONE)
+            yield sse_event(json.dumps(session_lost(session_id).body()))
+        yield sse_event(DONE)
 
     async def _announce_reader(self, session_id: str, gone: asyncio.Event) -> None:
         """Tell the owning replica (through Redis) that someone here still reads its stream, until ``gone``."""
