@@ -32,10 +32,12 @@ from gateway.api.request_log import install_request_ids
 from gateway.api.routes import (
     chat,
     completions,
+    embeddings,
     health,
     messages,
     metrics,
     models,
+    ollama,
     page,
     responses,
     responses_socket,
@@ -45,8 +47,11 @@ from gateway.api.routes import sessions as session_routes
 from gateway.api.serving.chat import ChatServing
 from gateway.api.serving.common import ServingConfig
 from gateway.api.serving.completions import CompletionServing
+from gateway.api.serving.embeddings import EmbeddingServing
 from gateway.api.serving.live_sessions import SessionTracker
 from gateway.api.serving.models import ModelServing
+from gateway.api.serving.ollama import OllamaServing
+from gateway.api.serving.ollama_models import OllamaModels
 from gateway.api.serving.responses import ResponsesServing
 from gateway.generation import Engine
 from gateway.settings import GatewaySettings, is_loopback
@@ -80,12 +85,16 @@ def create_app(
         sessions = SessionTracker(SessionStore(RedisLink(None), "local"), None, config.model_name, resume_grace=0.0)
     app.state.authenticator = authenticator or Authenticator([], None, enabled=False)
     chat_serving = ChatServing(engine, config, sessions)
+    embedding_serving = EmbeddingServing(engine, config, sessions)
     app.state.services = Services(
         completions=CompletionServing(engine, config, sessions),
         chat=chat_serving,
         models=ModelServing(engine, config, sessions),
         sessions=sessions,
         responses=ResponsesServing(chat_serving, ResponseStore(sessions.store.link, config.responses_ttl)),
+        embeddings=embedding_serving,
+        ollama=OllamaServing(chat_serving),
+        ollama_models=OllamaModels(embedding_serving),
     )
     install_error_handlers(app)
     install_openapi(app)
@@ -101,7 +110,7 @@ def create_app(
             expose_headers=["X-Session-Id", "Retry-After"],
         )
     authenticated = [Depends(authenticate)]  # every /v1 route but the swarm view (the page and probes read it)
-    for module in (completions, chat, responses, messages, models, tokenize, session_routes):
+    for module in (completions, chat, responses, messages, models, tokenize, session_routes, embeddings, ollama):
         app.include_router(module.router, dependencies=authenticated)
     for module in (health, metrics, page):  # probes, Prometheus and the swarm page need no API key
         app.include_router(module.router)
