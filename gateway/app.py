@@ -84,9 +84,19 @@ def create_app(
     if sessions is None:
         sessions = SessionTracker(SessionStore(RedisLink(None), "local"), None, config.model_name, resume_grace=0.0)
     app.state.authenticator = authenticator or Authenticator([], None, enabled=False)
+    app.state.services = _services(engine, config, sessions)
+    install_error_handlers(app)
+    install_openapi(app)
+    _install_middleware(app, engine, config, allowed_origins)
+    _install_routes(app)
+    return app
+
+
+def _services(engine: Engine, config: ServingConfig, sessions: SessionTracker) -> Services:
+    """One serving object per API, built once over the engine."""
     chat_serving = ChatServing(engine, config, sessions)
     embedding_serving = EmbeddingServing(engine, config, sessions)
-    app.state.services = Services(
+    return Services(
         completions=CompletionServing(engine, config, sessions),
         chat=chat_serving,
         models=ModelServing(engine, config, sessions),
@@ -96,8 +106,9 @@ def create_app(
         ollama=OllamaServing(chat_serving),
         ollama_models=OllamaModels(embedding_serving),
     )
-    install_error_handlers(app)
-    install_openapi(app)
+
+
+def _install_middleware(app: FastAPI, engine: Engine, config: ServingConfig, allowed_origins: Sequence[str]) -> None:
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_request_bytes)
     app.add_middleware(AnthropicErrorMiddleware)  # around every error of /v1/messages (413 and 401 included)
     install_metrics(app, engine)
@@ -109,13 +120,15 @@ def create_app(
             allow_headers=["*"],
             expose_headers=["X-Session-Id", "Retry-After"],
         )
+
+
+def _install_routes(app: FastAPI) -> None:
     authenticated = [Depends(authenticate)]  # every /v1 route but the swarm view (the page and probes read it)
     for module in (completions, chat, responses, messages, models, tokenize, session_routes, embeddings, ollama):
         app.include_router(module.router, dependencies=authenticated)
     for module in (health, metrics, page):  # probes, Prometheus and the swarm page need no API key
         app.include_router(module.router)
     app.include_router(responses_socket.router)  # WebSocket mode authenticates in its handshake (no Request there)
-    return app
 
 
 async def serve(settings: GatewaySettings) -> None:
