@@ -130,19 +130,7 @@ class Router:
         while True:
             view = await self.view(fresh, max_age, stale_ok)
             await self._probe(view, [s.peer_id for s in view.online() if s.peer_id not in self.rtts])
-            avoided = self.bans.banned() | avoid
-            request = RouteRequest(
-                max_length,
-                start,
-                end,
-                rtts=dict(self.rtts),
-                banned=avoided,
-                load=dict(self.load),
-                push=push,
-                adapter=adapter,
-                excluded=self.verifier.excluded(view) if self.verifier else frozenset(),
-                penalties=self.verifier.penalties(view) if self.verifier else {},
-            )
+            request = self._route_request(view, max_length, start, end, avoid, push, adapter)
             try:
                 hops = plan_route(view, request, mode or self.mode)
             except MissingBlocks:
@@ -153,6 +141,30 @@ class Router:
             break
         self.load.update(hop.peer_id for hop in hops)
         return hops
+
+    def _route_request(
+        self,
+        view: SwarmView,
+        max_length: int,
+        start: int,
+        end: int | None,
+        avoid: frozenset[str],
+        push: bool,
+        adapter: str | None,
+    ) -> RouteRequest:
+        """What the planner weighs: our round trips, bans and load, and the verifier's exclusions and penalties."""
+        return RouteRequest(
+            max_length,
+            start,
+            end,
+            rtts=dict(self.rtts),
+            banned=self.bans.banned() | avoid,
+            load=dict(self.load),
+            push=push,
+            adapter=adapter,
+            excluded=self.verifier.excluded(view) if self.verifier else frozenset(),
+            penalties=self.verifier.penalties(view) if self.verifier else {},
+        )
 
     def release(self, hops: Iterable[Hop]) -> None:
         self.load.subtract(hop.peer_id for hop in hops)
