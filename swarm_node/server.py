@@ -46,6 +46,7 @@ from swarm_node.layer_api import cache_keyword
 from swarm_node.metrics import NodeGauges, NodeMetrics
 from swarm_node.quantize import block_transform, resolve_quant
 from swarm_node.reach import settle_reachability
+from swarm_node.self_test import SelfTestFailed, run_self_test
 from swarm_node.settings import ServeSettings
 from swarm_node.span import build_span
 from swarm_node.span_choice import block_throughputs, choose_new_start, choose_start
@@ -180,8 +181,9 @@ class SpanServer:
             if self.settings.span() is None:
                 self.start = await self._choose_start(self.num_blocks)
                 self.end = self.start + self.num_blocks
-            await self._announce()  # JOINING: others joining now see this span as taken
             backend = await self._load(self.start, self.end)
+            await self._self_test(backend)  # before the first record: a span that fails it is never announced
+            await self._announce()  # JOINING: others joining now see this span as taken
             self.handlers = SpanHandlers(backend, self.pool, self.status)
             await self.handlers.register(p2p)
             self.speed = await block_speed(backend, self.cache_path, self.speed_key)
@@ -199,10 +201,13 @@ class SpanServer:
                 task.cancel()
         finally:
             self.status.state = NodeState.OFFLINE
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._announce(OFFLINE_RECORD_TTL), timeout=5)
+            if self.announced is not None:  # a node that never announced leaves no record behind either
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self._announce(OFFLINE_RECORD_TTL), timeout=5)
             if self.handlers is not None:
                 self.handlers.shutdown()
+            elif backend is not None:
+                backend.shutdown()
             self.dht.shutdown()
             if exporter is not None:
                 exporter.shutdown()
@@ -225,6 +230,14 @@ class SpanServer:
         )
         span.forget_kv = fault == "stale-cache"
         return SpanBackend(span, self.settings.batch_policy(), self.metrics, fault)
+
+    async def _self_test(self, backend: SpanBackend) -> None:
+        """The known-answer test of the loaded span (swarm_node.self_test); raises ``SelfTestFailed``."""
+        if self.settings.skip_self_test:
+            logger.warning("--skip-self-test: serving a span whose known-answer test did not run (for tests only)")
+            return
+        reader = await asyncio.to_thread(open_weights, self.source, self.config)
+        await backend.call(lambda: run_self_test(backend.span, self.config, reader, self.quant))
 
     async def _choose_start(self, num_blocks: int) -> int:
         assert self.dht is not None  # started in run()
@@ -315,6 +328,16 @@ class SpanServer:
         logger.info("moving from %d:%d to %d:%d", self.start, self.end, new_start, new_start + num_blocks)
         await self._drain()
         backend = await self._load(new_start, new_start + num_blocks)
+        try:
+            await self._self_test(backend)
+        except SelfTestFailed as error:
+            logger.error(
+                "not moving: the self-test of blocks %d:%d failed: %s", new_start, new_start + num_blocks, error
+            )
+            backend.shutdown()
+            self.status.state = NodeState.ONLINE
+            await self._announce()
+            return
         old = self.handlers.backend
         self.start, self.end = new_start, new_start + num_blocks
         self.handlers.use_backend(backend)

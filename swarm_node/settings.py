@@ -104,6 +104,12 @@ class ServeSettings(P2PSettings):
         " with weights of another seed, low-precision announces --quant but computes nf4, lazy answers its input."
         " The self-test refuses stale-cache (see --skip-self-test)",
     )
+    skip_self_test: bool = Field(
+        False,
+        description="testing only: announce the span without its known-answer self-test (a prefill against prefill plus"
+        " a decode step; each quantized block against its float weights), so tests can start nodes the self-test would"
+        " refuse (--faulty-outputs stale-cache) and check that gateways catch them",
+    )
     throughput_cache: str = Field(
         "~/.cache/swarmgate/throughput.json",
         description="file caching measured speed per (model, device, dtype, quant); delete it to measure again",
