@@ -103,6 +103,7 @@ class SpanServer:
             added_latency=settings.added_latency,
             faulty_outputs=settings.faulty_outputs,
             session_idle_timeout=settings.session_idle_timeout,
+            share_limits=settings.share_limits(),
         )
         cache_tokens = settings.cache_tokens or default_cache_tokens(
             self.config, self.num_blocks, self.device, self.dtype, self.quant
