@@ -61,6 +61,10 @@ class SpanBackend:
         finally:
             self._pending -= 1
 
+    async def call(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the compute thread (the node's self-test: every torch call on the span runs there)."""
+        return await self._run(fn)
+
     async def new_session_kv(self, blocks: range, max_length: int, adapter: str | None = None) -> SessionKV:
         return await self._run(lambda: self.span.new_session_kv(blocks, max_length, adapter))
 

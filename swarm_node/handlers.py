@@ -11,7 +11,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import torch
@@ -66,6 +66,7 @@ from shared.wire import (
 from shared.wire import ClientMessage as SessionMessage
 from swarm_node.backend import SpanBackend
 from swarm_node.cache_pool import CachePool
+from swarm_node.fair_share import FairShare, ShareLimits
 from swarm_node.push import PushLinks, RowsOutcome, run_rows, wait_rows
 from swarm_node.rpc_checks import check_batch, check_blocks, check_hidden, check_max_length, check_protocol
 from swarm_node.sessions import Session, SessionRegistry
@@ -87,6 +88,7 @@ class NodeStatus:
     session_idle_timeout: float = 300.0  # seconds a session may sit without a step before its room is taken back
     peer_id: str = ""  # this node's own peer id (call tokens name it)
     guard: ReplayGuard | None = None  # a private swarm's call-token check; None: a public swarm
+    share_limits: ShareLimits = field(default_factory=ShareLimits)  # what one peer may hold while others use us
 
 
 class SpanHandlers:
@@ -95,6 +97,7 @@ class SpanHandlers:
         self.pool = pool
         self.status = status
         self.sessions = SessionRegistry(status.session_idle_timeout)
+        self.fair = FairShare(status.share_limits, pool.total_tokens, self.sessions.holdings)
         self.start, self.end = backend.span.start, backend.span.end
         self.hidden_size = backend.span.hidden_size
         self.tokens_processed = 0  # tokens through the span (steps and forwards): shows what a gateway saved
@@ -226,7 +229,9 @@ class SpanHandlers:
         if message.adapter is not None and message.adapter not in self.backend.span.adapters:
             # Like blocks it does not serve: the router read a record that is out of date, or never listed it.
             raise WrongSpan(f"this node serves no adapter {message.adapter!r}")
-        allocation = await self.pool.allocate(message.max_length, message.alloc_timeout)
+        self.fair.check_room(owner, message.max_length, new_session=True)
+        with self.fair.waiting(owner):  # while it waits for room, peers over their share take no more
+            allocation = await self.pool.allocate(message.max_length, message.alloc_timeout)
         try:
             kv = await self.backend.new_session_kv(blocks, message.max_length, message.adapter)
         except BaseException:  # cancelled or failed before the session exists: nobody else would release the room
@@ -249,6 +254,7 @@ class SpanHandlers:
                 return
             growing = message.max_length > kv.max_length
             if growing:  # room first: the tensors grow only once the pool has granted it
+                self.fair.check_room(session.owner, message.max_length - kv.max_length, new_session=False)
                 await self.pool.resize(session.allocation, message.max_length, message.alloc_timeout)
             await self.backend.resize_session_kv(kv, message.max_length)
             if not growing:  # the old, larger tensors are gone now
@@ -277,7 +283,8 @@ class SpanHandlers:
                 raise PositionOutOfRange(
                     f"positions up to {message.position + new_tokens} exceed max_length {kv.max_length}"
                 )
-            output = await self.backend.serve_step(kv, hidden, message.position)
+            with self.fair.step(session.owner):
+                output = await self.backend.serve_step(kv, hidden, message.position)
         self.tokens_processed += new_tokens
         return output
 

@@ -48,6 +48,7 @@ from swarm_node.layer_api import cache_keyword
 from swarm_node.metrics import NodeGauges, NodeMetrics
 from swarm_node.quantize import block_transform, resolve_quant
 from swarm_node.reachability_probe import settle_reachability
+from swarm_node.self_test import SelfTestFailed, run_self_test
 from swarm_node.settings import NodeSettings
 from swarm_node.span import build_span
 from swarm_node.span_choice import block_throughputs, choose_new_start, choose_start
@@ -108,6 +109,7 @@ class SpanServer:
             added_latency=settings.added_latency,
             faulty_outputs=settings.faulty_outputs,
             session_idle_timeout=settings.session_idle_timeout,
+            share_limits=settings.share_limits(),
         )
         cache_tokens = settings.cache_tokens or default_cache_tokens(
             self.config, self.num_blocks, self.device, self.dtype, self.quant
@@ -187,8 +189,9 @@ class SpanServer:
             if self.settings.span() is None:
                 self.start = await self._choose_start(self.num_blocks)
                 self.end = self.start + self.num_blocks
-            await self._announce()  # JOINING: others joining now see this span as taken
             backend = await self._load(self.start, self.end)
+            await self._self_test(backend)  # before the first record: a span that fails it is never announced
+            await self._announce()  # JOINING: others joining now see this span as taken
             self.handlers = SpanHandlers(backend, self.pool, self.status)
             await self.handlers.register(p2p)
             self.speed = await block_speed(backend, self.cache_path, self.speed_key)
@@ -208,10 +211,14 @@ class SpanServer:
             await asyncio.gather(*(job.stop() for job in jobs))
         finally:
             self.status.state = NodeState.OFFLINE
-            if self.dht_answers:  # a DHT that did not take the DRAINING record will not take this one either
+            # A node that never announced leaves no record behind; a DHT that did not take the DRAINING record will
+            # not take this one either.
+            if self.announced is not None and self.dht_answers:
                 await self._announce_leaving(OFFLINE_RECORD_TTL)
             if self.handlers is not None:
                 self.handlers.shutdown()
+            elif backend is not None:
+                backend.shutdown()
             stop_dht(self.dht)
             if exporter is not None:
                 exporter.shutdown()
@@ -234,6 +241,14 @@ class SpanServer:
         )
         span.forget_kv = fault == "stale-cache"
         return SpanBackend(span, self.settings.batch_policy(), self.metrics, fault)
+
+    async def _self_test(self, backend: SpanBackend) -> None:
+        """The known-answer test of the loaded span (swarm_node.self_test); raises ``SelfTestFailed``."""
+        if self.settings.skip_self_test:
+            logger.warning("--skip-self-test: serving a span whose known-answer test did not run (for tests only)")
+            return
+        reader = await asyncio.to_thread(open_weights, self.source, self.config)
+        await backend.call(lambda: run_self_test(backend.span, self.config, reader, self.quant))
 
     async def _choose_start(self, num_blocks: int) -> int:
         assert self.dht is not None  # started in run()
@@ -321,6 +336,16 @@ class SpanServer:
         logger.info("moving from %d:%d to %d:%d", self.start, self.end, new_start, new_start + num_blocks)
         await self._drain()
         backend = await self._load(new_start, new_start + num_blocks)
+        try:
+            await self._self_test(backend)
+        except SelfTestFailed as error:
+            logger.error(
+                "not moving: the self-test of blocks %d:%d failed: %s", new_start, new_start + num_blocks, error
+            )
+            backend.shutdown()
+            self.status.state = NodeState.ONLINE
+            await self._announce()
+            return
         old = self.handlers.backend
         self.start, self.end = new_start, new_start + num_blocks
         self.handlers.use_backend(backend)

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 
 from shared.errors import PushRefused, UnknownSession
 from swarm_node.cache_pool import Allocation
+from swarm_node.fair_share import Holding
 from swarm_node.kv_cache import SessionKV
 from swarm_node.step_slots import StepSlots
 
@@ -66,6 +67,14 @@ class SessionRegistry:
         session = Session(kv, allocation, self._clock(), owner)
         self._sessions[session.session_id] = session
         return session
+
+    def holdings(self) -> dict[str, Holding]:
+        """Each owner's open sessions and the cache tokens they hold (what ``FairShare`` limits)."""
+        held: dict[str, Holding] = {}
+        for session in self._sessions.values():
+            before = held.get(session.owner, Holding())
+            held[session.owner] = Holding(before.sessions + 1, before.tokens + session.allocation.tokens)
+        return held
 
     def owned(self, session_id: str, owner: str) -> Session:
         """The open session ``session_id`` if ``owner`` opened it; else ``UnknownSession`` (the same answer whether it

@@ -12,6 +12,7 @@ from shared.settings import P2PSettings, positional
 
 if TYPE_CHECKING:
     from swarm_node.decode_batcher import BatchPolicy
+    from swarm_node.fair_share import ShareLimits
 
 # --faulty-outputs (testing only): what each mode does is in swarm_node/faults.py.
 FaultyOutputs = Literal[
@@ -61,6 +62,20 @@ class NodeSettings(P2PSettings):
         " session's rhythm); it waits at most about one forward's duration, and a lone session never waits",
     )
     max_batch_size: int = Field(32, gt=0, description="most sessions' decode steps in one batched forward")
+    peer_cache_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="fair share: the fraction of the KV-cache pool one peer (a gateway, by its peer id) may hold while"
+        " another peer has sessions or steps here or waits for room; over it, its new sessions and"
+        " growth are refused with the retryable cache_full (a peer alone may use the whole pool)",
+    )
+    peer_max_sessions: int = Field(
+        128, gt=0, description="fair share: open sessions one peer may hold while other peers use this node"
+    )
+    peer_max_queued_steps: int = Field(
+        64, gt=0, description="fair share: steps of one peer queued or running at once while other peers use this node"
+    )
     cpu_batched_copy: Literal["auto", "on", "off"] = Field(
         "auto",
         description="float32 on the CPU, --quant none: also keep a oneDNN-packed copy of the projections for forwards"
@@ -103,6 +118,12 @@ class NodeSettings(P2PSettings):
         " relative noise to every output, stale-cache never keeps keys/values, wrong-weights computes its first block"
         " with weights of another seed, low-precision announces --quant but computes nf4, lazy answers its input."
         " The self-test refuses stale-cache (see --skip-self-test)",
+    )
+    skip_self_test: bool = Field(
+        False,
+        description="testing only: announce the span without its known-answer self-test (a prefill against prefill plus"
+        " a decode step; each quantized block against its float weights), so tests can start nodes the self-test would"
+        " refuse (--faulty-outputs stale-cache) and check that gateways catch them",
     )
     throughput_cache: str = Field(
         "~/.cache/swarmgate/throughput.json",
@@ -149,6 +170,11 @@ class NodeSettings(P2PSettings):
 
     def span(self) -> tuple[int, int] | None:
         return parse_blocks(self.blocks) if self.blocks else None
+
+    def share_limits(self) -> ShareLimits:
+        from swarm_node.fair_share import ShareLimits
+
+        return ShareLimits(self.peer_cache_share, self.peer_max_sessions, self.peer_max_queued_steps)
 
     def batch_policy(self) -> BatchPolicy:
         from swarm_node.decode_batcher import BatchPolicy  # torch-heavy; --help need not import it
