@@ -201,6 +201,7 @@ class Verifier:
         detail = detail if verdict is None else verdict.describe()
         reason = f"its session disagreed with {candidate.peer_id}'s forward (seed {challenge.seed}): {detail}"
         self.book.lost(reference.peer_id, reason, outvoted=True)
+        self.counts["challenge", "outvoted"] += 1
         logger.warning("node %s is out of routing: %s", reference.peer_id, reason)
 
     def _undecided(self, peer_id: str, reason: str) -> None:
@@ -245,6 +246,7 @@ class Verifier:
         if verdict.agrees:
             outvoted = f"outvoted at {candidate.peer_id}'s challenge by it and {third.peer_id} (seed {challenge.seed})"
             self.book.lost(reference.peer_id, outvoted, outvoted=True)
+            self.counts["challenge", "outvoted"] += 1
             logger.warning("node %s is out of routing: %s", reference.peer_id, outvoted)
         return verdict, f"blocks {start}:{end} against {third.peer_id} (seed {challenge.seed})"
 
