@@ -69,6 +69,11 @@ class EngineSettings(P2PSettings):
         " k drafts are verified in one step of k+1 positions, k adaptive (from the acceptance rate and the chain's"
         " round trip; none below --speculative-min-rtt)",
     )
+    embedding_pooling: Literal["auto", "last", "mean"] = Field(
+        "auto",
+        description="how /v1/embeddings pools the normed final hidden states: last (token), mean; auto: last, right"
+        " for the causal models the swarm serves (docs/embeddings.md)",
+    )
     draft_model: str | None = Field(
         None,
         description="with --speculative draft: a small model with the served model's tokenizer (a folder, .gguf"

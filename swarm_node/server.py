@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 from pathlib import Path
@@ -25,6 +26,7 @@ from hivemind import DHT
 from hivemind.p2p import P2P
 
 import shared
+from shared.background import Periodic
 from shared.dht_process import start_dht, stop_dht
 from shared.dht_records import ModelRecord, NodeState, ServerRecord, announce, fetch_servers
 from shared.errors import SwarmError
@@ -194,14 +196,16 @@ class SpanServer:
             self.reachability, self.relay_addrs = reach.verdict, reach.relay_addrs
             self.status.state = NodeState.ONLINE
             logger.info("serving blocks %d:%d as %s", self.start, self.end, self.dht.peer_id)
-            tasks = [asyncio.create_task(self._announce_forever(p2p))]
+            refresh = functools.partial(self._refresh, p2p)
+            jobs = [Periodic("announce", self.settings.announce_period, refresh, "DHT announcement failed", True)]
             if self.settings.span() is None:
-                tasks.append(asyncio.create_task(self._balance_forever()))
+                jobs.append(Periodic("rebalance", self.settings.balance_period, self._maybe_move, "rebalancing failed"))
+            for job in jobs:
+                job.start()
             await stop.wait()
             logger.info("stopping: draining open sessions")
             await self._drain()
-            for task in tasks:
-                task.cancel()
+            await asyncio.gather(*(job.stop() for job in jobs))
         finally:
             self.status.state = NodeState.OFFLINE
             if self.dht_answers:  # a DHT that did not take the DRAINING record will not take this one either
@@ -257,15 +261,10 @@ class SpanServer:
         else:
             self.dht_answers = True
 
-    async def _announce_forever(self, p2p: P2P) -> None:
-        period = self.settings.announce_period
-        while True:
-            try:
-                await self._probe_next_hops(p2p)
-                await self._announce()
-            except Exception:
-                logger.warning("DHT announcement failed; retrying in %.0fs", period, exc_info=True)
-            await asyncio.sleep(period)
+    async def _refresh(self, p2p: P2P) -> None:
+        """The periodic announcement: round trips to the next hops measured, then our record."""
+        await self._probe_next_hops(p2p)
+        await self._announce()
 
     async def _announce(self, expiration: float | None = None) -> None:
         assert self.dht is not None  # started in run()
@@ -308,14 +307,6 @@ class SpanServer:
             with contextlib.suppress(SwarmError):
                 rtts[peer] = (await fetch_info(p2p, peer, PROBE_TIMEOUT, self.auth))[1]
         self.next_rtts = rtts
-
-    async def _balance_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.balance_period)
-            try:
-                await self._maybe_move()
-            except Exception:
-                logger.warning("rebalancing check failed", exc_info=True)
 
     async def _maybe_move(self) -> None:
         assert self.dht is not None and self.handlers is not None  # set in run()

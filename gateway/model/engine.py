@@ -23,7 +23,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any
 
 import torch
@@ -35,11 +35,14 @@ from gateway.generation import (
     EngineEvent,
     GeneratedToken,
     GenerationRequest,
+    ModelFacts,
     PromptCached,
     PromptScores,
     TopLogprobs,
 )
 from gateway.model.draft_model import DraftModel
+from gateway.model.embeddings import Pooling, embed_inputs, pooling_for
+from gateway.model.facts import model_facts
 from gateway.model.files import load_head, load_tokenizer, model_len, sampling_defaults, stop_token_ids
 from gateway.model.grammar import GrammarCompiler
 from gateway.model.head import ModelHead
@@ -100,6 +103,7 @@ class GenerationEngine:
         self._grammars_lock = asyncio.Lock()
         self._generations = 0  # in flight, from their prefill on: speculation drafts only while alone
         self.draft_model: DraftModel | None = None  # with ``--speculative draft``
+        self._facts: ModelFacts | None = None  # what /api/show says, read once
 
     @classmethod
     async def create(cls, settings: EngineSettings) -> GenerationEngine:
@@ -310,8 +314,6 @@ class GenerationEngine:
     async def _prefill(self, request: GenerationRequest) -> tuple[ChainSession, torch.Tensor, int]:
         """A chain holding the whole prompt, the last block's output [1, T, D] for the T prompt tokens it was just
         sent, and how many leading prompt tokens it held already (a kept conversation's)."""
-        if self._p2p is None:
-            raise RuntimeError("engine not started")
         max_length = len(request.prompt_ids) + request.max_new_tokens
         if request.reuse_scope is not None and request.prompt_logprobs is None:  # scores need every position's output
             taken = self.kept.take(_kept_scope(request), request.prompt_ids)
@@ -319,7 +321,19 @@ class GenerationEngine:
                 output = await self._resume(taken, request.prompt_ids, max_length, request.adapter)
                 if output is not None:
                     return taken.item.chain, output, taken.prefix
-        chain = ChainSession(
+        chain = self._new_chain(max_length, request.adapter)
+        await chain.open()
+        try:
+            hidden = await asyncio.to_thread(self._embed, request.prompt_ids, request.adapter)
+            return chain, await chain.step(hidden, 0), 0
+        except BaseException:
+            await chain.close()
+            raise
+
+    def _new_chain(self, max_length: int, adapter: str | None) -> ChainSession:
+        if self._p2p is None:
+            raise RuntimeError("engine not started")
+        return ChainSession(
             self._p2p,
             self.router,
             max_length,
@@ -328,15 +342,31 @@ class GenerationEngine:
             failover_wait=self.settings.failover_wait,
             push=self.settings.push,
             push_min_rtt=self.settings.push_min_rtt,
-            adapter=request.adapter,
+            adapter=adapter,
         )
-        await chain.open()
-        try:
-            hidden = await asyncio.to_thread(self._embed, request.prompt_ids, request.adapter)
-            return chain, await chain.step(hidden, 0), 0
-        except BaseException:
-            await chain.close()
-            raise
+
+    async def embed(self, inputs: Sequence[Sequence[int]], adapter: str | None = None) -> list[list[float]]:
+        """One pooled, L2-normalized vector per input (``gateway.model.embeddings``); no node keeps its KV after."""
+        return await embed_inputs(self._prefill_once, inputs, self.head.norm, self.embedding_pooling, adapter)
+
+    @property
+    def embedding_pooling(self) -> Pooling:
+        return pooling_for(self.config, self.settings.embedding_pooling)
+
+    @property
+    def embedding_width(self) -> int:
+        return int(self.config.hidden_size)
+
+    async def model_facts(self) -> ModelFacts:
+        if self._facts is None:
+            self._facts = await asyncio.to_thread(model_facts, self.source, self.config)
+        return self._facts
+
+    async def _prefill_once(self, token_ids: Sequence[int], adapter: str | None) -> torch.Tensor:
+        """The last block's output [1, T, D] for ``token_ids`` through a chain of its own, closed right after."""
+        async with self._new_chain(len(token_ids), adapter) as chain:
+            hidden = await asyncio.to_thread(self._embed, list(token_ids), adapter)
+            return await chain.step(hidden, 0)
 
     async def _resume(
         self, taken: Taken[Parked], prompt_ids: list[int], max_length: int, adapter: str | None

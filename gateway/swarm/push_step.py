@@ -15,21 +15,37 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
+from gateway.swarm.router import Router
+from gateway.swarm.segment import Segment
 from shared.errors import PushMissing
 
-if TYPE_CHECKING:
-    from gateway.swarm.chain_session import ChainSession, Segment
+
+class PushChain(Protocol):
+    """What a pushed step needs of its chain (``ChainSession`` is one): its hops, its router, a relayed step from a
+    hop on, and failover of a hop."""
+
+    @property
+    def segments(self) -> list[Segment]: ...
+
+    @property
+    def router(self) -> Router: ...
+
+    async def relay(self, hidden: torch.Tensor, position: int, index: int) -> torch.Tensor: ...
+
+    async def fail_over(self, failed: Segment, error: BaseException) -> None: ...
+
+    def observed(self, segment: Segment, output: torch.Tensor) -> None: ...
 
 # Seconds a pushed hop may take beyond the previous hop's answer (plus two of its round trips) before the gateway
 # relays the input itself: long enough for a busy node's forward, short enough that a lost push costs little.
 PUSH_GRACE = 1.0
 
 
-async def push_step(chain: ChainSession, hidden: torch.Tensor, position: int) -> torch.Tensor:
+async def push_step(chain: PushChain, hidden: torch.Tensor, position: int) -> torch.Tensor:
     """hidden: [1, 1, D] at ``position`` -> the last block's output [1, 1, D]."""
     segments = list(chain.segments)
     nexts = [segment.session.next_hop for segment in segments[1:]]
@@ -68,7 +84,7 @@ async def push_step(chain: ChainSession, hidden: torch.Tensor, position: int) ->
 
 
 def _done(
-    chain: ChainSession, segment: Segment, position: int, received: torch.Tensor, output: torch.Tensor, pushed: bool
+    chain: PushChain, segment: Segment, position: int, received: torch.Tensor, output: torch.Tensor, pushed: bool
 ) -> None:
     segment.record(position, received)
     chain.observed(segment, output)  # the gateway heard both sides of every pushed hop: checkable like a relay

@@ -27,6 +27,7 @@ from gateway.swarm.recovery import Recovery
 from gateway.swarm.routing import Hop, RouteRequest, RoutingMode, plan_route
 from gateway.swarm.verify.verifier import Verifier
 from gateway.swarm.view import SwarmView
+from shared.background import Periodic
 from shared.errors import MissingBlocks, SwarmError, format_block_ranges
 from shared.membership import CallAuth
 from shared.reachability import open_paths
@@ -85,7 +86,7 @@ class Router:
         self.allowed_peers = allowed_peers  # None: any node that announces itself (with the swarm secret, if any)
         self._p2p = p2p
         self._probe_period = probe_period
-        self._prober: asyncio.Task[None] | None = None
+        self._prober = Periodic("rtt-probe", self._probe_period, self._probe_all, "RTT probing failed")
         self.departures = Departures()
         self.liveness = Liveness(p2p, self.auth)
         self.waiting: Counter[str] = Counter()  # sessions waiting for a node, by block range ("15:30")
@@ -93,7 +94,7 @@ class Router:
         self.verifier = verifier  # None: every announced node is trusted (no probation, no spot checks)
 
     def start(self) -> None:
-        self._prober = asyncio.create_task(self._probe_forever())
+        self._prober.start()
         if self.verifier is not None:
             self.verifier.start()
 
@@ -104,10 +105,7 @@ class Router:
     async def close(self) -> None:
         if self.verifier is not None:
             await self.verifier.close()
-        if self._prober is not None:
-            self._prober.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._prober
+        await self._prober.stop()
 
     async def route(
         self,
@@ -215,11 +213,6 @@ class Router:
         old = self.rtts.get(peer_id)
         self.rtts[peer_id] = rtt if old is None else (1 - RTT_SMOOTHING) * old + RTT_SMOOTHING * rtt
 
-    async def _probe_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self._probe_period)
-            try:
-                view = await self.view()
-                await self._probe(view, [s.peer_id for s in view.online()])
-            except Exception:
-                logger.warning("RTT probing failed", exc_info=True)
+    async def _probe_all(self) -> None:
+        view = await self.view()
+        await self._probe(view, [s.peer_id for s in view.online()])

@@ -81,3 +81,40 @@ def test_a_forbidden_import_breaks_a_contract(
     output = result.stdout + result.stderr
     assert result.returncode != 0, output
     assert f"{contract} BROKEN" in output
+
+
+CIRCLES_SCRIPT = """
+import grimp
+graph = grimp.build_graph("shared", "swarm_node", "gateway")  # TYPE_CHECKING imports included
+for module in sorted(graph.modules):
+    for imported in sorted(graph.find_modules_directly_imported_by(module)):
+        if graph.chain_exists(importer=imported, imported=module):
+            print(module, "<->", imported)
+"""
+
+
+def import_circles(project: Path) -> list[str]:
+    """Pairs of our modules each of which imports the other, directly or through others."""
+    result = subprocess.run(
+        [sys.executable, "-c", CIRCLES_SCRIPT],
+        cwd=project,
+        env={"PYTHONPATH": str(project)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return result.stdout.splitlines()
+
+
+def test_no_module_imports_itself_back() -> None:
+    assert import_circles(ROOT) == []
+
+
+def test_a_circle_through_a_type_checking_import_is_found(tmp_path: Path) -> None:
+    for package in PACKAGES:
+        shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    with (tmp_path / "gateway/swarm/push_step.py").open("a") as source:
+        source.write("\n\nfrom typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n")
+        source.write("    import gateway.swarm.chain_session\n")
+    assert "gateway.swarm.chain_session <-> gateway.swarm.push_step" in import_circles(tmp_path)

@@ -68,6 +68,17 @@ class ThinkingConfig(RequestModel):
     display: str | None = None  # how Anthropic shows its thinking (summarized, omitted); ours is shown as written
 
 
+class OutputFormat(RequestModel):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(RequestModel):
+    format: OutputFormat | None = None  # structured output: the answer's text is JSON of this schema (a grammar)
+    # How hard Anthropic's models think; a model here has no such control, and answers as it would anyway.
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+
+
 class CountTokensRequest(RequestModel):
     model: str
     messages: list[InputMessage] = Field(min_length=1)
@@ -75,10 +86,12 @@ class CountTokensRequest(RequestModel):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     thinking: ThinkingConfig | None = None
+    output_config: OutputConfig | None = None
 
 
 class MessagesRequest(CountTokensRequest):
-    max_tokens: Annotated[int, Field(ge=1), INTEGRAL]
+    # 0: Anthropic's cache pre-warming; here an empty answer at once (the nodes keep caches only of finished turns).
+    max_tokens: Annotated[int, Field(ge=0), INTEGRAL]
     stop_sequences: list[str] | None = None
     temperature: float | None = Field(None, ge=0, le=1)
     top_p: float | None = Field(None, ge=0, le=1)

@@ -45,6 +45,7 @@ from gateway.text.chat_output import ChatOutputParser, OutputDelta
 from gateway.text.reasoning import starts_inside
 
 PING = json.dumps({"type": "ping"})
+SEP = "\n"  # lines end with LF, as Anthropic's do (and readers that split on LF expect)
 
 
 @dataclass
@@ -170,7 +171,7 @@ async def anthropic_events(events: AsyncIterator[ServerSentEvent | bytes]) -> As
     """The session's log as Anthropic frames it: named events, pings, its error event, no ``[DONE]``."""
     async for item in events:
         if isinstance(item, bytes):  # an idle stream's keep-alive
-            yield ServerSentEvent(data=PING, event="ping")
+            yield ServerSentEvent(data=PING, event="ping", sep=SEP)
             continue
         if item.data == DONE:
             continue
@@ -179,7 +180,7 @@ async def anthropic_events(events: AsyncIterator[ServerSentEvent | bytes]) -> As
         if "type" not in data:  # the session's own error event (a failure, a cancel): OpenAI's body
             data = stream_error(data)
             text = json.dumps(data)
-        yield ServerSentEvent(data=text, event=data["type"], id=item.id, retry=item.retry)
+        yield ServerSentEvent(data=text, event=data["type"], id=item.id, retry=item.retry, sep=SEP)
 
 
 def _tool_use_id(call_id: str) -> str:
@@ -198,7 +199,7 @@ def _data(event: Event) -> str:
 @contextlib.contextmanager
 def _renamed_params() -> Iterator[None]:
     """The chat path's errors name chat fields; a Messages client knows them by their Messages names."""
-    names = {"response_format": "messages", "tool_choice": "tool_choice", "tools": "tools"}
+    names = {"response_format": "output_config.format"}
     try:
         yield
     except InvalidRequest as exc:

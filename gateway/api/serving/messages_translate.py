@@ -8,6 +8,7 @@ the reasoning parser behave as on /v1/chat/completions):
     a last assistant message               -> the prefill: the answer continues its text
     tools (input_schema), tool_choice      -> function tools; auto / any / tool / none -> auto / required / named / none
     stop_sequences, temperature, top_p/k   -> stop, temperature, top_p, top_k
+    output_config.format (a JSON schema)   -> response_format json_schema (the same grammar)
     thinking enabled / disabled            -> the chat template's ``enable_thinking``
 
 What the chat path cannot serve is refused here, naming the field: image and document blocks (a text model),
@@ -37,6 +38,10 @@ IGNORED_FIELDS = frozenset(
         "service_tier",  # Anthropic's capacity tier
         "inference_geo",  # where Anthropic runs the request
         "speed",  # Anthropic's latency tier
+        "cache_control",  # a prompt-caching breakpoint: the nodes keep a conversation's cache by themselves
+        "diagnostics",  # asks Anthropic why its prompt cache missed (the response's diagnostics stay null)
+        "user_profile_id",  # Anthropic's account bookkeeping
+        "workspace_id",
     }
 )
 _IGNORED_BLOCK_FIELDS = frozenset({"cache_control", "citations"})
@@ -61,6 +66,11 @@ def chat_request(body: CountTokensRequest) -> Translated:
     if isinstance(body, MessagesRequest):
         fields |= {"temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k}
         fields["stop"] = body.stop_sequences or None
+    if body.output_config is not None:
+        _reject_extra(body.output_config, "output_config", frozenset())
+        if body.output_config.format is not None:
+            schema = {"name": "output", "schema": body.output_config.format.schema_}
+            fields["response_format"] = {"type": "json_schema", "json_schema": schema}
     if body.thinking is not None and body.thinking.type != "adaptive":
         fields["chat_template_kwargs"] = {"enable_thinking": body.thinking.type == "enabled"}
     fields = {key: value for key, value in fields.items() if value is not None}

@@ -32,15 +32,27 @@ from gateway.api.serving.chat import ChatServing
 from gateway.api.serving.choices import ChoiceEvent, ChoiceSpec
 from gateway.api.serving.common import RequestContext, Stream
 from gateway.api.serving.responses_events import Event, ResponseWriter
-from gateway.api.serving.responses_translate import Message, Translated, assistant_message, chat_request
-from gateway.generation import PromptScores
-from gateway.state.responses_store import ResponseStore, StoredResponse
+from gateway.api.serving.responses_translate import (
+    Message,
+    Translated,
+    assistant_message,
+    chat_request,
+    check_supported,
+)
+from gateway.generation import PromptScores, SamplingParams
+from gateway.state.responses_store import Kept, ResponseStore, StoredResponse
 from gateway.text.assembler import FinishReason
 from gateway.text.chat_output import ChatOutputParser, OutputDelta
 from gateway.text.reasoning import starts_inside
 
 # Responses fields besides the chat path's ignored ones that cannot change the answer.
-IGNORED_RESPONSES_FIELDS = frozenset({"stream_options", "prompt_cache_retention"})
+IGNORED_RESPONSES_FIELDS = frozenset(
+    {
+        "stream_options",
+        "prompt_cache_retention",
+        "client_metadata",  # Codex's client hints (installation, session ids): never read by the model
+    }
+)
 
 
 @dataclass
@@ -54,6 +66,7 @@ class _Turn:
     writer: ResponseWriter
     record: RequestRecord
     parser: ChatOutputParser  # the chat path's: reasoning tags and tool calls out of the text
+    local: Kept | None = None  # a WebSocket's own responses (store: false ones are kept only there)
 
     @property
     def response(self) -> ResponseObject:
@@ -65,14 +78,18 @@ class ResponsesServing:
         self.chat = chat
         self.store = store
 
-    async def create(self, body: ResponsesRequest, context: RequestContext) -> ResponseObject | Stream:
+    async def create(
+        self, body: ResponsesRequest, context: RequestContext, local: Kept | None = None
+    ) -> ResponseObject | Stream:
+        """``local``: the responses a WebSocket keeps for its own life (``store: false`` ones go there, not to Redis);
+        ``previous_response_id`` looks there first."""
         adapter = await self.chat.resolve_model(body.model)
         reject_unsupported(body, IGNORED_FIELDS | IGNORED_RESPONSES_FIELDS)
-        turn, specs = await self._plan(body, context.caller)
+        turn, specs = await self._plan(body, context.caller, local)
         specs = self.chat.with_adapter(specs, adapter)
         await self._save(turn)
         if body.stream:
-            return await self.chat.run_streamed(turn.record, specs, context, lambda events: self._events(turn, events))
+            return await self.chat.run_streamed(turn.record, specs, context, lambda e: self._events(turn, e))
         try:
             results = await self.chat.run_collected(turn.record, specs, context)
         except BaseException as exc:
@@ -108,39 +125,57 @@ class ResponsesServing:
 
     # -- planning ------------------------------------------------------------------------------------------------
 
-    async def _plan(self, body: ResponsesRequest, caller: Caller) -> tuple[_Turn, list[ChoiceSpec]]:
+    async def _plan(self, body: ResponsesRequest, caller: Caller, local: Kept | None) -> tuple[_Turn, list[ChoiceSpec]]:
         """The chat path's own steps (tools and format as a grammar, the template, the budget) on the translation."""
         history: list[Message] = []
         if body.previous_response_id is not None:
-            history = (await self._visible(body.previous_response_id, caller, "previous_response_id")).messages
+            history = (await self.previous(body.previous_response_id, caller, local)).messages
         translated = chat_request(body, history)
         chat, request = self.chat, translated.chat
         with _renamed_params():
             chat._check_options(request)
             plan = chat.plan(request)
+        if plan.reasoning:  # effort would change what a thinking model does: refused unless "none" (the default)
+            check_supported(body, reasons=True)
         prompt = await chat.render(request.messages, plan.tools.functions, request.chat_template_kwargs)
         plan = dataclasses.replace(plan, reasoning_inside=plan.reasoning and starts_inside(prompt))
         prompt_ids = await chat.encode_prompt(prompt)
         budget = chat.completion_budget(len(prompt_ids), request.max_completion_tokens, "input")
         specs = chat._specs(request, prompt_ids, budget, caller.scope, plan.grammar)
-        response = ResponseObject(
+        response = self._response(body, specs[0].request.sampling, budget)
+        record = RequestRecord(response.id, "responses", 1, len(prompt_ids))
+        writer = ResponseWriter(response)
+        return _Turn(body, caller, translated, history, writer, record, plan.parser(), local), specs
+
+    @staticmethod
+    def _response(body: ResponsesRequest, sampling: SamplingParams, budget: int) -> ResponseObject:
+        """The response object as it starts: the request's settings as they are applied (the model's sampling
+        defaults where the request left them out, the gateway's token cap where it set none)."""
+        return ResponseObject(
             id=response_id(),
             model=body.model,  # the base model or the adapter asked for
             instructions=body.instructions,
-            max_output_tokens=body.max_output_tokens,
+            max_output_tokens=budget,
             previous_response_id=body.previous_response_id,
             store=body.store is not False,
-            temperature=body.temperature,
-            top_p=body.top_p,
+            temperature=sampling.temperature,
+            top_p=0.0 if sampling.top_k == 1 and body.top_p == 0 else sampling.top_p,
+            presence_penalty=sampling.presence_penalty,
+            frequency_penalty=sampling.frequency_penalty,
             text=body.text.model_dump(by_alias=True, exclude_none=True) if body.text else {"format": {"type": "text"}},
             tool_choice=_shown(body.tool_choice) or "auto",
             tools=[tool.model_dump(exclude_none=True) for tool in body.tools or []],
             parallel_tool_calls=body.parallel_tool_calls is not False,
+            reasoning=body.reasoning.model_dump(exclude={"generate_summary"})
+            if body.reasoning
+            else {"effort": None, "summary": None},
+            max_tool_calls=body.max_tool_calls,
             user=body.user,
+            safety_identifier=body.safety_identifier,
+            prompt_cache_key=body.prompt_cache_key,
+            service_tier="default",  # one tier here, whatever the request asked for
             metadata=body.metadata or {},
         )
-        record = RequestRecord(response.id, "responses", 1, len(prompt_ids))
-        return _Turn(body, caller, translated, history, ResponseWriter(response), record, plan.parser()), specs
 
     # -- streaming -----------------------------------------------------------------------------------------------
 
@@ -191,7 +226,7 @@ class ResponsesServing:
         await self._save(turn)
 
     async def _save(self, turn: _Turn) -> None:
-        if not turn.response.store:
+        if not turn.response.store and turn.local is None:
             return
         messages = turn.history + turn.translated.turn
         if turn.response.status in ("completed", "incomplete"):
@@ -200,7 +235,24 @@ class ResponsesServing:
         stored = StoredResponse(
             key_id=turn.caller.key_id, response=turn.response.model_dump(mode="json"), messages=messages
         )
-        await self.store.save(turn.response.id, stored)
+        if turn.local is not None:
+            turn.local.keep(turn.response.id, stored)
+        if turn.response.store:
+            await self.store.save(turn.response.id, stored)
+
+    async def previous(self, response_id: str, caller: Caller, local: Kept | None = None) -> StoredResponse:
+        """The response ``previous_response_id`` names: this socket's own, else a stored one of the caller's."""
+        kept = local.get(response_id) if local is not None else None
+        if kept is not None:
+            return kept
+        stored = await self.store.get(response_id)
+        if stored is None or not (caller.admin or stored.key_id == caller.key_id):
+            raise InvalidRequest(
+                f"Previous response with id {response_id!r} not found.",
+                "previous_response_not_found",
+                "previous_response_id",
+            )
+        return stored
 
     async def _visible(self, response_id: str, caller: Caller, param: str = "response_id") -> StoredResponse:
         stored = await self.store.get(response_id)
