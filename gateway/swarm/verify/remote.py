@@ -21,9 +21,7 @@ async def forward_outputs(
 ) -> torch.Tensor:
     """hidden [1, T, D] through ``blocks`` on ``peer_id`` as one stateless prefill -> [1, T, D]."""
     start, end = blocks
-    message = wire.ForwardRequest(
-        protocol=wire.PROTOCOL_VERSION, start=start, end=end, auth=auth.token_for(peer_id)
-    )
+    message = wire.ForwardRequest(protocol=wire.PROTOCOL_VERSION, start=start, end=end, auth=auth.token_for(peer_id))
     call = p2p.call_protobuf_handler(
         PeerID.from_base58(peer_id),
         wire.FORWARD_HANDLER,

@@ -95,9 +95,10 @@ class TrustBook:
             self._set(peer_id, Verification.VERIFIED, "a newer replica's challenge agreed with it")
 
     def agreed(self, peer_id: str, self_check: bool = False) -> None:
+        """A check it passed; one against itself (a sole replica) earns nothing: a consistent liar passes those."""
         node = self.nodes.get(peer_id)
         if node is not None:
-            node.reputation += (1.0 - node.reputation) * AGREED_GAIN
+            node.reputation += 0.0 if self_check else (1.0 - node.reputation) * AGREED_GAIN
             node.self_checked = self_check
             self._count(node, "agreed")
 

@@ -169,7 +169,11 @@ class Verifier:
         verdict = judge(challenge, candidate, reference, got, want)
         where = f"blocks {blocks[0]}:{blocks[1]} against {reference.peer_id} (seed {challenge.seed})"
         if not verdict.agrees and self.book.nodes[reference.peer_id].state is Verification.UNVERIFIED:
-            verdict, where = await self._tie_break(view, candidate, reference, challenge, got, (verdict, where))
+            decided = await self._tie_break(view, candidate, reference, challenge, got)
+            if decided is None:  # one against one, and nobody to ask: wait for a third node
+                self._undecided(peer_id, f"disagrees with unverified {reference.peer_id} ({verdict.describe()})")
+                return
+            verdict, where = decided
         if verdict.agrees:
             self.book.passed(peer_id, f"passed its challenge on {where}: {verdict.describe()}")
             if self.book.nodes[reference.peer_id].state is Verification.UNVERIFIED:
@@ -197,7 +201,15 @@ class Verifier:
         detail = detail if verdict is None else verdict.describe()
         reason = f"its session disagreed with {candidate.peer_id}'s forward (seed {challenge.seed}): {detail}"
         self.book.lost(reference.peer_id, reason, outvoted=True)
+        self.counts["challenge", "outvoted"] += 1
         logger.warning("node %s is out of routing: %s", reference.peer_id, reason)
+
+    def _undecided(self, peer_id: str, reason: str) -> None:
+        """The node stays in probation, unrouted, and is challenged again later (a third node may have come)."""
+        self.book.nodes[peer_id].reason = f"{reason}; waiting for a third node to break the tie"
+        self._retry[peer_id] = asyncio.get_running_loop().time() + CHALLENGE_RETRY
+        self.counts["challenge", "undecided"] += 1
+        logger.warning("node %s stays in probation: %s", peer_id, self.book.nodes[peer_id].reason)
 
     def _fail(self, peer_id: str, reason: str) -> None:
         self.book.failed(peer_id, reason)
@@ -211,11 +223,10 @@ class Verifier:
         reference: ServerRecord,
         challenge: Challenge,
         got: torch.Tensor,
-        first: tuple[Comparison, str],
-    ) -> tuple[Comparison, str]:
+    ) -> tuple[Comparison, str] | None:
         """The candidate disagreed with an unverified reference (a first node, never compared with anyone): a third
-        node over the same blocks decides; when it sides with the candidate, the reference is outvoted. With no
-        third node the first one wins (said in docs/verification.md)."""
+        node over the same blocks (in probation too, but not failed) decides; when it sides with the candidate, the
+        reference is outvoted. None when there is no third node yet."""
         start, end = challenge.blocks
         thirds = [
             s
@@ -226,7 +237,7 @@ class Verifier:
             and self.book.nodes.get(s.peer_id, _NEW).state not in (Verification.FAILED, Verification.DISTRUSTED)
         ]
         if not thirds:
-            return first
+            return None
         third = max(thirds, key=lambda s: reference_order(candidate, s, self.book.reputation(s.peer_id)))
         want = await forward_outputs(
             self._p2p, third.peer_id, challenge.blocks, challenge.inputs, self.settings.timeout, self._auth
@@ -235,6 +246,7 @@ class Verifier:
         if verdict.agrees:
             outvoted = f"outvoted at {candidate.peer_id}'s challenge by it and {third.peer_id} (seed {challenge.seed})"
             self.book.lost(reference.peer_id, outvoted, outvoted=True)
+            self.counts["challenge", "outvoted"] += 1
             logger.warning("node %s is out of routing: %s", reference.peer_id, outvoted)
         return verdict, f"blocks {start}:{end} against {third.peer_id} (seed {challenge.seed})"
 

@@ -64,6 +64,8 @@ def test_reputation_grows_with_agreement_and_orders_routing() -> None:
         book.agreed("old")
     assert START < book.reputation("old") < 1
     assert book.penalty("old") < book.penalty("new")
+    book.agreed("new", self_check=True)  # a sole replica agreeing with itself proves no honesty
+    assert book.reputation("new") == START and book.nodes["new"].checks == {"agreed": 1}
 
 
 def test_checks_are_picked_in_proportion_to_compute_and_boosted_for_low_reputation() -> None:
