@@ -190,7 +190,7 @@ class SpanServer:
             self.reachability, self.relay_addrs = reach.verdict, reach.relay_addrs
             self.status.state = NodeState.ONLINE
             logger.info("serving blocks %d:%d as %s", self.start, self.end, self.dht.peer_id)
-            tasks = [asyncio.create_task(self._announce_forever(p2p))]
+            tasks = [asyncio.create_task(self._announce_forever(p2p)), *reach.renewals]
             if self.settings.span() is None:
                 tasks.append(asyncio.create_task(self._balance_forever()))
             await stop.wait()
