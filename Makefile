@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-fast lint demo bench bench-load bench-wan gpu-check
+.PHONY: test test-fast lint demo bench bench-load bench-wan bench-swarm24 bench-nat-join gpu-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -67,6 +67,18 @@ bench-load: $(BENCH_STAMP)
 # (about 15 minutes).
 bench-wan: $(BENCH_STAMP)
 	$(BIN)/python -m bench.wan
+
+# A real swarm of 24 nodes (bench/swarm24.py): SmolLM2's 30 blocks over 24 `swarm_node serve` processes (spans of 2-4
+# blocks, every 4th int8), one DHT, two gateways, 32 concurrent streams while 4 nodes are killed and replaced; start-up
+# phases per node, streams exact/errored, idle control-plane bytes per node. Needs ~16 GB of RAM; tens of minutes on
+# 2 cores (a control-plane test, not a speed one); writes bench/results/swarm24.md.
+bench-swarm24: $(BENCH_STAMP)
+	$(BIN)/python -m bench.swarm24
+
+# Joining from behind NAT (bench/nat_join.py, root: network namespaces): seconds from a home node's start to its first
+# served request, three joins.
+bench-nat-join: $(BENCH_STAMP)
+	$(BIN)/python -m bench.nat_join --runs 3
 
 # GPU readiness (bench/gpu_check.py): every family's span in bfloat16 and nf4 against transformers on CUDA, greedy
 # equality in float32, decode tokens/s at 1/8/32 streams (a few minutes). Runs with the machine's own Python, which
