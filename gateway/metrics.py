@@ -204,6 +204,7 @@ def swarm_metrics(report: dict[str, Any]) -> Iterable[Metric]:
     for span, count in sorted(report.get("failover_waiting", {}).items()):
         waiting.add_metric([str(span)], count)
     yield waiting
+    yield from _verification_metrics(report)
     counters: dict[str, int] = report.get("counters", {})
     for name, help_text in (
         ("failovers", "node sessions replaced mid-generation"),
@@ -216,6 +217,28 @@ def swarm_metrics(report: dict[str, Any]) -> Iterable[Metric]:
         ("pushed_hops", "decode steps whose hidden states went node to node (push)"),
     ):
         yield CounterMetricFamily(f"swarmgate_{name}", help_text, value=counters.get(name, 0))
+
+
+def _verification_metrics(report: dict[str, Any]) -> Iterable[Metric]:
+    """Checks of nodes' outputs (docs/verification.md): by kind and result, by node and result, and reputations."""
+    checks = CounterMetricFamily(
+        "swarmgate_verification_checks", "checks of nodes' outputs, by kind and result", labels=["kind", "result"]
+    )
+    for row in report.get("checks", []):
+        checks.add_metric([row["kind"], row["result"]], row["count"])
+    yield checks
+    by_node = CounterMetricFamily(
+        "swarmgate_verification_node_checks", "spot checks each node took part in, by result", labels=["node", "result"]
+    )
+    reputation = GaugeMetricFamily("swarmgate_node_reputation", "each node's reputation (0..1)", labels=["node"])
+    for node in report.get("nodes", []):
+        verification = node.get("verification") or {}
+        for result, count in verification.get("checks", {}).items():
+            by_node.add_metric([node["peer_id"], result], count)
+        if verification.get("reputation") is not None:
+            reputation.add_metric([node["peer_id"]], verification["reputation"])
+    yield by_node
+    yield reputation
 
 
 def _gauge(name: str, help_text: str, value: float) -> GaugeMetricFamily:

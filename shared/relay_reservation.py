@@ -6,7 +6,7 @@ it wants (a node was usable 196 s after start), and its control protocol has no 
 stream to any peer on any protocol, and a reservation is one message on the relay's hop protocol (libp2p's
 circuit-v2 spec): ``HopMessage{type: RESERVE}`` out, ``HopMessage{type: STATUS, status: OK, reservation}`` back, each
 varint-length-prefixed. The relay ties the slot to our peer id while we stay connected and until ``expire``;
-``keep_reserved`` renews it before then. p2pd's circuit transport accepts the relayed connections that arrive
+``RelaySlot`` renews it before then. p2pd's circuit transport accepts the relayed connections that arrive
 through it (its STOP handler needs no autorelay), and autorelay stays on as the fallback.
 
 The messages are built from the spec's schema with protobuf's descriptor API (no generated module to vendor); only
@@ -27,6 +27,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, te
 from hivemind.p2p import P2P, PeerID
 from hivemind.p2p.p2p_daemon_bindings.utils import read_pbmsg_safe, write_pbmsg
 
+from shared.background import Periodic
 from shared.reachability import open_path, peer_of
 
 logger = logging.getLogger(__name__)
@@ -119,16 +120,25 @@ async def reserve_any(p2p: P2P, relays: Sequence[str]) -> list[Reservation]:
     return [r for r in await asyncio.gather(*(one(relay) for relay in relays)) if r is not None]
 
 
-async def keep_reserved(p2p: P2P, relay: str, first: Reservation | None = None) -> None:
-    """Hold a slot on ``relay`` for as long as this task runs: renew before it expires, retry when it fails."""
-    held = first
-    while True:
-        await asyncio.sleep(_until_renewal(held))
-        try:
-            held = await reserve(p2p, relay)
-        except Exception as exc:  # the relay restarts, or our connection to it dropped: try again soon
-            logger.warning("renewing the relay slot on %s failed: %r", relay, exc)
-            held = None
+class RelaySlot:
+    """One relay slot held for the node's life: renewed at half its remaining lifetime, retried soon after a failure
+    (the relay restarted, or our connection to it dropped). ``keeper()`` is the background job that does it."""
+
+    def __init__(self, p2p: P2P, held: Reservation) -> None:
+        self._p2p = p2p
+        self.relay = held.relay
+        self.held: Reservation | None = held
+
+    def keeper(self) -> Periodic:
+        failure = f"renewing the relay slot on {self.relay} failed"
+        return Periodic(f"relay slot {self.relay}", self._until_renewal, self._renew, failure)
+
+    def _until_renewal(self) -> float:
+        return _until_renewal(self.held)
+
+    async def _renew(self) -> None:
+        self.held = None  # until the relay grants it again
+        self.held = await reserve(self._p2p, self.relay)
 
 
 def _until_renewal(held: Reservation | None) -> float:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from shared.errors import ModelLoadError
 from shared.logging_setup import configure_logging
 from shared.settings import add_settings_arguments, settings_or_exit
-from swarm_node.settings import DhtSettings, ServeSettings
+from swarm_node.settings import DhtSettings, NodeSettings
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -20,8 +20,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     commands = parser.add_subparsers(dest="command", required=True)
     dht_parser = commands.add_parser("dht", help=DhtSettings.__doc__, description=DhtSettings.__doc__)
     add_settings_arguments(dht_parser, DhtSettings)
-    serve_parser = commands.add_parser("serve", help=ServeSettings.__doc__, description=ServeSettings.__doc__)
-    add_settings_arguments(serve_parser, ServeSettings)
+    serve_parser = commands.add_parser("serve", help=NodeSettings.__doc__, description=NodeSettings.__doc__)
+    add_settings_arguments(serve_parser, NodeSettings)
     args = parser.parse_args(argv)
     if args.command == "dht":
         dht_settings = settings_or_exit(dht_parser, DhtSettings, args)
@@ -30,7 +30,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         run_bootstrap(dht_settings)
         return
-    settings = settings_or_exit(serve_parser, ServeSettings, args)
+    settings = settings_or_exit(serve_parser, NodeSettings, args)
     configure_logging()
     from swarm_node.server import SpanServer, serve
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 from pathlib import Path
@@ -25,26 +26,29 @@ from hivemind import DHT
 from hivemind.p2p import P2P
 
 import shared
+from shared.background import Periodic
 from shared.dht_process import start_dht, stop_dht
 from shared.dht_records import ModelRecord, NodeState, ServerRecord, announce, fetch_servers
 from shared.errors import SwarmError
 from shared.families import context_length, family_of
 from shared.membership import CallAuth, ReplayGuard
 from shared.model_source import ModelSource, load_config, resolve_model
-from shared.protocol import PROTOCOL_VERSION
 from shared.reachability import DialBackService, Reachability, open_paths
 from shared.rpc_client import fetch_info
 from shared.weights import open_weights
+from shared.wire import PROTOCOL_VERSION
 from swarm_node.adapters import load_span_adapters
 from swarm_node.backend import SpanBackend
 from swarm_node.block_count import auto_num_blocks
 from swarm_node.cache_pool import CachePool
 from swarm_node.capacity import default_cache_tokens
+from swarm_node.faults import computed_quant, wrong_weights
 from swarm_node.handlers import NodeStatus, SpanHandlers
+from swarm_node.layer_api import cache_keyword
 from swarm_node.metrics import NodeGauges, NodeMetrics
 from swarm_node.quantize import block_transform, resolve_quant
-from swarm_node.reach import settle_reachability
-from swarm_node.settings import ServeSettings
+from swarm_node.reachability_probe import settle_reachability
+from swarm_node.settings import NodeSettings
 from swarm_node.span import build_span
 from swarm_node.span_choice import block_throughputs, choose_new_start, choose_start
 from swarm_node.throughput import BlockSpeed, block_speed, load_cached, speed_key
@@ -74,7 +78,7 @@ def resolve_dtype(setting: str, device: torch.device) -> torch.dtype:
 
 
 class SpanServer:
-    def __init__(self, settings: ServeSettings) -> None:
+    def __init__(self, settings: NodeSettings) -> None:
         """Raises ``ModelLoadError`` or ``ValueError`` (bad span, too little memory) before anything starts."""
         self.settings = settings
         self.source: ModelSource = resolve_model(settings.model, settings.revision)
@@ -84,6 +88,8 @@ class SpanServer:
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("--device cuda: this machine has no CUDA device torch can use (try --device cpu)")
         self.dtype = resolve_dtype(settings.dtype, self.device)
+        family = family_of(self.config)
+        cache_keyword(family.decoder_layer, family.layer_call)  # refuse a transformers whose layers we cannot drive
         self.quant = resolve_quant(settings.quant, self.device)
         span = settings.span()
         if span is not None and span[1] > self.num_model_blocks:
@@ -190,14 +196,17 @@ class SpanServer:
             self.reachability, self.relay_addrs = reach.verdict, reach.relay_addrs
             self.status.state = NodeState.ONLINE
             logger.info("serving blocks %d:%d as %s", self.start, self.end, self.dht.peer_id)
-            tasks = [asyncio.create_task(self._announce_forever(p2p)), *reach.renewals]
+            refresh = functools.partial(self._refresh, p2p)
+            jobs = [Periodic("announce", self.settings.announce_period, refresh, "DHT announcement failed", True)]
+            jobs += reach.renewals  # already running: start() leaves them be, stop() ends them with the rest
             if self.settings.span() is None:
-                tasks.append(asyncio.create_task(self._balance_forever()))
+                jobs.append(Periodic("rebalance", self.settings.balance_period, self._maybe_move, "rebalancing failed"))
+            for job in jobs:
+                job.start()
             await stop.wait()
             logger.info("stopping: draining open sessions")
             await self._drain()
-            for task in tasks:
-                task.cancel()
+            await asyncio.gather(*(job.stop() for job in jobs))
         finally:
             self.status.state = NodeState.OFFLINE
             if self.dht_answers:  # a DHT that did not take the DRAINING record will not take this one either
@@ -212,15 +221,20 @@ class SpanServer:
     async def _load(self, start: int, end: int) -> SpanBackend:
         logger.info("loading blocks %d:%d of %s", start, end, self.source.name)
         reader = await asyncio.to_thread(open_weights, self.source, self.config)
+        fault = self.settings.faulty_outputs
+        quant = computed_quant(fault, self.quant)  # what the span computes (self.quant is what is announced)
         transform = await asyncio.to_thread(
-            block_transform, self.quant, self.dtype, self.device, self.settings.cpu_batched_copy
+            block_transform, quant, self.dtype, self.device, self.settings.cpu_batched_copy
         )
+        if fault == "wrong-weights":
+            transform = wrong_weights(transform)
         prefixes = [family_of(self.config).layout.block_prefix(block) for block in range(start, end)]
         adapters = await asyncio.to_thread(load_span_adapters, self.settings.adapter_folders(), prefixes)
         span = await asyncio.to_thread(
             build_span, self.config, reader, start, end, self.dtype, self.device, transform, adapters
         )
-        return SpanBackend(span, self.settings.batch_policy(), self.metrics)
+        span.forget_kv = fault == "stale-cache"
+        return SpanBackend(span, self.settings.batch_policy(), self.metrics, fault)
 
     async def _choose_start(self, num_blocks: int) -> int:
         assert self.dht is not None  # started in run()
@@ -248,15 +262,10 @@ class SpanServer:
         else:
             self.dht_answers = True
 
-    async def _announce_forever(self, p2p: P2P) -> None:
-        period = self.settings.announce_period
-        while True:
-            try:
-                await self._probe_next_hops(p2p)
-                await self._announce()
-            except Exception:
-                logger.warning("DHT announcement failed; retrying in %.0fs", period, exc_info=True)
-            await asyncio.sleep(period)
+    async def _refresh(self, p2p: P2P) -> None:
+        """The periodic announcement: round trips to the next hops measured, then our record."""
+        await self._probe_next_hops(p2p)
+        await self._announce()
 
     async def _announce(self, expiration: float | None = None) -> None:
         assert self.dht is not None  # started in run()
@@ -275,6 +284,7 @@ class SpanServer:
             reachability=self.reachability,
             relay_addrs=self.relay_addrs,
             adapters=sorted(self.settings.adapter_folders()),
+            precision=f"{self.quant}/{str(self.dtype).removeprefix('torch.')}/{self.device.type}",
             version=shared.__version__,
             protocol=PROTOCOL_VERSION,
         )
@@ -298,14 +308,6 @@ class SpanServer:
             with contextlib.suppress(SwarmError):
                 rtts[peer] = (await fetch_info(p2p, peer, PROBE_TIMEOUT, self.auth))[1]
         self.next_rtts = rtts
-
-    async def _balance_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.balance_period)
-            try:
-                await self._maybe_move()
-            except Exception:
-                logger.warning("rebalancing check failed", exc_info=True)
 
     async def _maybe_move(self) -> None:
         assert self.dht is not None and self.handlers is not None  # set in run()

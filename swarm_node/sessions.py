@@ -8,7 +8,6 @@ at once, even while its stream is still open (a later step then gets ``UnknownSe
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid
@@ -107,9 +106,11 @@ class SessionRegistry:
             self.close(session, "expired")
         return idle
 
-    async def expire_forever(self) -> None:
-        """Check for idle sessions a few times per timeout period, until cancelled."""
-        period = min(max(self.idle_timeout / 4, 0.05), 10.0)
-        while True:
-            await asyncio.sleep(period)
-            self.expire_idle()
+    @property
+    def expiry_period(self) -> float:
+        """Seconds between looks for idle sessions: a few per timeout period."""
+        return min(max(self.idle_timeout / 4, 0.05), 10.0)
+
+    async def expire(self) -> None:
+        """``expire_idle`` as a periodic job."""
+        self.expire_idle()

@@ -11,7 +11,12 @@ from shared.lora import AdapterSpecs, parse_adapter_specs
 from shared.settings import P2PSettings, positional
 
 if TYPE_CHECKING:
-    from swarm_node.batcher import BatchPolicy
+    from swarm_node.decode_batcher import BatchPolicy
+
+# --faulty-outputs (testing only): what each mode does is in swarm_node/faults.py.
+FaultyOutputs = Literal[
+    "none", "nan", "shape", "dtype", "noise", "stale-cache", "wrong-weights", "low-precision", "lazy"
+]
 
 
 class DhtSettings(P2PSettings):
@@ -23,7 +28,7 @@ class DhtSettings(P2PSettings):
     )
 
 
-class ServeSettings(P2PSettings):
+class NodeSettings(P2PSettings):
     """Host a span of a model's transformer blocks and serve it to the swarm."""
 
     model: str = positional("a local Hugging Face folder, a .gguf file, or a hub repo id")
@@ -91,10 +96,13 @@ class ServeSettings(P2PSettings):
     added_latency: float = Field(
         0.0, ge=0, le=10, description="seconds added before every reply, to emulate a distant node (testing)"
     )
-    faulty_outputs: Literal["none", "nan", "shape", "dtype"] = Field(
+    faulty_outputs: FaultyOutputs = Field(
         "none",
-        description="testing only: answer inference steps with NaNs, a wrong shape or a wrong dtype (a broken node"
-        " that gateways must ban and route around)",
+        description="testing only: a node that lies. Malformed (gateways ban it at once): nan, shape, dtype answer"
+        " NaNs, a wrong shape or a wrong dtype. Healthy-looking (only comparing with replicas tells): noise adds 1%"
+        " relative noise to every output, stale-cache never keeps keys/values, wrong-weights computes its first block"
+        " with weights of another seed, low-precision announces --quant but computes nf4, lazy answers its input."
+        " The self-test refuses stale-cache (see --skip-self-test)",
     )
     throughput_cache: str = Field(
         "~/.cache/swarmgate/throughput.json",
@@ -144,7 +152,7 @@ class ServeSettings(P2PSettings):
         return parse_blocks(self.blocks) if self.blocks else None
 
     def batch_policy(self) -> BatchPolicy:
-        from swarm_node.batcher import BatchPolicy  # torch-heavy; --help need not import it
+        from swarm_node.decode_batcher import BatchPolicy  # torch-heavy; --help need not import it
 
         return BatchPolicy(self.batch_window, self.max_batch_size, self.prefill_chunk_tokens)
 

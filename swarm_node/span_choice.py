@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from shared.dht_records import NodeState, ServerRecord
+from shared.server_records import NodeState, ServerRecord
 
 LIVE_STATES = (NodeState.JOINING, NodeState.ONLINE)
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from gateway.swarm.bans import BanList
 from gateway.swarm.router import RouterStats
+from gateway.swarm.verify.verifier import Verifier
 from gateway.swarm.view import SwarmView
 
 
@@ -16,6 +17,7 @@ def swarm_report(
     bans: BanList,
     stats: RouterStats | None = None,
     waiting: dict[str, int] | None = None,
+    verifier: Verifier | None = None,
 ) -> dict[str, Any]:
     """``waiting``: sessions waiting for a node, by the block range they lost ("15:30")."""
     banned = bans.banned()
@@ -51,6 +53,8 @@ def swarm_report(
                 "ban_seconds_left": round(ban.banned_for, 3),
                 "consecutive_failures": ban.failures,
                 "version": server.version,
+                "precision": server.precision,  # quant/dtype/device as announced
+                "verification": _verification(verifier, server.peer_id),
             }
         )
     missing = view.missing_blocks()
@@ -63,4 +67,31 @@ def swarm_report(
         "nodes": nodes,
         "counters": (stats or RouterStats()).as_dict(),  # failovers, prefix replays, replayed tokens, bans, ...
         "failover_waiting": dict(waiting or {}),
+        "checks": _check_counts(verifier),
     }
+
+
+def _verification(verifier: Verifier | None, peer_id: str) -> dict[str, Any]:
+    """The node's verification state, reputation and why (``gateway.swarm.verify.trust``)."""
+    if verifier is None or not verifier.settings.enabled:
+        return {"state": "off", "reputation": None, "reason": "verification is off (--no-verify)", "checks": {}}
+    node = verifier.book.nodes.get(peer_id)
+    if node is None:
+        return {"state": "probation", "reputation": None, "reason": "not seen by the verifier yet", "checks": {}}
+    reason = node.reason
+    if node.self_checked:
+        reason += " (a sole replica: checked against itself, which catches drift, not malice)"
+    return {
+        "state": node.state.value,
+        "routed": verifier.book.routable(peer_id),
+        "reputation": round(node.reputation, 4),
+        "reason": reason,
+        "checks": dict(node.checks),
+    }
+
+
+def _check_counts(verifier: Verifier | None) -> list[dict[str, Any]]:
+    """Checks run since start, by kind (challenge, spot, self) and result."""
+    if verifier is None:
+        return []
+    return [{"kind": k, "result": r, "count": n} for (k, r), n in sorted(verifier.counts.items())]

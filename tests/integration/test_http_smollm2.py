@@ -14,8 +14,8 @@ import pytest
 import torch
 from hivemind.p2p import P2P
 
-from gateway.api.detokenizer import IncrementalDetokenizer
 from gateway.model.tokens import HFTokenCodec
+from gateway.text.detokenizer import IncrementalDetokenizer
 from tests.helpers.gateway import Gateway, start_gateway, stop_gracefully
 from tests.helpers.node_info import node_infos, wait_all_free
 from tests.helpers.processes import LocalSwarm

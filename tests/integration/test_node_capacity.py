@@ -17,7 +17,9 @@ from hivemind.proto import runtime_pb2
 from gateway.model.head import build_head
 from shared.errors import CacheFull, PositionOutOfRange, UnknownSession
 from shared.model_source import load_config, resolve_model
-from shared.protocol import (
+from shared.rpc_client import fetch_info
+from shared.weights import open_weights
+from shared.wire import (
     INFERENCE_HANDLER,
     PROTOCOL_VERSION,
     ErrorReply,
@@ -31,8 +33,6 @@ from shared.protocol import (
     decode_server_message,
     encode_request,
 )
-from shared.rpc_client import fetch_info
-from shared.weights import open_weights
 from tests.helpers.polling import eventually
 from tests.helpers.processes import LocalSwarm
 from tests.tiny_models import VOCAB, GetTinyModel, TinyModel

@@ -8,7 +8,15 @@ from fastapi.responses import Response
 from gateway.api.auth import CallerDep
 from gateway.api.dependencies import ContextDep, ResponsesDep, respond
 from gateway.api.openapi_docs import errors, streamed
-from gateway.api.protocol_responses import DeletedResponse, ResponseObject, ResponsesRequest, ResponseStreamEvent
+from gateway.api.protocol.responses import (
+    CompactedResponse,
+    CompactRequest,
+    DeletedResponse,
+    ResponseObject,
+    ResponsesRequest,
+    ResponseStreamEvent,
+)
+from gateway.api.serving.responses_compact import compact
 
 router = APIRouter(responses=errors(400, 401, 404))
 
@@ -20,6 +28,13 @@ router = APIRouter(responses=errors(400, 401, 404))
 )
 async def create_response(body: ResponsesRequest, serving: ResponsesDep, context: ContextDep) -> Response:
     return respond(await serving.create(body, context))
+
+
+@router.post("/v1/responses/compact", responses=errors(429, 503))
+async def compact_response(body: CompactRequest, serving: ResponsesDep, context: ContextDep) -> CompactedResponse:
+    """Compacts a conversation (``previous_response_id`` and/or ``input``): its user messages and one compaction item
+    that summarizes the rest, to send back as the input of the next request."""
+    return await compact(serving, body, context)
 
 
 @router.get("/v1/responses/{response_id}")
