@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-fast test-lowest lint demo bench bench-load bench-wan bench-verify gpu-check
+.PHONY: test test-fast test-lowest lint demo bench bench-load bench-wan bench-verify bench-swarm24 bench-nat-join gpu-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -88,6 +88,18 @@ bench-wan: $(BENCH_STAMP)
 # local nodes with checks off and on (bench/verify_decode.py); writes bench/results/verify.md (a few minutes).
 bench-verify: $(BENCH_STAMP)
 	$(BIN)/python -m bench.verify
+
+# A real swarm of 24 nodes (bench/swarm24.py): SmolLM2's 30 blocks over 24 `swarm_node serve` processes (spans of 2-4
+# blocks, every 4th int8), one DHT, two gateways, 32 concurrent streams while 4 nodes are killed and replaced; start-up
+# phases per node, streams exact/errored, idle control-plane bytes per node. Needs ~16 GB of RAM; tens of minutes on
+# 2 cores (a control-plane test, not a speed one); writes bench/results/swarm24.md.
+bench-swarm24: $(BENCH_STAMP)
+	$(BIN)/python -m bench.swarm24
+
+# Joining from behind NAT (bench/nat_join.py, root: network namespaces): seconds from a home node's start to its first
+# served request, three joins.
+bench-nat-join: $(BENCH_STAMP)
+	$(BIN)/python -m bench.nat_join --runs 3
 
 # GPU readiness (bench/gpu_check.py): every family's span in bfloat16 and nf4 against transformers on CUDA, greedy
 # equality in float32, decode tokens/s at 1/8/32 streams (a few minutes). Runs with the machine's own Python, which

@@ -201,6 +201,7 @@ class SpanServer:
             logger.info("serving blocks %d:%d as %s", self.start, self.end, self.dht.peer_id)
             refresh = functools.partial(self._refresh, p2p)
             jobs = [Periodic("announce", self.settings.announce_period, refresh, "DHT announcement failed", True)]
+            jobs += reach.renewals  # already running: start() leaves them be, stop() ends them with the rest
             if self.settings.span() is None:
                 jobs.append(Periodic("rebalance", self.settings.balance_period, self._maybe_move, "rebalancing failed"))
             for job in jobs:

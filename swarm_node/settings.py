@@ -140,8 +140,9 @@ class NodeSettings(P2PSettings):
     relay_wait: float = Field(
         300.0,
         gt=0,
-        description="with --use-relay: seconds to wait for a relay slot (p2pd reserves one about 3 minutes after"
-        " start; the weights load meanwhile) before announcing unreachable",
+        description="with --use-relay: seconds to wait until a relay dials this node back through its slot (the"
+        " node reserves one itself at once; p2pd's autorelay, the fallback, about 3 minutes after start) before"
+        " announcing unreachable",
     )
     use_relay: bool = Field(
         True,
