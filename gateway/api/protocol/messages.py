@@ -39,10 +39,12 @@ class ContentBlock(RequestModel):
     data: str | None = None  # redacted_thinking: encrypted by Anthropic, opaque to any other model
     cache_control: dict[str, Any] | None = None  # a prompt-caching hint: the nodes keep caches by themselves
     citations: Any = None  # on text blocks a client replays: where the text came from, no input to the model
+    caller: Any = None  # on a replayed tool_use: who made the call (always the model itself here)
+    toolset_name: str | None = None  # on a replayed tool_use / tool_result: bookkeeping of Anthropic's toolsets
 
 
 class InputMessage(RequestModel):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]  # system: an instruction at its place in the conversation
     content: str | list[ContentBlock]
 
 
@@ -53,6 +55,12 @@ class Tool(RequestModel):
     input_schema: dict[str, Any] | None = None  # required for client tools (checked when translating)
     cache_control: dict[str, Any] | None = None
     strict: bool | None = None  # forced calls are grammar-checked either way
+    input_examples: list[dict[str, Any]] | None = None  # shown to the model with the description
+    # Tool search (defer_loading) and programmatic calling (allowed_callers) need Anthropic's server tools, which are
+    # refused; without them the tool is just offered and called directly. eager_input_streaming: how input streams.
+    defer_loading: bool | None = None
+    allowed_callers: list[str] | None = None
+    eager_input_streaming: bool | None = None
 
 
 class ToolChoice(RequestModel):
@@ -79,6 +87,15 @@ class OutputConfig(RequestModel):
     effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
 
 
+class ContextEdit(RequestModel):
+    type: str  # clear_thinking_20251015 is served; clear_tool_uses_... (and anything else) is refused
+    keep: Any = None  # "all", or {"type": "thinking_turns", "value": N}
+
+
+class ContextManagement(RequestModel):
+    edits: list[ContextEdit] = Field(default_factory=list)
+
+
 class CountTokensRequest(RequestModel):
     model: str
     messages: list[InputMessage] = Field(min_length=1)
@@ -87,6 +104,7 @@ class CountTokensRequest(RequestModel):
     tool_choice: ToolChoice | None = None
     thinking: ThinkingConfig | None = None
     output_config: OutputConfig | None = None
+    context_management: ContextManagement | None = None  # Anthropic's context editing (what Claude Code sends)
 
 
 class MessagesRequest(CountTokensRequest):

@@ -44,7 +44,7 @@ IGNORED_FIELDS = frozenset(
         "workspace_id",
     }
 )
-_IGNORED_BLOCK_FIELDS = frozenset({"cache_control", "citations"})
+_IGNORED_BLOCK_FIELDS = frozenset({"cache_control", "citations", "caller", "toolset_name"})
 _SERVED_BLOCKS = "text, tool_use, tool_result, thinking and redacted_thinking"
 
 
@@ -93,12 +93,45 @@ def conversation(body: CountTokensRequest) -> tuple[list[Message], str]:
     turns = list(body.messages)
     prefill = ""
     if turns[-1].role == "assistant":
-        prefill = _prefill(turns.pop(), len(turns))
+        prefill = _prefill(turns.pop(), len(turns), "a final assistant message (the prefill) takes text blocks only")
     for index, turn in enumerate(turns):
-        messages += _user(turn, index) if turn.role == "user" else [_assistant(turn, index)]
+        if turn.role == "system":
+            messages.append({"role": "system", "content": _prefill(turn, index, "system messages take text blocks")})
+        else:
+            messages += _user(turn, index) if turn.role == "user" else [_assistant(turn, index)]
     if not any(message["role"] != "system" for message in messages):
         raise invalid("The conversation needs a user message before the assistant's.", "messages")
+    _clear_thinking(messages, _thinking_turns_kept(body))
     return messages, prefill
+
+
+def _thinking_turns_kept(body: CountTokensRequest) -> int | None:
+    """How many recent assistant turns keep their thinking (None: all), from ``context_management``'s edits."""
+    kept: int | None = None
+    for index, edit in enumerate(body.context_management.edits if body.context_management else []):
+        where = f"context_management.edits[{index}]"
+        _reject_extra(edit, where, frozenset())
+        if edit.type != "clear_thinking_20251015":
+            raise InvalidRequest(
+                f"Context edits of type {edit.type!r} are not supported; clear_thinking_20251015 is.",
+                "unsupported_value",
+                f"{where}.type",
+            )
+        keep = edit.keep
+        if isinstance(keep, dict) and keep.get("type") == "thinking_turns" and isinstance(keep.get("value"), int):
+            kept = keep["value"]
+        elif keep not in (None, "all"):
+            raise invalid("keep must be 'all' or {'type': 'thinking_turns', 'value': N}.", f"{where}.keep")
+    return kept
+
+
+def _clear_thinking(messages: list[Message], kept: int | None) -> None:
+    """Drop the thinking of all but the last ``kept`` assistant turns (Anthropic's clear_thinking edit)."""
+    if kept is None:
+        return
+    thinking = [message for message in messages if "reasoning_content" in message]
+    for message in thinking[: max(0, len(thinking) - kept)]:
+        del message["reasoning_content"]
 
 
 def _system(system: str | list[ContentBlock] | None) -> str | None:
@@ -174,12 +207,9 @@ def _tool_call(block: ContentBlock, where: str) -> Message:
     return {"id": block.id, "type": "function", "function": {"name": block.name, "arguments": arguments}}
 
 
-def _prefill(turn: InputMessage, index: int) -> str:
-    texts = []
-    for at, block in enumerate(_blocks(turn)):
-        where = f"messages[{index}].content[{at}]"
-        texts.append(_text(block, where, "a final assistant message (the prefill) takes text blocks only"))
-    return "".join(texts)
+def _prefill(turn: InputMessage, index: int, rule: str) -> str:
+    """A turn that holds text only (the prefill, a system message) as that text."""
+    return "".join(_text(block, f"messages[{index}].content[{at}]", rule) for at, block in enumerate(_blocks(turn)))
 
 
 def _tool_fields(body: CountTokensRequest) -> dict[str, Any]:
@@ -213,8 +243,12 @@ def _function(tool: Tool, index: int) -> Message:
     if tool.input_schema is None:
         raise InvalidRequest("A tool needs its input_schema.", "missing_required_parameter", f"{where}.input_schema")
     function = {"name": tool.name, "parameters": tool.input_schema}
-    if tool.description is not None:
-        function["description"] = tool.description
+    description = tool.description or ""
+    if tool.input_examples:  # Anthropic shows them to its models beside the description
+        shown = "\n".join(json.dumps(example, ensure_ascii=False) for example in tool.input_examples)
+        description = f"{description}\n\nExamples of input:\n{shown}".strip()
+    if description:
+        function["description"] = description
     return {"type": "function", "function": function}
 
 

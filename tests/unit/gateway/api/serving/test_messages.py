@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from gateway.api.auth import Authenticator
+from gateway.api.errors import InvalidRequest
 from gateway.api.protocol.common import UnsupportedParameter
 from gateway.api.protocol.messages import MessagesRequest, MessageUsage
 from gateway.api.serving.common import ServingConfig
@@ -160,6 +161,56 @@ def test_blocks_become_the_chat_requests_messages() -> None:
     assert chat.chat_template_kwargs == {"enable_thinking": True}
 
 
+def test_claude_codes_request_shape_is_served() -> None:
+    """What Claude Code sends (2.1): system blocks, a mid-conversation system message, adaptive thinking, effort,
+    a no-op context edit, tools with examples; and a thinking edit that keeps only the last turn's thinking."""
+    thought = {"type": "thinking", "thinking": "plan", "signature": "s"}
+    fields = body(
+        system=[{"type": "text", "text": "You are Claude Code."}],
+        messages=[
+            {"role": "user", "content": "a"},
+            {"role": "assistant", "content": [thought, {"type": "text", "text": "b"}]},
+            {"role": "system", "content": "Reminder: be brief."},
+            {"role": "user", "content": "c"},
+            {"role": "assistant", "content": [thought, {"type": "text", "text": "d"}]},
+            {"role": "user", "content": "e"},
+        ],
+        max_tokens=32000,
+        thinking={"type": "adaptive"},
+        output_config={"effort": "high"},
+        context_management={
+            "edits": [{"type": "clear_thinking_20251015", "keep": {"type": "thinking_turns", "value": 1}}]
+        },
+        tools=[
+            {
+                "name": "Read",
+                "description": "Read a file.",
+                "input_schema": {"type": "object"},
+                "input_examples": [{"path": "a"}],
+            }
+        ],
+    )
+    chat = chat_request(MessagesRequest.model_validate(fields)).chat
+    roles = [(m.role, m.content, m.reasoning_content) for m in chat.messages]
+    assert roles == [
+        ("system", "You are Claude Code.", None),
+        ("user", "a", None),
+        ("assistant", "b", None),  # its thinking cleared: only the last turn keeps it
+        ("system", "Reminder: be brief.", None),
+        ("user", "c", None),
+        ("assistant", "d", "plan"),
+        ("user", "e", None),
+    ]
+    assert chat.chat_template_kwargs is None  # adaptive: the template's own default
+    assert chat.tools is not None and chat.tools[0].function.description == (
+        'Read a file.\n\nExamples of input:\n{"path": "a"}'
+    )
+    clearing = body(context_management={"edits": [{"type": "clear_tool_uses_20250919"}]})
+    with pytest.raises(InvalidRequest) as refused:
+        chat_request(MessagesRequest.model_validate(clearing))
+    assert refused.value.param == "context_management.edits[0].type"
+
+
 def test_output_config_format_is_the_chat_paths_json_schema_format() -> None:
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     fields = body(output_config={"format": {"type": "json_schema", "schema": schema}, "effort": "high"})
@@ -189,7 +240,7 @@ def test_tool_choice_maps_onto_the_chat_modes(choice: dict[str, Any], expected: 
     [
         ({"top_a": 1}, "top_a"),
         ({"messages": [{"role": "user", "content": [{"type": "text", "text": "x", "weight": 2}]}]}, "weight"),
-        ({"tools": [{"name": "w", "input_schema": {}, "defer_loading": True}]}, "tools[0].defer_loading"),
+        ({"tools": [{"name": "w", "input_schema": {}, "max_calls": 2}]}, "tools[0].max_calls"),
     ],
 )
 def test_unknown_fields_are_refused_by_name(fields: dict[str, Any], param: str) -> None:
