@@ -165,9 +165,9 @@ class OllamaServing:
                 if final:
                     run.record.completion_tokens = event.generated
                     run.record.finish_reason = piece.finish_reason
-                    yield json.dumps(run.last(line, piece.finish_reason, event.generated, event.cached_tokens))
+                    yield _compact(run.last(line, piece.finish_reason, event.generated, event.cached_tokens))
                 elif _has_output(line):
-                    yield json.dumps(line)
+                    yield _compact(line)
 
     async def _collected(self, run: _Run, specs: list[ChoiceSpec], context: RequestContext) -> ChoiceResult:
         live = await self.chat._open_session(run.record, specs, context)
@@ -203,3 +203,7 @@ def _has_output(line: dict[str, Any]) -> bool:
 def _loaded(line: dict[str, Any], keep_alive: float | str | None) -> dict[str, Any]:
     unload = keep_alive in (0, "0", "0s", "0m")
     return {**line, "created_at": now_iso(), "done": True, "done_reason": "unload" if unload else "load"}
+
+
+def _compact(line: dict[str, Any]) -> str:
+    return json.dumps(line, separators=(",", ":"))  # as Ollama writes its lines

@@ -8,12 +8,17 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
+import ollama
 import pytest
 
 from gateway.api.errors import InvalidRequest
 from gateway.api.protocol.ollama import ChatRequest, Options
+from gateway.api.serving.common import ServingConfig
 from gateway.api.serving.ollama_translate import chat_request, check_options
+from gateway.app import create_app
 from tests.helpers.scripted_engine import CharCodec, ScriptedEngine, client_for, content_of
+from tests.unit.gateway.api.serving.test_chat_tools import ASK, CALL_TEXT, TOOL, AsciiCodec, TextEngine
 
 
 class ChatCodec(CharCodec):
@@ -40,7 +45,7 @@ async def test_chat_streams_ndjson_by_default_and_ends_with_the_timings() -> Non
         assert [p["done"] for p in parts] == [False] * (len(parts) - 1) + [True]
         assert "".join(p["message"]["content"] for p in parts) == "hello world"
         last = parts[-1]
-        assert last["done_reason"] == "length"  # the script ran past the 64-token window? no: its end, no EOS
+        assert last["done_reason"] == "length"  # the script ends without an EOS
         for key in ("total_duration", "load_duration", "prompt_eval_duration", "eval_duration"):
             assert isinstance(last[key], int) and last[key] >= 0
         assert last["prompt_eval_count"] == 2 and last["eval_count"] == len("hello world")
@@ -128,3 +133,31 @@ async def test_tags_show_ps_version() -> None:
         assert (await client.get("/api/version")).json()["version"]
         shown = await client.post("/api/show", json={"model": "nope"})
         assert shown.status_code == 404 and shown.json() == {"error": "model 'nope' not found"}
+
+
+def ollama_client(engine: TextEngine) -> ollama.AsyncClient:
+    app = create_app(engine, ServingConfig("m"))
+    return ollama.AsyncClient(host="http://gateway", transport=httpx.ASGITransport(app=app))
+
+
+async def test_a_tool_call_reaches_the_official_client_with_object_arguments() -> None:
+    engine = TextEngine(CALL_TEXT, AsciiCodec(""))
+    client = ollama_client(engine)
+    answer = await client.chat(model="m:latest", messages=ASK, tools=[TOOL])
+    assert answer.message.content == "Sure."
+    calls = answer.message.tool_calls or []
+    assert [(c.function.name, dict(c.function.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})]
+    assert answer.done_reason == "stop"
+    parts = [part async for part in await client.chat(model="m", messages=ASK, tools=[TOOL], stream=True)]
+    streamed = [call for part in parts for call in part.message.tool_calls or []]
+    assert [(c.function.name, dict(c.function.arguments)) for c in streamed] == [("get_weather", {"city": "Paris"})]
+    assert "".join(part.message.content or "" for part in parts) == "Sure." and parts[-1].done
+
+
+async def test_think_splits_the_reasoning_into_thinking() -> None:
+    engine = TextEngine("<think>hmm</think>It is 4.", AsciiCodec("{{ '</think>' }}"))
+    answer = await ollama_client(engine).chat(model="m", messages=ASK, think=True)
+    assert (answer.message.thinking, answer.message.content) == ("hmm", "It is 4.")
+    assert engine.codec.rendered[-1][2] == {"enable_thinking": True}
+    generated = await ollama_client(engine).generate(model="m", prompt="2+2?", think=True)
+    assert (generated.thinking, generated.response) == ("hmm", "It is 4.")
