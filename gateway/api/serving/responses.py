@@ -15,6 +15,7 @@ import dataclasses
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from dataclasses import dataclass
+from typing import NoReturn
 
 from gateway.api.auth import Caller
 from gateway.api.errors import InvalidRequest, NotFound, SessionCancelled, as_api_error
@@ -77,6 +78,7 @@ class ResponsesServing:
     def __init__(self, chat: ChatServing, store: ResponseStore) -> None:
         self.chat = chat
         self.store = store
+        self._detached: set[asyncio.Task[None]] = set()  # background responses' readers (they keep them running)
 
     async def create(
         self, body: ResponsesRequest, context: RequestContext, local: Kept | None = None
@@ -88,6 +90,8 @@ class ResponsesServing:
         turn, specs = await self._plan(body, context.caller, local)
         specs = self.chat.with_adapter(specs, adapter)
         await self._save(turn)
+        if body.background:
+            return await self._detach(turn, specs, context)
         if body.stream:
             return await self.chat.run_streamed(turn.record, specs, context, lambda e: self._events(turn, e))
         try:
@@ -100,6 +104,28 @@ class ResponsesServing:
         turn.writer.finish(result.finish_reason, self._usage(turn.record))
         await self._save(turn)
         return turn.response
+
+    async def _detach(self, turn: _Turn, specs: list[ChoiceSpec], context: RequestContext) -> ResponseObject | Stream:
+        """A background response: it runs as a streamed session that nobody's connection holds (a reader task here
+        keeps it from being stopped as abandoned); its events stay in the session's log, its end in the store."""
+        detached = RequestContext(context.caller, never_leaves)
+        started = turn.response.model_copy(deep=True)  # as it starts: the run below writes on into the original
+        stream = await self.chat.run_streamed(turn.record, specs, detached, lambda e: self._events(turn, e))
+        reader = asyncio.create_task(_drain(stream.events))
+        self._detached.add(reader)
+        reader.add_done_callback(self._detached.discard)
+        if turn.body.stream:  # this connection reads the same log; leaving it does not stop the response
+            return Stream(stream.id, self.chat.sessions.read(stream.id, 0))
+        return started
+
+    async def resume(self, response_id: str, caller: Caller, starting_after: int | None) -> Stream:
+        """A background response's events after sequence number ``starting_after`` (all without it), then its live
+        tail, from any replica (event number n in the session's log is sequence number n - 1)."""
+        stored = await self._visible(response_id, caller)
+        if not stored.response.get("background"):
+            raise InvalidRequest("Only a background response can be streamed again.", "invalid_value", "stream")
+        after = 0 if starting_after is None else starting_after + 1
+        return Stream(response_id, self.chat.sessions.read(response_id, after))
 
     async def retrieve(self, response_id: str, caller: Caller) -> ResponseObject:
         return ResponseObject.model_validate((await self._visible(response_id, caller)).response)
@@ -174,6 +200,7 @@ class ResponsesServing:
             safety_identifier=body.safety_identifier,
             prompt_cache_key=body.prompt_cache_key,
             service_tier="default",  # one tier here, whatever the request asked for
+            background=bool(body.background),
             metadata=body.metadata or {},
         )
 
@@ -263,6 +290,17 @@ class ResponsesServing:
     @staticmethod
     def _usage(record: RequestRecord) -> ResponseUsage:
         return ResponseUsage.of(record.prompt_tokens, record.completion_tokens, record.cached_tokens)
+
+
+async def never_leaves() -> NoReturn:
+    """The stop signal of a background response's "client": there is none to leave (a cancel still stops it)."""
+    await asyncio.Event().wait()
+    raise AssertionError("unreachable")
+
+
+async def _drain(events: AsyncIterator[object]) -> None:
+    async for _ in events:
+        pass
 
 
 def write(writer: ResponseWriter, out: OutputDelta) -> list[Event]:
