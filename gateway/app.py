@@ -30,6 +30,7 @@ from gateway.api.request_log import install_request_ids
 from gateway.api.routes import (
     chat,
     completions,
+    conversations,
     health,
     metrics,
     models,
@@ -42,12 +43,14 @@ from gateway.api.routes import sessions as session_routes
 from gateway.api.serving.chat import ChatServing
 from gateway.api.serving.common import ServingConfig
 from gateway.api.serving.completions import CompletionServing
+from gateway.api.serving.conversations import ConversationServing
 from gateway.api.serving.live_sessions import SessionTracker
 from gateway.api.serving.models import ModelServing
 from gateway.api.serving.responses import ResponsesServing
 from gateway.generation import Engine
 from gateway.settings import GatewaySettings, is_loopback
 from gateway.state.api_keys import KeyStore
+from gateway.state.conversations_store import ConversationStore
 from gateway.state.quotas import QuotaLimiter
 from gateway.state.redis_link import RedisLink
 from gateway.state.replicas import ReplicaCensus
@@ -78,7 +81,11 @@ def create_app(
         chat=chat_serving,
         models=ModelServing(engine, config, sessions),
         sessions=sessions,
-        responses=ResponsesServing(chat_serving, ResponseStore(sessions.store.link, config.responses_ttl)),
+        responses=ResponsesServing(
+            chat_serving,
+            ResponseStore(sessions.store.link, config.responses_ttl),
+            ConversationServing(ConversationStore(sessions.store.link)),
+        ),
     )
     install_error_handlers(app)
     install_openapi(app)
@@ -93,7 +100,7 @@ def create_app(
             expose_headers=["X-Session-Id", "Retry-After"],
         )
     authenticated = [Depends(authenticate)]  # every /v1 route but the swarm view (the page and probes read it)
-    for module in (completions, chat, responses, models, tokenize, session_routes):
+    for module in (completions, chat, responses, conversations, models, tokenize, session_routes):
         app.include_router(module.router, dependencies=authenticated)
     for module in (health, metrics, page):  # probes, Prometheus and the swarm page need no API key
         app.include_router(module.router)

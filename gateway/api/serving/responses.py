@@ -21,6 +21,7 @@ from gateway.api.auth import Caller
 from gateway.api.errors import InvalidRequest, NotFound, SessionCancelled, as_api_error
 from gateway.api.protocol.common import IGNORED_FIELDS, reject_unsupported
 from gateway.api.protocol.responses import (
+    ConversationRef,
     DeletedResponse,
     FunctionCall,
     ResponseObject,
@@ -32,6 +33,8 @@ from gateway.api.request_log import RequestRecord
 from gateway.api.serving.chat import ChatServing
 from gateway.api.serving.choices import ChoiceEvent, ChoiceSpec
 from gateway.api.serving.common import RequestContext, Stream
+from gateway.api.serving.conversations import ConversationServing
+from gateway.api.serving.responses_conversation import context_of, conversation_id, record_turn
 from gateway.api.serving.responses_events import Event, ResponseWriter
 from gateway.api.serving.responses_translate import (
     Message,
@@ -68,6 +71,8 @@ class _Turn:
     record: RequestRecord
     parser: ChatOutputParser  # the chat path's: reasoning tags and tool calls out of the text
     local: Kept | None = None  # a WebSocket's own responses (store: false ones are kept only there)
+    conversation: str | None = None  # the conversation it belongs to (its input and output go there at the end)
+    recorded: bool = False  # whether they went there already
 
     @property
     def response(self) -> ResponseObject:
@@ -75,9 +80,10 @@ class _Turn:
 
 
 class ResponsesServing:
-    def __init__(self, chat: ChatServing, store: ResponseStore) -> None:
+    def __init__(self, chat: ChatServing, store: ResponseStore, conversations: ConversationServing) -> None:
         self.chat = chat
         self.store = store
+        self.conversations = conversations
         self._detached: set[asyncio.Task[None]] = set()  # background responses' readers (they keep them running)
 
     async def create(
@@ -154,8 +160,11 @@ class ResponsesServing:
     async def _plan(self, body: ResponsesRequest, caller: Caller, local: Kept | None) -> tuple[_Turn, list[ChoiceSpec]]:
         """The chat path's own steps (tools and format as a grammar, the template, the budget) on the translation."""
         history: list[Message] = []
+        conversation = conversation_id(body)
         if body.previous_response_id is not None:
             history = (await self.previous(body.previous_response_id, caller, local)).messages
+        elif conversation is not None:
+            history = await context_of(self.conversations, conversation, caller)
         translated = chat_request(body, history)
         chat, request = self.chat, translated.chat
         with _renamed_params():
@@ -170,8 +179,11 @@ class ResponsesServing:
         specs = chat._specs(request, prompt_ids, budget, caller.scope, plan.grammar)
         response = self._response(body, specs[0].request.sampling, budget)
         record = RequestRecord(response.id, "responses", 1, len(prompt_ids))
+        if conversation is not None:
+            response.conversation = ConversationRef(id=conversation)
         writer = ResponseWriter(response)
-        return _Turn(body, caller, translated, history, writer, record, plan.parser(), local), specs
+        turn = _Turn(body, caller, translated, history, writer, record, plan.parser(), local, conversation)
+        return turn, specs
 
     @staticmethod
     def _response(body: ResponsesRequest, sampling: SamplingParams, budget: int) -> ResponseObject:
@@ -253,6 +265,10 @@ class ResponsesServing:
         await self._save(turn)
 
     async def _save(self, turn: _Turn) -> None:
+        ended = turn.response.status in ("completed", "incomplete")
+        if ended and turn.conversation is not None and not turn.recorded:
+            turn.recorded = True
+            await record_turn(self.conversations, turn.conversation, turn.body, turn.response)
         if not turn.response.store and turn.local is None:
             return
         messages = turn.history + turn.translated.turn

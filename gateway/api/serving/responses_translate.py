@@ -42,7 +42,6 @@ def check_supported(body: ResponsesRequest, reasons: bool = False) -> None:
     ``reasons``: the model thinks before answering (a reasoning parser is on). Only there would ``reasoning.effort``
     change the answer; on any other model it is accepted (and echoed), as it changes nothing."""
     refused = {
-        "conversation": body.conversation is not None,
         "prompt": body.prompt is not None,
         "include": any(value not in INCLUDE_ACCEPTED for value in body.include or []),
         "top_logprobs": bool(body.top_logprobs),
