@@ -32,6 +32,7 @@ from gateway.api.request_log import install_request_ids
 from gateway.api.routes import (
     chat,
     completions,
+    conversations,
     embeddings,
     health,
     messages,
@@ -47,6 +48,7 @@ from gateway.api.routes import sessions as session_routes
 from gateway.api.serving.chat import ChatServing
 from gateway.api.serving.common import ServingConfig
 from gateway.api.serving.completions import CompletionServing
+from gateway.api.serving.conversations import ConversationServing
 from gateway.api.serving.embeddings import EmbeddingServing
 from gateway.api.serving.live_sessions import SessionTracker
 from gateway.api.serving.models import ModelServing
@@ -56,6 +58,7 @@ from gateway.api.serving.responses import ResponsesServing
 from gateway.generation import Engine
 from gateway.settings import GatewaySettings, is_loopback
 from gateway.state.api_keys import KeyStore
+from gateway.state.conversations_store import ConversationStore
 from gateway.state.quotas import QuotaLimiter
 from gateway.state.redis_link import RedisLink
 from gateway.state.replicas import ReplicaCensus
@@ -101,7 +104,11 @@ def _services(engine: Engine, config: ServingConfig, sessions: SessionTracker) -
         chat=chat_serving,
         models=ModelServing(engine, config, sessions),
         sessions=sessions,
-        responses=ResponsesServing(chat_serving, ResponseStore(sessions.store.link, config.responses_ttl)),
+        responses=ResponsesServing(
+            chat_serving,
+            ResponseStore(sessions.store.link, config.responses_ttl),
+            ConversationServing(ConversationStore(sessions.store.link)),
+        ),
         embeddings=embedding_serving,
         ollama=OllamaServing(chat_serving),
         ollama_models=OllamaModels(embedding_serving),
@@ -124,7 +131,8 @@ def _install_middleware(app: FastAPI, engine: Engine, config: ServingConfig, all
 
 def _install_routes(app: FastAPI) -> None:
     authenticated = [Depends(authenticate)]  # every /v1 route but the swarm view (the page and probes read it)
-    for module in (completions, chat, responses, messages, models, tokenize, session_routes, embeddings, ollama):
+    apis = (completions, chat, responses, conversations, messages, embeddings, ollama, models, tokenize, session_routes)
+    for module in apis:
         app.include_router(module.router, dependencies=authenticated)
     for module in (health, metrics, page):  # probes, Prometheus and the swarm page need no API key
         app.include_router(module.router)

@@ -39,11 +39,16 @@ class AsciiEngine(WholeSwarm):
     model_name: str = "scripted"
     context_length: int = 4096
     codec: AsciiCodec = field(default_factory=AsciiCodec)
+    gate: asyncio.Event | None = None  # set: writes its first token, then waits for it before the rest
+    started: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def stream(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
         self.requests.append(request)
-        for char in self.script[: request.max_new_tokens]:
+        self.started.set()
+        for count, char in enumerate(self.script[: request.max_new_tokens]):
             await asyncio.sleep(0)
+            if self.gate is not None and count == 1:
+                await self.gate.wait()
             yield GeneratedToken(ord(char), False, -0.1)
         if len(self.script) < request.max_new_tokens:  # cut by the budget otherwise: the engine's caller ends it
             yield GeneratedToken(0, True)

@@ -107,7 +107,7 @@ class ResponsesRequest(RequestModel):
     service_tier: str | None = None
     # Known fields this gateway does not implement: a value that would change the answer is a 400.
     background: bool | None = None
-    conversation: Any = None
+    conversation: str | dict[str, Any] | None = None  # a conversation id, or {"id": ...}
     prompt: Any = None
     include: list[str] | None = None
     reasoning: Reasoning | None = None

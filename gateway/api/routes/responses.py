@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
 from gateway.api.auth import CallerDep
@@ -37,9 +39,18 @@ async def compact_response(body: CompactRequest, serving: ResponsesDep, context:
     return await compact(serving, body, context)
 
 
-@router.get("/v1/responses/{response_id}")
-async def get_response(response_id: str, caller: CallerDep, serving: ResponsesDep) -> ResponseObject:
-    return await serving.retrieve(response_id, caller)
+@router.get("/v1/responses/{response_id}", response_model=None, responses=streamed(ResponseStreamEvent))
+async def get_response(
+    response_id: str,
+    caller: CallerDep,
+    serving: ResponsesDep,
+    stream: bool = False,
+    starting_after: Annotated[int | None, Query(ge=0, description="resume after this sequence number")] = None,
+) -> Response:
+    """The response as it is now; with ``stream=true``, a background response's events (after ``starting_after``)."""
+    if stream:
+        return respond(await serving.resume(response_id, caller, starting_after))
+    return respond(await serving.retrieve(response_id, caller))
 
 
 @router.post("/v1/responses/{response_id}/cancel")

@@ -15,11 +15,13 @@ import dataclasses
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from dataclasses import dataclass
+from typing import NoReturn
 
 from gateway.api.auth import Caller
 from gateway.api.errors import InvalidRequest, NotFound, SessionCancelled, as_api_error
 from gateway.api.protocol.common import IGNORED_FIELDS, reject_unsupported
 from gateway.api.protocol.responses import (
+    ConversationRef,
     DeletedResponse,
     FunctionCall,
     ResponseObject,
@@ -31,6 +33,8 @@ from gateway.api.request_log import RequestRecord
 from gateway.api.serving.chat import ChatServing
 from gateway.api.serving.choices import ChoiceEvent, ChoiceSpec
 from gateway.api.serving.common import RequestContext, Stream
+from gateway.api.serving.conversations import ConversationServing
+from gateway.api.serving.responses_conversation import context_of, conversation_id, record_turn
 from gateway.api.serving.responses_events import Event, ResponseWriter
 from gateway.api.serving.responses_translate import (
     Message,
@@ -67,6 +71,8 @@ class _Turn:
     record: RequestRecord
     parser: ChatOutputParser  # the chat path's: reasoning tags and tool calls out of the text
     local: Kept | None = None  # a WebSocket's own responses (store: false ones are kept only there)
+    conversation: str | None = None  # the conversation it belongs to (its input and output go there at the end)
+    recorded: bool = False  # whether they went there already
 
     @property
     def response(self) -> ResponseObject:
@@ -74,9 +80,11 @@ class _Turn:
 
 
 class ResponsesServing:
-    def __init__(self, chat: ChatServing, store: ResponseStore) -> None:
+    def __init__(self, chat: ChatServing, store: ResponseStore, conversations: ConversationServing) -> None:
         self.chat = chat
         self.store = store
+        self.conversations = conversations
+        self._detached: set[asyncio.Task[None]] = set()  # background responses' readers (they keep them running)
 
     async def create(
         self, body: ResponsesRequest, context: RequestContext, local: Kept | None = None
@@ -88,6 +96,8 @@ class ResponsesServing:
         turn, specs = await self._plan(body, context.caller, local)
         specs = self.chat.with_adapter(specs, adapter)
         await self._save(turn)
+        if body.background:
+            return await self._detach(turn, specs, context)
         if body.stream:
             return await self.chat.run_streamed(turn.record, specs, context, lambda e: self._events(turn, e))
         try:
@@ -100,6 +110,28 @@ class ResponsesServing:
         turn.writer.finish(result.finish_reason, self._usage(turn.record))
         await self._save(turn)
         return turn.response
+
+    async def _detach(self, turn: _Turn, specs: list[ChoiceSpec], context: RequestContext) -> ResponseObject | Stream:
+        """A background response: it runs as a streamed session that nobody's connection holds (a reader task here
+        keeps it from being stopped as abandoned); its events stay in the session's log, its end in the store."""
+        detached = RequestContext(context.caller, never_leaves)
+        started = turn.response.model_copy(deep=True)  # as it starts: the run below writes on into the original
+        stream = await self.chat.run_streamed(turn.record, specs, detached, lambda e: self._events(turn, e))
+        reader = asyncio.create_task(_drain(stream.events))
+        self._detached.add(reader)
+        reader.add_done_callback(self._detached.discard)
+        if turn.body.stream:  # this connection reads the same log; leaving it does not stop the response
+            return Stream(stream.id, self.chat.sessions.read(stream.id, 0))
+        return started
+
+    async def resume(self, response_id: str, caller: Caller, starting_after: int | None) -> Stream:
+        """A background response's events after sequence number ``starting_after`` (all without it), then its live
+        tail, from any replica (event number n in the session's log is sequence number n - 1)."""
+        stored = await self._visible(response_id, caller)
+        if not stored.response.get("background"):
+            raise InvalidRequest("Only a background response can be streamed again.", "invalid_value", "stream")
+        after = 0 if starting_after is None else starting_after + 1
+        return Stream(response_id, self.chat.sessions.read(response_id, after))
 
     async def retrieve(self, response_id: str, caller: Caller) -> ResponseObject:
         return ResponseObject.model_validate((await self._visible(response_id, caller)).response)
@@ -128,8 +160,11 @@ class ResponsesServing:
     async def _plan(self, body: ResponsesRequest, caller: Caller, local: Kept | None) -> tuple[_Turn, list[ChoiceSpec]]:
         """The chat path's own steps (tools and format as a grammar, the template, the budget) on the translation."""
         history: list[Message] = []
+        conversation = conversation_id(body)
         if body.previous_response_id is not None:
             history = (await self.previous(body.previous_response_id, caller, local)).messages
+        elif conversation is not None:
+            history = await context_of(self.conversations, conversation, caller)
         translated = chat_request(body, history)
         chat, request = self.chat, translated.chat
         with _renamed_params():
@@ -144,8 +179,11 @@ class ResponsesServing:
         specs = chat._specs(request, prompt_ids, budget, caller.scope, plan.grammar)
         response = self._response(body, specs[0].request.sampling, budget)
         record = RequestRecord(response.id, "responses", 1, len(prompt_ids))
+        if conversation is not None:
+            response.conversation = ConversationRef(id=conversation)
         writer = ResponseWriter(response)
-        return _Turn(body, caller, translated, history, writer, record, plan.parser(), local), specs
+        turn = _Turn(body, caller, translated, history, writer, record, plan.parser(), local, conversation)
+        return turn, specs
 
     @staticmethod
     def _response(body: ResponsesRequest, sampling: SamplingParams, budget: int) -> ResponseObject:
@@ -174,6 +212,7 @@ class ResponsesServing:
             safety_identifier=body.safety_identifier,
             prompt_cache_key=body.prompt_cache_key,
             service_tier="default",  # one tier here, whatever the request asked for
+            background=bool(body.background),
             metadata=body.metadata or {},
         )
 
@@ -226,6 +265,10 @@ class ResponsesServing:
         await self._save(turn)
 
     async def _save(self, turn: _Turn) -> None:
+        ended = turn.response.status in ("completed", "incomplete")
+        if ended and turn.conversation is not None and not turn.recorded:
+            turn.recorded = True
+            await record_turn(self.conversations, turn.conversation, turn.body, turn.response)
         if not turn.response.store and turn.local is None:
             return
         messages = turn.history + turn.translated.turn
@@ -263,6 +306,17 @@ class ResponsesServing:
     @staticmethod
     def _usage(record: RequestRecord) -> ResponseUsage:
         return ResponseUsage.of(record.prompt_tokens, record.completion_tokens, record.cached_tokens)
+
+
+async def never_leaves() -> NoReturn:
+    """The stop signal of a background response's "client": there is none to leave (a cancel still stops it)."""
+    await asyncio.Event().wait()
+    raise AssertionError("unreachable")
+
+
+async def _drain(events: AsyncIterator[object]) -> None:
+    async for _ in events:
+        pass
 
 
 def write(writer: ResponseWriter, out: OutputDelta) -> list[Event]:

@@ -42,14 +42,14 @@ def check_supported(body: ResponsesRequest, reasons: bool = False) -> None:
     ``reasons``: the model thinks before answering (a reasoning parser is on). Only there would ``reasoning.effort``
     change the answer; on any other model it is accepted (and echoed), as it changes nothing."""
     refused = {
-        "background": bool(body.background),
-        "conversation": body.conversation is not None,
         "prompt": body.prompt is not None,
         "include": any(value not in INCLUDE_ACCEPTED for value in body.include or []),
         "top_logprobs": bool(body.top_logprobs),
         "truncation": body.truncation not in (None, "disabled"),
         "reasoning": reasons and body.reasoning is not None and (body.reasoning.effort or "none") != "none",
     }
+    if body.background and body.store is False:
+        raise InvalidRequest("background responses must be stored (store: true).", "invalid_value", "store")
     for param, is_refused in refused.items():
         if is_refused:
             raise unsupported(param)

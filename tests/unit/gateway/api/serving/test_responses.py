@@ -290,7 +290,6 @@ async def test_cancel_stops_a_running_response() -> None:
 @pytest.mark.parametrize(
     ("fields", "code", "param"),
     [
-        ({"background": True}, "unsupported_parameter", "background"),
         ({"include": ["message.output_text.logprobs"]}, "unsupported_parameter", "include"),
         ({"truncation": "auto"}, "unsupported_parameter", "truncation"),
         ({"top_logprobs": 2}, "unsupported_parameter", "top_logprobs"),
