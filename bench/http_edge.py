@@ -21,12 +21,12 @@ from pathlib import Path
 
 import uvicorn
 
-from gateway.api.live_sessions import SessionTracker
-from gateway.api.serving_common import ServingConfig
+from gateway.api.serving.common import ServingConfig
+from gateway.api.serving.live_sessions import SessionTracker
 from gateway.app import create_app
 from gateway.generation import EngineEvent, GeneratedToken, GenerationRequest
-from gateway.sessions.redis_link import RedisLink
-from gateway.sessions.store import SessionStore
+from gateway.state.redis_link import RedisLink
+from gateway.state.store import SessionStore
 from tests.helpers.redis_server import RedisServer
 from tests.helpers.scripted_engine import ALPHABET, ScriptedEngine
 

@@ -9,12 +9,12 @@ import sys
 from collections.abc import Sequence
 
 from gateway.settings import (
+    GatewaySettings,
     GenerateSettings,
     KeyCreateSettings,
     KeyListSettings,
     KeyRevokeSettings,
     RedisSettings,
-    ServeSettings,
 )
 from shared.logging_setup import configure_logging
 from shared.settings import add_settings_arguments, settings_or_exit
@@ -24,7 +24,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="gateway", description="The swarmgate gateway.")
     commands = parser.add_subparsers(dest="command", required=True)
     parsers: dict[str, argparse.ArgumentParser] = {}
-    for name, settings_cls in (("serve", ServeSettings), ("generate", GenerateSettings)):
+    for name, settings_cls in (("serve", GatewaySettings), ("generate", GenerateSettings)):
         parsers[name] = commands.add_parser(name, help=settings_cls.__doc__, description=settings_cls.__doc__)
         add_settings_arguments(parsers[name], settings_cls)
     keys = commands.add_parser("keys", help="manage API keys", description="Manage the gateways' API keys.")
@@ -39,7 +39,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         add_settings_arguments(parsers[f"keys {name}"], key_cls)
     args = parser.parse_args(argv)
     if args.command == "serve":
-        serve_settings = settings_or_exit(parsers["serve"], ServeSettings, args)
+        serve_settings = settings_or_exit(parsers["serve"], GatewaySettings, args)
         configure_logging()
         from gateway.app import serve
 

@@ -97,6 +97,19 @@ class PromptCached:
 EngineEvent = PromptCached | PromptScores | GeneratedToken
 
 
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the served model is (for APIs that describe it: Ollama's /api/tags, /api/show)."""
+
+    family: str  # transformers' model_type
+    file_format: str  # gguf | safetensors
+    size_bytes: int  # of its weight files (0: a hub id, files not ours)
+    parameters: int  # of the whole model
+    quantization: str  # Q4_1, F16, BF16, ...
+    modified: float  # the files' newest mtime (epoch seconds)
+    architecture: dict[str, Any]  # the config's scalar fields
+
+
 class InvalidPrompt(ValueError):
     """The prompt cannot be built from what the client sent (the client's error, not the server's)."""
 
@@ -169,6 +182,21 @@ class Engine(Protocol):
         Closing the iterator (or cancelling its consumer) ends the generation and closes its node sessions.
         """
         ...
+
+    async def embed(self, inputs: Sequence[Sequence[int]], adapter: str | None = None) -> list[list[float]]:
+        """One L2-normalized vector per input: the last block's output through the final norm, pooled as
+        ``embedding_pooling`` says. No node holds the inputs' KV cache once this returns."""
+        ...
+
+    @property
+    def embedding_pooling(self) -> Literal["last", "mean"]: ...
+
+    @property
+    def embedding_width(self) -> int:
+        """The length of an embedding vector (the model's hidden size)."""
+        ...
+
+    async def model_facts(self) -> ModelFacts: ...
 
     async def missing_blocks(self) -> list[int]:
         """Blocks no live node serves now (empty: every request can be routed)."""

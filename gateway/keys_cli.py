@@ -5,9 +5,9 @@ from __future__ import annotations
 import sys
 from datetime import UTC, datetime
 
-from gateway.sessions.api_keys import ApiKey, KeyLimits, KeyStore
-from gateway.sessions.redis_link import RedisDown, RedisLink
 from gateway.settings import KeyCreateSettings, KeyListSettings, KeyRevokeSettings, RedisSettings
+from gateway.state.api_keys import ApiKey, KeyLimits, KeyStore
+from gateway.state.redis_link import RedisDown, RedisLink
 
 
 class KeysCommandError(Exception):

@@ -24,7 +24,7 @@ from hivemind.proto import runtime_pb2
 
 from shared.errors import MalformedReply, NodeUnreachable, RemoteError, StepTimeout, SwarmError
 from shared.membership import CallAuth
-from shared.protocol import (
+from shared.wire import (
     INFO_HANDLER,
     ErrorReply,
     InfoRequest,

@@ -60,6 +60,9 @@ class ServerRecord(BaseModel):
     # LoRA adapters a session may name (``OpenSession.adapter``), for every block of the span. Announced only when
     # set (``record_json``), so a node without adapters announces what gateways before adapters can read.
     adapters: list[str] = Field(default_factory=list, max_length=64)
+    # How the node computes: "quant/dtype/device", e.g. "nf4/bfloat16/cuda" (gateway.swarm.verify.tolerances picks
+    # how far its outputs may differ from a replica's by it). Announced only when set, like ``adapters``.
+    precision: str | None = Field(None, max_length=64)
     version: str
     protocol: int
 
@@ -79,6 +82,8 @@ def record_json(server: ServerRecord) -> dict[str, Any]:
     data = server.model_dump(mode="json")
     if not server.adapters:
         del data["adapters"]
+    if server.precision is None:
+        del data["precision"]
     return data
 
 

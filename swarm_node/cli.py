@@ -7,12 +7,13 @@ way (usage, then ``error: ...``, exit 2), never with a traceback.
 from __future__ import annotations
 
 import argparse
+import logging
 from collections.abc import Sequence
 
 from shared.errors import ModelLoadError
 from shared.logging_setup import configure_logging
 from shared.settings import add_settings_arguments, settings_or_exit
-from swarm_node.settings import DhtSettings, ServeSettings
+from swarm_node.settings import DhtSettings, NodeSettings
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -20,8 +21,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     commands = parser.add_subparsers(dest="command", required=True)
     dht_parser = commands.add_parser("dht", help=DhtSettings.__doc__, description=DhtSettings.__doc__)
     add_settings_arguments(dht_parser, DhtSettings)
-    serve_parser = commands.add_parser("serve", help=ServeSettings.__doc__, description=ServeSettings.__doc__)
-    add_settings_arguments(serve_parser, ServeSettings)
+    serve_parser = commands.add_parser("serve", help=NodeSettings.__doc__, description=NodeSettings.__doc__)
+    add_settings_arguments(serve_parser, NodeSettings)
     args = parser.parse_args(argv)
     if args.command == "dht":
         dht_settings = settings_or_exit(dht_parser, DhtSettings, args)
@@ -30,15 +31,20 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         run_bootstrap(dht_settings)
         return
-    settings = settings_or_exit(serve_parser, ServeSettings, args)
+    settings = settings_or_exit(serve_parser, NodeSettings, args)
     configure_logging()
+    from swarm_node.self_test import SelfTestFailed
     from swarm_node.server import SpanServer, serve
 
     try:
         server = SpanServer(settings)  # resolves the model and the span before anything starts
     except (ModelLoadError, ValueError) as exc:
         serve_parser.error(str(exc))
-    serve(server)
+    try:
+        serve(server)
+    except SelfTestFailed as exc:
+        logging.getLogger("swarm_node").error("self-test failed, not announcing this node: %s", exc)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from hivemind.proto import runtime_pb2
 
 from shared import step_trace
 from shared.errors import NodeInternalError, RemoteError
-from shared.protocol import (
+from shared.wire import (
     PUSH_HANDLER,
     BatchRow,
     ErrorReply,

@@ -14,7 +14,7 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 import pytest  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
-from gateway.sessions.redis_link import RedisLink  # noqa: E402
+from gateway.state.redis_link import RedisLink  # noqa: E402
 from tests.helpers.redis_server import RedisServer, running_redis  # noqa: E402
 from tests.tiny_models import TINY_VARIANTS, GetTinyModel, TinyModel, build_tiny  # noqa: E402
 

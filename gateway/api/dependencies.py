@@ -11,14 +11,17 @@ from pydantic import BaseModel
 
 from gateway.api.auth import CallerDep
 from gateway.api.errors import ClientDisconnected
-from gateway.api.live_sessions import SessionTracker
-from gateway.api.serving_chat import ChatServing
-from gateway.api.serving_common import RequestContext, Stream
-from gateway.api.serving_completions import CompletionServing
-from gateway.api.serving_models import ModelServing
-from gateway.api.serving_responses import ResponsesServing
+from gateway.api.serving.chat import ChatServing
+from gateway.api.serving.common import RequestContext, Stream
+from gateway.api.serving.completions import CompletionServing
+from gateway.api.serving.embeddings import EmbeddingServing
+from gateway.api.serving.live_sessions import SessionTracker
+from gateway.api.serving.models import ModelServing
+from gateway.api.serving.ollama import OllamaServing
+from gateway.api.serving.ollama_models import OllamaModels
+from gateway.api.serving.responses import ResponsesServing
+from gateway.api.serving.stop_signals import Signal, when
 from gateway.api.sse import event_stream
-from gateway.api.stop_signals import Signal, when
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,9 @@ class Services:
     models: ModelServing
     sessions: SessionTracker
     responses: ResponsesServing
+    embeddings: EmbeddingServing
+    ollama: OllamaServing
+    ollama_models: OllamaModels
 
 
 def services(request: Request) -> Services:
@@ -59,6 +65,13 @@ def _responses(request: Request) -> ResponsesServing:
 
 
 ResponsesDep = Annotated[ResponsesServing, Depends(_responses)]
+
+
+def _embeddings(request: Request) -> EmbeddingServing:
+    return services(request).embeddings
+
+
+EmbeddingsDep = Annotated[EmbeddingServing, Depends(_embeddings)]
 
 
 def _sessions(request: Request) -> SessionTracker:

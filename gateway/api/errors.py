@@ -31,7 +31,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.api.protocol import ErrorInfo, ErrorResponse, UnsupportedParameter
+from gateway.api.protocol.common import ErrorInfo, ErrorResponse, UnsupportedParameter
 from gateway.generation import InvalidPrompt
 from shared.errors import MissingBlocks, ModelLoadError, SwarmError
 

@@ -16,10 +16,10 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from gateway.api.protocol import ErrorResponse
-from gateway.api.protocol_chat import ChatCompletionChunk
-from gateway.api.protocol_completions import CompletionResponse
-from gateway.api.protocol_responses import ResponseStreamEvent
+from gateway.api.protocol.chat import ChatCompletionChunk
+from gateway.api.protocol.common import ErrorResponse
+from gateway.api.protocol.completions import CompletionResponse
+from gateway.api.protocol.responses import ResponseStreamEvent
 
 Responses = dict[int | str, dict[str, Any]]
 

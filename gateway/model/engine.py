@@ -23,7 +23,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any
 
 import torch
@@ -35,11 +35,14 @@ from gateway.generation import (
     EngineEvent,
     GeneratedToken,
     GenerationRequest,
+    ModelFacts,
     PromptCached,
     PromptScores,
     TopLogprobs,
 )
 from gateway.model.draft_model import DraftModel
+from gateway.model.embeddings import Pooling, embed_inputs, pooling_for
+from gateway.model.facts import model_facts
 from gateway.model.files import load_head, load_tokenizer, model_len, sampling_defaults, stop_token_ids
 from gateway.model.grammar import GrammarCompiler
 from gateway.model.head import ModelHead
@@ -49,16 +52,17 @@ from gateway.model.sampling import Sampler, top_logprobs
 from gateway.model.speculation import DecodePlan, Drafter, PromptLookup, SpecTuner, Verified, verify_drafts
 from gateway.model.tokens import HFTokenCodec
 from gateway.settings import EngineSettings
+from gateway.swarm.chain_session import ChainSession
 from gateway.swarm.conversations import Taken
 from gateway.swarm.kept_chains import KeptChains, Parked
 from gateway.swarm.monitor import SwarmMonitor
-from gateway.swarm.remote_session import ChainSession
 from gateway.swarm.report import swarm_report
 from gateway.swarm.router import Router
 from gateway.swarm.routing import RoutingMode
 from gateway.swarm.step_links import StepLinks
+from gateway.swarm.verify.verifier import Verifier, VerifySettings
 from gateway.swarm.view import SwarmView
-from shared.dht_process import start_dht
+from shared.dht_process import start_dht, stop_dht
 from shared.dht_records import fetch_announced_models
 from shared.membership import CallAuth
 from shared.model_source import ModelSource, load_config, resolve_model
@@ -99,6 +103,7 @@ class GenerationEngine:
         self._grammars_lock = asyncio.Lock()
         self._generations = 0  # in flight, from their prefill on: speculation drafts only while alone
         self.draft_model: DraftModel | None = None  # with ``--speculative draft``
+        self._facts: ModelFacts | None = None  # what /api/show says, read once
 
     @classmethod
     async def create(cls, settings: EngineSettings) -> GenerationEngine:
@@ -142,12 +147,14 @@ class GenerationEngine:
         self._monitor = SwarmMonitor(
             self._dht, self.model_name, self.config.num_hidden_layers, self.settings.swarm_refresh
         )
+        auth = CallAuth(self.settings.secret(), dht.peer_id.to_base58())
         self._router = Router(
             self._monitor,
             self._p2p,
             RoutingMode(self.settings.routing),
-            auth=CallAuth(self.settings.secret(), dht.peer_id.to_base58()),
+            auth=auth,
             allowed_peers=frozenset(self.settings.allowed_peers) or None,
+            verifier=Verifier(self._p2p, auth, self._verify_settings()) if self.settings.verify else None,
         )
         self._router.start()
         self._links = StepLinks(self._p2p, self.settings.step_timeout, self._router.liveness)
@@ -155,6 +162,16 @@ class GenerationEngine:
             self._router.view, self.settings.conversation_keep_alive, self.settings.conversation_max_kept
         )
         self._kept.start()
+
+    def _verify_settings(self) -> VerifySettings:
+        return VerifySettings(
+            check_rate=self.settings.verify_check_rate,
+            threshold=self.settings.verify_threshold,
+            max_checks=self.settings.verify_max_checks,
+            timeout=self.settings.step_timeout,
+            hidden_size=int(self.config.hidden_size),
+            dtype=self.head.embed_tokens.weight.dtype,  # what the chain sends the first node
+        )
 
     @property
     def router(self) -> Router:
@@ -173,7 +190,7 @@ class GenerationEngine:
         if self._router is not None:
             await self._router.close()
         if self._dht is not None:
-            await asyncio.to_thread(self._dht.shutdown)
+            await asyncio.to_thread(stop_dht, self._dht)
             self._dht = None
 
     async def swarm_view(self, fresh: bool = False) -> SwarmView:
@@ -199,6 +216,7 @@ class GenerationEngine:
             self.router.bans,
             self.router.stats,
             dict(self.router.waiting),
+            self.router.verifier,
         )
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[int]:
@@ -296,8 +314,6 @@ class GenerationEngine:
     async def _prefill(self, request: GenerationRequest) -> tuple[ChainSession, torch.Tensor, int]:
         """A chain holding the whole prompt, the last block's output [1, T, D] for the T prompt tokens it was just
         sent, and how many leading prompt tokens it held already (a kept conversation's)."""
-        if self._p2p is None:
-            raise RuntimeError("engine not started")
         max_length = len(request.prompt_ids) + request.max_new_tokens
         if request.reuse_scope is not None and request.prompt_logprobs is None:  # scores need every position's output
             taken = self.kept.take(_kept_scope(request), request.prompt_ids)
@@ -305,7 +321,19 @@ class GenerationEngine:
                 output = await self._resume(taken, request.prompt_ids, max_length, request.adapter)
                 if output is not None:
                     return taken.item.chain, output, taken.prefix
-        chain = ChainSession(
+        chain = self._new_chain(max_length, request.adapter)
+        await chain.open()
+        try:
+            hidden = await asyncio.to_thread(self._embed, request.prompt_ids, request.adapter)
+            return chain, await chain.step(hidden, 0), 0
+        except BaseException:
+            await chain.close()
+            raise
+
+    def _new_chain(self, max_length: int, adapter: str | None) -> ChainSession:
+        if self._p2p is None:
+            raise RuntimeError("engine not started")
+        return ChainSession(
             self._p2p,
             self.router,
             max_length,
@@ -314,15 +342,31 @@ class GenerationEngine:
             failover_wait=self.settings.failover_wait,
             push=self.settings.push,
             push_min_rtt=self.settings.push_min_rtt,
-            adapter=request.adapter,
+            adapter=adapter,
         )
-        await chain.open()
-        try:
-            hidden = await asyncio.to_thread(self._embed, request.prompt_ids, request.adapter)
-            return chain, await chain.step(hidden, 0), 0
-        except BaseException:
-            await chain.close()
-            raise
+
+    async def embed(self, inputs: Sequence[Sequence[int]], adapter: str | None = None) -> list[list[float]]:
+        """One pooled, L2-normalized vector per input (``gateway.model.embeddings``); no node keeps its KV after."""
+        return await embed_inputs(self._prefill_once, inputs, self.head.norm, self.embedding_pooling, adapter)
+
+    @property
+    def embedding_pooling(self) -> Pooling:
+        return pooling_for(self.config, self.settings.embedding_pooling)
+
+    @property
+    def embedding_width(self) -> int:
+        return int(self.config.hidden_size)
+
+    async def model_facts(self) -> ModelFacts:
+        if self._facts is None:
+            self._facts = await asyncio.to_thread(model_facts, self.source, self.config)
+        return self._facts
+
+    async def _prefill_once(self, token_ids: Sequence[int], adapter: str | None) -> torch.Tensor:
+        """The last block's output [1, T, D] for ``token_ids`` through a chain of its own, closed right after."""
+        async with self._new_chain(len(token_ids), adapter) as chain:
+            hidden = await asyncio.to_thread(self._embed, list(token_ids), adapter)
+            return await chain.step(hidden, 0)
 
     async def _resume(
         self, taken: Taken[Parked], prompt_ids: list[int], max_length: int, adapter: str | None

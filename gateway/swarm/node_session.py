@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from gateway.swarm.liveness import Liveness
 from gateway.swarm.routing import Hop
 from gateway.swarm.step_links import StepLinks
-from shared import protocol
+from shared import wire
 from shared.errors import MalformedReply, NodeUnreachable
 from shared.membership import CallAuth
 from shared.rpc_client import decode_reply, over_transport
@@ -65,13 +65,13 @@ class NodeSession:
         """Open the session; ``alloc_timeout``: seconds the node may wait for cache room before refusing."""
         stream = self._p2p.iterate_protobuf_handler(
             PeerID.from_base58(self.hop.peer_id),
-            protocol.INFERENCE_HANDLER,
+            wire.INFERENCE_HANDLER,
             self._requests(),
             runtime_pb2.ExpertResponse,
         )
         self._replies = await over_transport(self.hop.peer_id, "accept a stream", stream, self._timeout)
-        opened = protocol.OpenSession(
-            protocol=protocol.PROTOCOL_VERSION,
+        opened = wire.OpenSession(
+            protocol=wire.PROTOCOL_VERSION,
             start=self.hop.start,
             end=self.hop.end,
             max_length=self.max_length,
@@ -81,20 +81,18 @@ class NodeSession:
             adapter=self.adapter,
         )
         reply, _ = await self._exchange(opened, extra_wait=alloc_timeout)
-        if not isinstance(reply, protocol.SessionOpened):
+        if not isinstance(reply, wire.SessionOpened):
             raise MalformedReply(f"node {self.hop.peer_id} answered {reply.type!r} to open")
         self._session_id = reply.session_id
 
     @property
-    def next_hop(self) -> protocol.NextHop | None:
+    def next_hop(self) -> wire.NextHop | None:
         """How the node before this one names it in a push: None until opened (or without step links)."""
         if self._session_id is None or self._links is None or self.closed:
             return None
-        return protocol.NextHop(peer_id=self.hop.peer_id, session_id=self._session_id)
+        return wire.NextHop(peer_id=self.hop.peer_id, session_id=self._session_id)
 
-    async def step(
-        self, hidden: torch.Tensor, position: int, next: list[protocol.NextHop] | None = None
-    ) -> torch.Tensor:
+    async def step(self, hidden: torch.Tensor, position: int, next: list[wire.NextHop] | None = None) -> torch.Tensor:
         """hidden: [1, T, D] at positions position... -> the hop's output [1, T, D]; a decode step's output is also
         pushed along ``next`` (the rest of the chain)."""
         if hidden.shape[1] == 1 and self._links is not None and self._session_id is not None:
@@ -102,11 +100,11 @@ class NodeSession:
                 raise NodeUnreachable(f"session on {self.hop.peer_id} is closed")
             output = await self._links.step(self.hop.peer_id, self._session_id, hidden, position, next or ())
             return self._checked_output(output, hidden)
-        reply, tensors = await self._exchange(protocol.Step(position=position), (hidden,))
+        reply, tensors = await self._exchange(wire.Step(position=position), (hidden,))
         return self._checked(reply, tensors, hidden)
 
-    def _checked(self, reply: protocol.ServerMessage, tensors: list[torch.Tensor], sent: torch.Tensor) -> torch.Tensor:
-        if not isinstance(reply, protocol.StepResult) or len(tensors) != 1:
+    def _checked(self, reply: wire.ServerMessage, tensors: list[torch.Tensor], sent: torch.Tensor) -> torch.Tensor:
+        if not isinstance(reply, wire.StepResult) or len(tensors) != 1:
             raise MalformedReply(f"node {self.hop.peer_id} sent a malformed step result")
         return self._checked_output(tensors[0], sent)
 
@@ -133,22 +131,22 @@ class NodeSession:
 
     async def allow_push(self, pusher: str | None) -> None:
         """Let ``pusher`` (this hop's new predecessor) push steps into the session."""
-        reply, _ = await self._exchange(protocol.AllowPush(pusher=pusher))
-        if not isinstance(reply, protocol.PushAllowed):
+        reply, _ = await self._exchange(wire.AllowPush(pusher=pusher))
+        if not isinstance(reply, wire.PushAllowed):
             raise MalformedReply(f"node {self.hop.peer_id} sent a malformed allow-push reply")
         self.pusher = pusher
 
     async def resize(self, max_length: int) -> None:
         """Grow or shrink the node's room for this session; its stored tokens stay."""
-        reply, _ = await self._exchange(protocol.ResizeSession(max_length=max_length))
-        if not isinstance(reply, protocol.SessionResized) or reply.max_length != max_length:
+        reply, _ = await self._exchange(wire.ResizeSession(max_length=max_length))
+        if not isinstance(reply, wire.SessionResized) or reply.max_length != max_length:
             raise MalformedReply(f"node {self.hop.peer_id} sent a malformed resize reply")
         self.max_length = max_length
 
     async def truncate(self, length: int) -> None:
         """The node forgets its stored tokens from ``length`` on (refused past what it holds)."""
-        reply, _ = await self._exchange(protocol.TruncateSession(length=length))
-        if not isinstance(reply, protocol.SessionTruncated) or reply.length != length:
+        reply, _ = await self._exchange(wire.TruncateSession(length=length))
+        if not isinstance(reply, wire.SessionTruncated) or reply.length != length:
             raise MalformedReply(f"node {self.hop.peer_id} sent a malformed truncate reply")
 
     async def replay(self, chunks: list[tuple[int, torch.Tensor]]) -> list[tuple[int, torch.Tensor]]:
@@ -157,7 +155,7 @@ class NodeSession:
         if self.closed or self._replies is None:
             raise NodeUnreachable(f"session on {self.hop.peer_id} is closed")
         for position, hidden in chunks:
-            self._outbox.put_nowait(protocol.encode_request(protocol.Step(position=position), (hidden,)))
+            self._outbox.put_nowait(wire.encode_request(wire.Step(position=position), (hidden,)))
         outputs = []
         for position, hidden in chunks:
             reply, tensors = await self._receive()
@@ -168,7 +166,7 @@ class NodeSession:
         if self.closed:
             return
         self.closed = True
-        self._outbox.put_nowait(protocol.encode_request(protocol.CloseSession()))
+        self._outbox.put_nowait(wire.encode_request(wire.CloseSession()))
         self._outbox.put_nowait(_CLOSED)
         if self._replies is not None:
             aclose = getattr(self._replies, "aclose", None)
@@ -182,13 +180,13 @@ class NodeSession:
 
     async def _exchange(
         self, message: BaseModel, tensors: tuple[torch.Tensor, ...] = (), extra_wait: float = 0.0
-    ) -> tuple[protocol.ServerMessage, list[torch.Tensor]]:
+    ) -> tuple[wire.ServerMessage, list[torch.Tensor]]:
         if self.closed or self._replies is None:
             raise NodeUnreachable(f"session on {self.hop.peer_id} is closed")
-        self._outbox.put_nowait(protocol.encode_request(message, tensors))
+        self._outbox.put_nowait(wire.encode_request(message, tensors))
         return await self._receive(extra_wait)
 
-    async def _receive(self, extra_wait: float = 0.0) -> tuple[protocol.ServerMessage, list[torch.Tensor]]:
+    async def _receive(self, extra_wait: float = 0.0) -> tuple[wire.ServerMessage, list[torch.Tensor]]:
         if self._replies is None:
             raise NodeUnreachable(f"session on {self.hop.peer_id} is not open")
         response = await self._watched("answer", anext(self._replies), self._timeout + extra_wait)

@@ -66,9 +66,13 @@ def table_of(servers: Sequence[ServerRecord]) -> ServerTable:
     )
 
 
-def overlapping(table: ServerTable, start: int, end: int) -> ServerTable:
-    """The servers of some block of [start, end) (a failover's sub-range; a whole route keeps the table)."""
-    rows = np.flatnonzero((table.starts < end) & (table.ends > start))
+def overlapping(table: ServerTable, start: int, end: int, excluded: frozenset[str] = frozenset()) -> ServerTable:
+    """The servers of some block of [start, end), less the ``excluded`` (a whole route with nobody excluded keeps
+    the view's table)."""
+    keep = (table.starts < end) & (table.ends > start)
+    if excluded:
+        keep &= np.array([p not in excluded for p in table.peers], dtype=bool)
+    rows = np.flatnonzero(keep)
     if len(rows) == len(table.servers):
         return table
     return table_of([table.servers[int(i)] for i in rows])

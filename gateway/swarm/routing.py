@@ -12,7 +12,8 @@ Two modes:
   after its announced queue and the sessions this gateway already runs on it.
 
 A session of a LoRA adapter goes only through nodes that announce it. Banned servers are skipped, except for a
-block whose every server is banned: then bans are ignored for that block.
+block whose every server is banned: then bans are ignored for that block. Excluded servers (in probation, failed
+or distrusted: ``gateway.swarm.verify``) are never used; a node's ``penalties`` (less reputation) add to its cost.
 """
 
 from __future__ import annotations
@@ -59,12 +60,14 @@ class RouteRequest:
     load: Mapping[str, int] = field(default_factory=dict)  # this gateway's open sessions per node
     push: bool = False  # hidden states go node to node: a later hop's link is from its predecessor
     adapter: str | None = None  # a LoRA adapter every hop must serve (None: the base model, any node)
+    excluded: frozenset[str] = frozenset()  # never routed: not (or no longer) trusted to compute right
+    penalties: Mapping[str, float] = field(default_factory=dict)  # seconds-equivalent per hop, by reputation
 
 
 def plan_route(view: SwarmView, request: RouteRequest, mode: RoutingMode) -> list[Hop]:
     """Hops covering blocks [start, end); raises ``MissingBlocks`` naming every block nobody serves."""
     end = view.num_blocks if request.end is None else request.end
-    table = route_search.overlapping(_table(view, request.adapter), request.start, end)
+    table = route_search.overlapping(_table(view, request.adapter), request.start, end, request.excluded)
     enterable = route_search.usable(table, request.banned, request.start, end)
     if mode is RoutingMode.MIN_LATENCY:
         legs = _legs(table, enterable, request, end)
@@ -89,6 +92,7 @@ def hop_cost(
     own_rtt = request.rtts.get(server.peer_id, UNKNOWN_RTT)
     block_time = server.block_time if server.throughput > 0 else UNKNOWN_BLOCK_TIME
     penalty = CACHE_SHORT_PENALTY if server.cache_tokens_left < request.max_length else 0.0
+    penalty += request.penalties.get(server.peer_id, 0.0)
     if not request.push:
         return own_rtt + blocks * block_time + penalty
     link_in = own_rtt if before is None else before.next_rtts.get(server.peer_id, own_rtt)
@@ -105,6 +109,8 @@ def _legs(
     rate = np.where(measured, table.throughput * (table.ends - table.starts), 1.0)
     block_time = np.where(measured, 1.0 / rate, UNKNOWN_BLOCK_TIME)  # ServerRecord.block_time, or the default
     fixed = np.where(table.cache_left < request.max_length, CACHE_SHORT_PENALTY, 0.0)
+    if request.penalties:
+        fixed = fixed + np.fromiter((request.penalties.get(p, 0.0) for p in table.peers), np.float64, len(table.peers))
     if request.push:
         fixed = fixed + np.where(reach == end, own / 2, 0.0)
     own_link = own / 2 if request.push else own
@@ -118,7 +124,8 @@ def _max_throughput(
         has_room = server.cache_tokens_left >= request.max_length
         rate = (server.throughput or 1.0) * (server.end - server.start)  # block-tokens per second
         busy = 1 + server.queue_depth + request.load.get(server.peer_id, 0)
-        return has_room, rate / busy, server.peer_id
+        trusted = 1.0 - request.penalties.get(server.peer_id, 0.0)  # reputation orders equally spare nodes
+        return has_room, rate * trusted / busy, server.peer_id
 
     hops = []
     block = request.start

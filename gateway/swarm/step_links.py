@@ -32,7 +32,8 @@ from gateway.swarm.liveness import Liveness
 from shared import step_trace
 from shared.batching import Batcher, Job
 from shared.errors import MalformedReply, NodeUnreachable, SwarmError
-from shared.protocol import (
+from shared.rpc_client import decode_reply, over_transport
+from shared.wire import (
     BATCH_HANDLER,
     MAX_BATCH_ROWS,
     BatchRow,
@@ -41,7 +42,6 @@ from shared.protocol import (
     NextHop,
     encode_request,
 )
-from shared.rpc_client import decode_reply, over_transport
 
 
 @dataclass

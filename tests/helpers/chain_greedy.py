@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import torch
 
 from gateway.model.head import ModelHead
-from gateway.swarm.remote_session import ChainSession
+from gateway.swarm.chain_session import ChainSession
 
 
 async def chain_greedy(head: ModelHead, chain: ChainSession, prompt: list[int], new_tokens: int) -> AsyncIterator[int]:

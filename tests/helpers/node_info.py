@@ -6,8 +6,8 @@ import asyncio
 
 from hivemind.p2p import P2P
 
-from shared.protocol import NodeInfo
 from shared.rpc_client import fetch_info
+from shared.wire import NodeInfo
 from tests.helpers.processes import LocalSwarm
 
 

@@ -9,7 +9,7 @@ import torch
 from hivemind.p2p import P2P, PeerID
 from hivemind.proto import runtime_pb2
 
-from shared.protocol import INFERENCE_HANDLER, decode_server_message
+from shared.wire import INFERENCE_HANDLER, decode_server_message
 
 
 class RawStream:

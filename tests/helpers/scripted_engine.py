@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from gateway.api.serving_common import ServingConfig
+from gateway.api.serving.common import ServingConfig
 from gateway.app import create_app
 from gateway.generation import ChatTemplateMissing, EngineEvent, GeneratedToken, GenerationRequest
 

@@ -17,8 +17,13 @@ def start_smollm2_swarm(swarm: LocalSwarm, gguf: Path) -> Reference:
     """A DHT and the two nodes, serving once this returns; the reference loads while the nodes do."""
     swarm.start_dht()
     nodes = [swarm.start_node(gguf, span) for span in SPANS]
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32).eval()
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    reference = load_reference(gguf)
     for node in nodes:
         swarm.wait_serving(node)
-    return model, tokenizer
+    return reference
+
+
+def load_reference(gguf: Path) -> Reference:
+    """transformers' whole model of the GGUF file (dequantized to float32) and its tokenizer."""
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)

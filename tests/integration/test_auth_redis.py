@@ -11,10 +11,10 @@ import pytest
 
 from gateway.api.auth import Authenticator
 from gateway.api.errors import ServiceUnavailable, Unauthorized
-from gateway.sessions.api_keys import KeyLimits, KeyStore
-from gateway.sessions.quotas import QuotaExceeded, QuotaLimiter
-from gateway.sessions.redis_link import RedisLink
-from gateway.sessions.replicas import ReplicaCensus
+from gateway.state.api_keys import KeyLimits, KeyStore
+from gateway.state.quotas import QuotaExceeded, QuotaLimiter
+from gateway.state.redis_link import RedisLink
+from gateway.state.replicas import ReplicaCensus
 from tests.helpers.redis_server import RedisServer
 
 pytestmark = pytest.mark.timeout(120)

@@ -14,11 +14,11 @@ import torch
 from hivemind.p2p import P2P
 
 from gateway.swarm import step_links
-from gateway.swarm.remote_session import NodeSession
+from gateway.swarm.chain_session import NodeSession
 from gateway.swarm.routing import Hop
 from gateway.swarm.step_links import StepLinks
 from shared.errors import BadRequest, PositionOutOfRange, UnknownSession
-from shared.protocol import (
+from shared.wire import (
     BATCH_HANDLER,
     BatchRow,
     BatchStep,

@@ -14,8 +14,8 @@ from hivemind import DHT
 from hivemind.p2p import P2P
 
 from gateway.model.head import ModelHead, build_head
+from gateway.swarm.chain_session import ChainSession
 from gateway.swarm.monitor import SwarmMonitor
-from gateway.swarm.remote_session import ChainSession
 from gateway.swarm.router import Router
 from gateway.swarm.routing import RoutingMode
 from gateway.swarm.step_links import StepLinks

@@ -13,7 +13,7 @@ from hivemind.p2p import P2P, PeerID
 from hivemind.p2p.p2p_daemon_bindings.utils import P2PHandlerError
 from hivemind.proto import runtime_pb2
 
-from gateway.swarm.remote_session import NodeSession
+from gateway.swarm.chain_session import NodeSession
 from gateway.swarm.routing import Hop
 from shared.errors import (
     BadRequest,
@@ -23,7 +23,7 @@ from shared.errors import (
     UnknownSession,
     WrongSpan,
 )
-from shared.protocol import (
+from shared.wire import (
     FORWARD_HANDLER,
     INFERENCE_HANDLER,
     INFO_HANDLER,

@@ -13,8 +13,8 @@ from hivemind import DHT
 from hivemind.dht.node import DHTNode
 from hivemind.utils import get_dht_time
 
+from gateway.swarm.chain_session import NodeSession
 from gateway.swarm.monitor import SwarmMonitor
-from gateway.swarm.remote_session import NodeSession
 from gateway.swarm.router import Router
 from gateway.swarm.routing import Hop
 from shared.dht_process import start_dht

@@ -14,19 +14,19 @@ import torch
 from hivemind.p2p import P2P
 
 from gateway.model.head import ModelHead, build_head
-from gateway.swarm import remote_session
+from gateway.swarm import chain_session
+from gateway.swarm.chain_session import ChainSession
 from gateway.swarm.monitor import SwarmMonitor
 from gateway.swarm.node_session import NodeSession
 from gateway.swarm.push_step import push_step
-from gateway.swarm.remote_session import ChainSession
 from gateway.swarm.router import Router
 from gateway.swarm.routing import Hop
 from gateway.swarm.step_links import StepLinks
 from shared.dht_records import fetch_servers
 from shared.model_source import load_config, resolve_model
-from shared.protocol import PUSH_HANDLER, BatchRow, PushAccepted, PushStep, encode_request
 from shared.rpc_client import fetch_info
 from shared.weights import open_weights
+from shared.wire import PUSH_HANDLER, BatchRow, PushAccepted, PushStep, encode_request
 from tests.helpers.chain_greedy import chain_greedy
 from tests.helpers.processes import LocalSwarm
 from tests.helpers.raw_stream import RawStream
@@ -189,7 +189,7 @@ async def _a_rewinding_step_is_relayed(
         pushes.append(position)
         return await push_step(chain, hidden, position)
 
-    monkeypatch.setattr(remote_session, "push_step", counted)
+    monkeypatch.setattr(chain_session, "push_step", counted)
     async with client.chain() as chain:
         await chain.step(embed(PROMPT), 0)
         wrong = [(expected[1] + 1) % 128, 7]

@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from gateway.sessions.api_keys import KeyLimits, KeyStore, hash_key
-from gateway.sessions.quotas import QuotaExceeded, QuotaLimiter
-from gateway.sessions.redis_link import RedisLink
-from gateway.sessions.store import SessionStatus, SessionStore
+from gateway.state.api_keys import KeyLimits, KeyStore, hash_key
+from gateway.state.quotas import QuotaExceeded, QuotaLimiter
+from gateway.state.redis_link import RedisLink
+from gateway.state.store import SessionStatus, SessionStore
 from tests.helpers.polling import eventually
 from tests.helpers.redis_server import RedisServer
 

@@ -15,13 +15,13 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from gateway.api import live_sessions
-from gateway.api.live_sessions import SessionTracker
-from gateway.api.serving_common import ServingConfig
+from gateway.api.serving import live_sessions
+from gateway.api.serving.common import ServingConfig
+from gateway.api.serving.live_sessions import SessionTracker
 from gateway.app import create_app
-from gateway.sessions import store
-from gateway.sessions.redis_link import RedisLink
-from gateway.sessions.store import SessionStore
+from gateway.state import store
+from gateway.state.redis_link import RedisLink
+from gateway.state.store import SessionStore
 from tests.helpers.redis_server import RedisServer
 from tests.helpers.scripted_engine import ScriptedEngine, completion, sse_data
 

@@ -16,7 +16,7 @@ from gateway.generation import GenerationRequest, SamplingParams
 from gateway.metrics import GatewayMetrics, current_metrics
 from gateway.model.engine import GenerationEngine
 from gateway.model.speculation import PromptLookup
-from gateway.swarm.remote_session import ChainSession
+from gateway.swarm.chain_session import ChainSession
 from tests.helpers.processes import LocalSwarm
 from tests.integration.test_churn import start_nodes
 from tests.integration.test_engine_chain import _wait_covered, engine_settings

@@ -7,7 +7,7 @@ from fastapi.responses import Response
 
 from gateway.api.dependencies import ChatDep, ContextDep, respond
 from gateway.api.openapi_docs import errors, streamed
-from gateway.api.protocol_chat import ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse
+from gateway.api.protocol.chat import ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse
 
 router = APIRouter(responses=errors(400, 401, 404, 409, 413, 429, 503))
 

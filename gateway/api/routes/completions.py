@@ -7,7 +7,7 @@ from fastapi.responses import Response
 
 from gateway.api.dependencies import CompletionsDep, ContextDep, respond
 from gateway.api.openapi_docs import errors, streamed
-from gateway.api.protocol_completions import CompletionRequest, CompletionResponse
+from gateway.api.protocol.completions import CompletionRequest, CompletionResponse
 
 router = APIRouter(responses=errors(400, 401, 404, 409, 413, 429, 503))
 

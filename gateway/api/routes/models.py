@@ -6,7 +6,7 @@ from fastapi import APIRouter
 
 from gateway.api.dependencies import ModelsDep
 from gateway.api.openapi_docs import errors
-from gateway.api.protocol import ModelCard, ModelList
+from gateway.api.protocol.common import ModelCard, ModelList
 
 router = APIRouter(responses=errors(401))
 

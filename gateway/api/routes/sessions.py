@@ -15,11 +15,11 @@ from gateway.api.auth import CallerDep
 from gateway.api.dependencies import SessionsDep
 from gateway.api.errors import InvalidRequest
 from gateway.api.openapi_docs import errors, streamed
-from gateway.api.protocol_chat import ChatCompletionChunk
-from gateway.api.protocol_completions import CompletionResponse
-from gateway.api.protocol_responses import ResponseStreamEvent
+from gateway.api.protocol.chat import ChatCompletionChunk
+from gateway.api.protocol.completions import CompletionResponse
+from gateway.api.protocol.responses import ResponseStreamEvent
 from gateway.api.sse import event_stream
-from gateway.sessions.store import SessionRecord
+from gateway.state.store import SessionRecord
 
 router = APIRouter(responses=errors(401))
 

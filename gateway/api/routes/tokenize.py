@@ -6,8 +6,8 @@ from fastapi import APIRouter
 
 from gateway.api.dependencies import ModelsDep
 from gateway.api.openapi_docs import errors
-from gateway.api.protocol import DetokenizeRequest, DetokenizeResponse, TokenizeResponse
-from gateway.api.protocol_chat import TokenizeRequest
+from gateway.api.protocol.chat import TokenizeRequest
+from gateway.api.protocol.common import DetokenizeRequest, DetokenizeResponse, TokenizeResponse
 
 router = APIRouter(responses=errors(400, 401, 404, 413))
 

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.api.request_log import RequestRecord
-from gateway.api.serving_common import ServingConfig
+from gateway.api.serving.common import ServingConfig
 from gateway.app import create_app
 from gateway.metrics import GatewayMetrics, current_metrics
 from shared.errors import MissingBlocks, NodeUnreachable

@@ -19,11 +19,11 @@ from hivemind.p2p import P2P
 from gateway.model.head import ModelHead, build_head
 from shared.arrival_forecast import ArrivalForecast
 from shared.model_source import load_config, resolve_model
-from shared.protocol import BatchRow, NextHop
 from shared.weights import open_weights
+from shared.wire import BatchRow, NextHop
 from swarm_node.backend import SpanBackend
-from swarm_node.batcher import BatchPolicy
 from swarm_node.cache_pool import CachePool
+from swarm_node.decode_batcher import BatchPolicy
 from swarm_node.kv_cache import SessionKV
 from swarm_node.push import PushLinks, run_rows
 from swarm_node.quantize import block_transform

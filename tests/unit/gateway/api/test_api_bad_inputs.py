@@ -13,7 +13,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from gateway.api.serving_common import ServingConfig
+from gateway.api.serving.common import ServingConfig
 from gateway.app import create_app
 from tests.helpers.scripted_engine import CharCodec, ScriptedEngine, content_of
 

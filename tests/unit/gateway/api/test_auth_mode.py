@@ -9,14 +9,14 @@ import pytest
 from pydantic import ValidationError
 
 from gateway.api.auth import Authenticator
-from gateway.api.serving_common import ServingConfig
+from gateway.api.serving.common import ServingConfig
 from gateway.app import create_app
-from gateway.settings import ServeSettings, is_loopback
+from gateway.settings import GatewaySettings, is_loopback
 from tests.helpers.scripted_engine import ScriptedEngine, completion
 
 
-def settings(**fields: object) -> ServeSettings:
-    return ServeSettings(model="m", **fields)  # type: ignore[arg-type]
+def settings(**fields: object) -> GatewaySettings:
+    return GatewaySettings(model="m", **fields)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

@@ -10,11 +10,11 @@ import httpx
 import pytest
 from transformers import GenerationConfig, LlamaConfig
 
-from gateway.api.serving_common import ServingConfig
+from gateway.api.serving.common import ServingConfig
 from gateway.app import create_app
 from gateway.model.files import load_tokenizer, model_len, sampling_defaults
 from gateway.model.tokens import HFTokenCodec
-from gateway.settings import ServeSettings
+from gateway.settings import GatewaySettings
 from shared.errors import ModelLoadError
 from shared.model_source import ModelSource
 from shared.settings import parse_settings
@@ -86,10 +86,10 @@ async def test_requests_that_leave_sampling_out_get_the_models_defaults() -> Non
 def test_flags_and_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     template = tmp_path / "t.jinja"
     argv = ["m", "--allowed-origins", "http://a", "http://b", "--chat-template", str(template)]
-    settings = parse_settings(ServeSettings, [*argv, "--max-model-len", "512"], "gateway serve")
+    settings = parse_settings(GatewaySettings, [*argv, "--max-model-len", "512"], "gateway serve")
     assert settings.allowed_origins == ["http://a", "http://b"]
     assert (settings.chat_template, settings.max_model_len) == (template, 512)
     monkeypatch.setenv("SWARMGATE_ALLOWED_ORIGINS", '["*"]')
-    assert parse_settings(ServeSettings, ["m"], "gateway serve").allowed_origins == ["*"]
-    defaults = parse_settings(ServeSettings, ["m"], "x")
+    assert parse_settings(GatewaySettings, ["m"], "gateway serve").allowed_origins == ["*"]
+    defaults = parse_settings(GatewaySettings, ["m"], "x")
     assert (defaults.chat_template, defaults.max_model_len) == (None, None)

@@ -1,0 +1,226 @@
+"""A session through every block: a chain of node sessions that carries hidden states.
+
+A node that fails is replaced by ``gateway.swarm.failover`` (the chain owns one ``Failover``): only its block range
+is routed again, the new nodes are replayed its exact inputs, and the step goes on.
+
+With push on (``ChainSession(push=True)``), a decode step goes to the chain's first node together with the rest of
+the route and each node pushes its output straight to the next one; the gateway hears every hop's input and output
+(``gateway.swarm.push_step``), so failover replays exactly as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from types import TracebackType
+
+import torch
+from hivemind.p2p import P2P
+
+from gateway.metrics import chain_opened
+from gateway.swarm.failover import DEFAULT_FAILOVER_WAIT, Failover, FailoverPolicy
+from gateway.swarm.node_session import NodeSession
+from gateway.swarm.push_step import push_step
+from gateway.swarm.router import Router
+from gateway.swarm.routing import UNKNOWN_RTT, Hop
+from gateway.swarm.segment import Segment
+from gateway.swarm.step_links import StepLinks
+from shared.errors import NodeDistrusted, NodeUnreachable
+
+__all__ = ["ChainSession", "NodeSession", "Segment"]
+
+logger = logging.getLogger(__name__)
+
+
+class ChainSession:
+    """A session through every block: hidden states go in at block 0 and come out after the last block.
+
+    After ``max_failovers`` node failures (capacity refusals and waits do not count) the last error is raised.
+    """
+
+    def __init__(
+        self,
+        p2p: P2P,
+        router: Router,
+        max_length: int,
+        step_timeout: float,
+        max_failovers: int = 5,
+        links: StepLinks | None = None,
+        failover_wait: float = DEFAULT_FAILOVER_WAIT,
+        push: bool = False,
+        push_min_rtt: float = 0.0,
+        adapter: str | None = None,
+    ) -> None:
+        self._p2p = p2p
+        self.adapter = adapter  # the LoRA adapter every node runs the session with (None: the base model)
+        self._links = links
+        self.push = push and links is not None  # decode steps go node to node (needs the batch links)
+        self._push_min_rtt = push_min_rtt  # ... where a later node is at least this far from the gateway
+        self._router = router
+        self._max_length = max_length
+        self._timeout = step_timeout
+        self._segments: list[Segment] = []
+        self._stored = 0  # tokens the nodes hold: a step below it rewinds them, which only a relayed step may do
+        policy = FailoverPolicy(max_failovers, failover_wait)
+        self._failover = Failover(router, policy, self._new_session, lambda: self._max_length, adapter)
+        self.closed = False
+
+    @property
+    def failovers(self) -> int:
+        """Node failures this chain absorbed so far."""
+        return self._failover.count
+
+    @property
+    def hops(self) -> list[Hop]:
+        return [segment.session.hop for segment in self._segments]
+
+    @property
+    def max_length(self) -> int:
+        return self._max_length
+
+    async def resize(self, max_length: int) -> None:
+        """Every node's room becomes ``max_length`` tokens, what they hold kept (a kept conversation's next turn).
+
+        Raises the first node's error, leaving the chain unusable: the caller closes it (a fresh chain is cheaper to
+        get right than a failover at a new length)."""
+        self._check_open()
+        self._max_length = max_length
+        results = await asyncio.gather(
+            *(segment.session.resize(max_length) for segment in self._segments), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    async def truncate(self, length: int) -> None:
+        """Every node forgets its stored tokens from ``length`` on (speculative drafts the model rejected), and so
+        does each hop's replay history. Raises the first node's error, like ``resize``."""
+        self._check_open()
+        results = await asyncio.gather(
+            *(segment.session.truncate(length) for segment in self._segments), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        for segment in self._segments:
+            segment.truncate(length)
+        self._stored = min(self._stored, length)
+
+    async def __aenter__(self) -> ChainSession:
+        await self.open()
+        return self
+
+    async def open(self) -> None:
+        """Route every block and open a session on each hop (failing over as steps do); closed again on failure."""
+        try:
+            hops = await self._router.route(self._max_length, push=self.push, adapter=self.adapter)
+            self._segments = [Segment(self._new_session(hop)) for hop in hops]
+            for before, segment in zip(self._segments, self._segments[1:], strict=False):
+                segment.session.pusher = before.session.hop.peer_id
+            opening = list(self._segments)  # a failover may replace one segment by several
+            results = await asyncio.gather(*(s.session.open() for s in opening), return_exceptions=True)
+            for segment, result in zip(opening, results, strict=True):
+                if isinstance(result, BaseException):
+                    await self.fail_over(segment, result)
+        except BaseException:
+            await self.close()
+            raise
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def step(self, hidden: torch.Tensor, position: int) -> torch.Tensor:
+        """hidden: [1, T, D] embeddings of new tokens at position... -> [1, T, D] output of the last block."""
+        self._check_open()
+        chain_opened()  # the request's first step ends its queue time (later calls are no-ops)
+        if hidden.shape[1] == 1 and position == self._stored and self.pushes_decode:
+            output = await push_step(self, hidden, position)
+        else:  # a prefill, a speculative verify step, or a step after rejected drafts (a rewind)
+            output = await self.relay(hidden, position, 0)
+        self._stored = position + hidden.shape[1]
+        return output
+
+    @property
+    def pushes_decode(self) -> bool:
+        """Whether a decode step (one token) goes node to node now."""
+        return self.push and len(self._segments) > 1 and self._push_pays()
+
+    def _push_pays(self) -> bool:
+        """A push saves half a round trip per later hop; on loopback that is less than its extra messages cost."""
+        rtts = self._router.rtts
+        return any(rtts.get(s.session.hop.peer_id, UNKNOWN_RTT) >= self._push_min_rtt for s in self._segments[1:])
+
+    @property
+    def segments(self) -> list[Segment]:
+        return self._segments
+
+    @property
+    def router(self) -> Router:
+        return self._router
+
+    async def relay(self, hidden: torch.Tensor, position: int, index: int) -> torch.Tensor:
+        """The step from segment ``index`` on, each hop's output sent on by the gateway (failing over as needed)."""
+        while index < len(self._segments):
+            segment = self._segments[index]
+            try:
+                self.check_trusted(segment)
+                output = await segment.session.step(hidden, position)
+            except Exception as error:
+                await self.fail_over(segment, error)
+                continue  # the replacement now sits at the same index
+            segment.record(position, hidden)
+            self.observed(segment, output)
+            self._router.record_success(segment.session.hop.peer_id)
+            self._router.stats.relayed_hops += hidden.shape[1] == 1
+            hidden = output
+            index += 1
+        return hidden
+
+    async def close(self) -> None:
+        # Shielded: a cancelled request must still release every node's cache room.
+        self.closed = True
+        sessions = [segment.session for segment in self._segments]
+        self._router.release(s.hop for s in sessions if not s.closed)  # a dropped segment was released already
+        self._segments = []
+        await asyncio.shield(asyncio.gather(*(s.close() for s in sessions), return_exceptions=True))
+
+    def check_trusted(self, segment: Segment) -> None:
+        """Raises ``NodeDistrusted`` when the segment's node is out of routing by the verifier: the step moves to a
+        trusted node (with the inputs it was given replayed), never waiting on a check. The later hops keep what
+        they computed from its earlier outputs: tokens already sampled cannot change."""
+        peer = segment.session.hop.peer_id
+        if not self._router.trusted(peer):
+            raise NodeDistrusted(f"node {peer} is out of routing: the gateway's checks no longer trust its outputs")
+
+    def observed(self, segment: Segment, output: torch.Tensor) -> None:
+        """A step the segment's node served (its history ends with this step's input): maybe spot-checked."""
+        verifier = self._router.verifier
+        if verifier is not None:
+            verifier.observe(segment.session.hop, segment.history, output)
+
+    def _check_open(self) -> None:
+        if self.closed:  # with no segments left, a step would return its input unchanged
+            raise NodeUnreachable("the chain session is closed")
+
+    def _new_session(self, hop: Hop) -> NodeSession:
+        router = self._router
+        return NodeSession(
+            self._p2p, hop, self._max_length, self._timeout, router.auth, self._links, router.liveness, self.adapter
+        )
+
+    async def fail_over(self, failed: Segment, error: BaseException) -> None:
+        """Replace ``failed`` by new segments over the same blocks, replayed up to where it was."""
+        after = await self._failover.replace(self._segments, failed, error)
+        await self._name_pusher(after)
+
+    async def _name_pusher(self, index: int) -> None:
+        """The hop after a replacement learns its new predecessor; if it cannot, this chain relays from now on."""
+        if not self.push or not 0 < index < len(self._segments):
+            return
+        try:
+            await self._segments[index].session.allow_push(self._segments[index - 1].session.hop.peer_id)
+        except Exception as error:  # the step itself will find out whether the node is gone
+            logger.info("no push into %s (%s); relaying", self._segments[index].session.hop.peer_id, error)
+            self.push = False
