@@ -10,6 +10,7 @@ import argparse
 from collections.abc import Sequence
 
 from shared.errors import ModelLoadError
+from shared.exit import skip_final_collection
 from shared.logging_setup import configure_logging
 from shared.settings import add_settings_arguments, settings_or_exit
 from swarm_node.settings import DhtSettings, NodeSettings
@@ -29,6 +30,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         from swarm_node.dht_bootstrap import run_bootstrap
 
         run_bootstrap(dht_settings)
+        skip_final_collection()
         return
     settings = settings_or_exit(serve_parser, NodeSettings, args)
     configure_logging()
@@ -39,6 +41,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except (ModelLoadError, ValueError) as exc:
         serve_parser.error(str(exc))
     serve(server)
+    skip_final_collection()
 
 
 if __name__ == "__main__":
