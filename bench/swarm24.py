@@ -225,7 +225,7 @@ def report_startup(report: Report, nodes: list[Started], wall: float) -> None:
 def report_streams(report: Report, results: list[tuple[str, Outcome]], reference: dict[str, str]) -> int:
     exact = sum(o.ended and not o.error and o.text == reference[p] for p, o in results)
     errors = [o.error for _, o in results if o.error]
-    silent = sum(not o.ended for _, o in results)
+    silent = sum(not o.ended and not o.error for _, o in results)  # an HTTP error before the stream is a clear one
     wrong = [(p, o.text) for p, o in results if o.ended and not o.error and o.text != reference[p]]
     report.say(f"streams: {len(results)}, exact {exact}, clear errors {len(errors)}, wrong {len(wrong)}, "
                f"ended without [DONE] {silent}")  # fmt: skip

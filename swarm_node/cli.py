@@ -11,6 +11,7 @@ import logging
 from collections.abc import Sequence
 
 from shared.errors import ModelLoadError
+from shared.exit import skip_final_collection
 from shared.logging_setup import configure_logging
 from shared.settings import add_settings_arguments, settings_or_exit
 from swarm_node.settings import DhtSettings, NodeSettings
@@ -30,6 +31,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         from swarm_node.dht_bootstrap import run_bootstrap
 
         run_bootstrap(dht_settings)
+        skip_final_collection()
         return
     settings = settings_or_exit(serve_parser, NodeSettings, args)
     configure_logging()
@@ -45,6 +47,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except SelfTestFailed as exc:
         logging.getLogger("swarm_node").error("self-test failed, not announcing this node: %s", exc)
         raise SystemExit(1) from None
+    skip_final_collection()
 
 
 if __name__ == "__main__":
