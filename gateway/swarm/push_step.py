@@ -40,6 +40,7 @@ class PushChain(Protocol):
 
     def observed(self, segment: Segment, output: torch.Tensor) -> None: ...
 
+
 # Seconds a pushed hop may take beyond the previous hop's answer (plus two of its round trips) before the gateway
 # relays the input itself: long enough for a busy node's forward, short enough that a lost push costs little.
 PUSH_GRACE = 1.0
