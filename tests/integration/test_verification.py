@@ -89,7 +89,7 @@ def test_a_liar_is_kept_out_by_its_challenge_and_honest_nodes_serve(
     assert re.search(r'swarmgate_verification_checks_total\{kind="challenge",result="(failed|outvoted)"\} 1', metrics)
 
 
-@pytest.mark.timeout(600)  # the liar's 0.5 s a step keeps the stream going while two nodes start under load
+@pytest.mark.timeout(600)  # the liar's 2 s a message keeps the stream going while two nodes start under load
 def test_a_liar_caught_mid_stream_hands_the_stream_to_verified_nodes(
     local_swarm: LocalSwarm, tiny_with_tokenizer: GetTinyModel
 ) -> None:
@@ -101,7 +101,7 @@ def test_a_liar_caught_mid_stream_hands_the_stream_to_verified_nodes(
     try:
         local_swarm.start_dht()
         liar = local_swarm.start_node(
-            tiny.folder, "0:6", "--faulty-outputs", "lazy", "--added-latency", "0.5", name="liar"
+            tiny.folder, "0:6", "--faulty-outputs", "lazy", "--added-latency", "2.0", name="liar"
         )
         local_swarm.wait_serving(liar)
         gateway = start_gateway(local_swarm, tiny.folder, "--failover-wait", "300")

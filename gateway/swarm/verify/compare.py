@@ -1,7 +1,10 @@
 """Whether two outputs of the same blocks on the same inputs agree, within a tolerance.
 
-What is compared: each position's *update* — output minus input, what the blocks added to the residual stream —
-by cosine similarity and relative L2 distance (``|a - b| / |a - x|``), the worst position deciding. Comparing the
+What is compared: the *update* — output minus input, what the blocks added to the residual stream — over all the
+positions at once, by cosine similarity and relative L2 distance (``|a - b| / |a - x|``, Frobenius norms). The
+first full run of ``make bench-verify`` judged each position alone, the worst deciding, and flagged 33 of 10,050
+honest pairs: a position whose update is small is all rounding and quantization noise (an nf4 pair reached
+cosine 0.005 there); over all positions such a position weighs what its update weighs. Comparing the
 outputs themselves would let a node that returns its input (``lazy``) pass whenever the span's update is small next
 to the residual stream it rides on; the update is what was computed, so that is what is measured.
 
@@ -23,8 +26,8 @@ _EPS = 1e-12  # guards the norms of an all-zero update
 
 @dataclass(frozen=True)
 class Comparison:
-    cosine: float  # the worst position's cosine similarity of the two updates
-    rel_l2: float  # the worst position's |a - b| / |a - x|
+    cosine: float  # cosine similarity of the two updates, over all positions
+    rel_l2: float  # |a - b| / |a - x| over all positions
     agrees: bool
 
     def describe(self) -> str:
@@ -38,9 +41,8 @@ def compare(inputs: torch.Tensor, expected: torch.Tensor, got: torch.Tensor, tol
         return Comparison(0.0, float("inf"), False)  # a node that answers another shape computed something else
     if not bool(torch.isfinite(b).all()):
         return Comparison(0.0, float("inf"), False)
-    update_a, update_b = a - x, b - x  # [T, D]
-    cosine = torch.nn.functional.cosine_similarity(update_a, update_b, dim=-1, eps=_EPS)  # [T]
-    rel = (a - b).norm(dim=-1) / update_a.norm(dim=-1).clamp_min(_EPS)  # [T]
-    worst_cosine, worst_rel = float(cosine.min()), float(rel.max())
+    update_a, update_b = (a - x).flatten(), (b - x).flatten()  # [T * D]
+    worst_cosine = float(torch.nn.functional.cosine_similarity(update_a, update_b, dim=0, eps=_EPS))
+    worst_rel = float((update_a - update_b).norm() / update_a.norm().clamp_min(_EPS))
     agrees = worst_cosine >= tolerance.min_cosine and worst_rel <= tolerance.max_rel_l2
     return Comparison(worst_cosine, worst_rel, agrees)

@@ -7,7 +7,8 @@ saying less); two float32 nodes on different device classes (CPU and CUDA: TF32,
 How the numbers were measured (CPU, torch threads 1, 2026-12-01), on SmolLM2-135M (its GGUF dequantized, then
 quantized again by bitsandbytes for int8/nf4), replicas none/float32, none/bfloat16, int8/float32, nf4/float32 and
 nf4/bfloat16, 8 positions, every replica's session output (a prefill of 7, then one decode step) against every
-replica's stateless forward, the worst position deciding:
+replica's stateless forward, the worst single position (stricter than ``compare``, which judges all positions
+at once: a whole step's relative L2 is at most its worst position's):
 
 * blocks 0:4, 10:16 and 24:30, inputs the embeddings of seeded random tokens carried through the float32 blocks
   before the span, 10 / 5 / 5 seeds (a script over ``bench.verify_spans``);
