@@ -13,7 +13,7 @@ from hivemind.proto import runtime_pb2
 
 from shared.dht_records import fetch_servers
 from shared.model_source import resolve_model
-from shared.protocol import FORWARD_HANDLER, PROTOCOL_VERSION, ForwardRequest, decode_server_message, encode_request
+from shared.wire import FORWARD_HANDLER, PROTOCOL_VERSION, ForwardRequest, decode_server_message, encode_request
 from tests.helpers.processes import LocalSwarm, ManagedProcess
 from tests.integration.conftest import client_dht, client_peer
 from tests.tiny_models import NUM_LAYERS, GetTinyModel
