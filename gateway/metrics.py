@@ -50,7 +50,13 @@ class GatewayMetrics:
 
     def __init__(self, swarm_report: SwarmReport | None = None) -> None:
         self.registry = CollectorRegistry()
-        r = self.registry
+        self._request_metrics(self.registry)
+        self._speculation_metrics(self.registry)
+        self.swarm = SwarmCollector(swarm_report)
+        self.registry.register(self.swarm)
+
+    def _request_metrics(self, r: CollectorRegistry) -> None:
+        """Requests and tokens, and their latencies."""
         self.running = Gauge("swarmgate_requests_running", "requests being served now", registry=r)
         self.requests = Counter(
             "swarmgate_requests",
@@ -86,6 +92,9 @@ class GatewayMetrics:
             buckets=QUEUE_BUCKETS,
             registry=r,
         )
+
+    def _speculation_metrics(self, r: CollectorRegistry) -> None:
+        """Drafted and accepted tokens of speculative decoding."""
         self.spec_draft = Counter(
             "swarmgate_spec_draft_tokens", "draft tokens sent to the chain for verification (speculation)", registry=r
         )
@@ -98,8 +107,6 @@ class GatewayMetrics:
             buckets=ACCEPTANCE_BUCKETS,
             registry=r,
         )
-        self.swarm = SwarmCollector(swarm_report)
-        r.register(self.swarm)
 
 
 class RequestTimer:
@@ -173,14 +180,30 @@ class SwarmCollector(Collector):
 
 
 def swarm_metrics(report: dict[str, Any]) -> Iterable[Metric]:
-    blocks: list[dict[str, Any]] = report.get("blocks", [])
-    nodes: list[dict[str, Any]] = report.get("nodes", [])
+    yield from _coverage_metrics(report.get("blocks", []))
+    yield from _node_metrics(report.get("nodes", []))
+    waiting = GaugeMetricFamily(
+        "swarmgate_failover_waiting_sessions",
+        "sessions that lost a node and wait for another to serve its blocks, by block range",
+        labels=["blocks"],
+    )
+    for span, count in sorted(report.get("failover_waiting", {}).items()):
+        waiting.add_metric([str(span)], count)
+    yield waiting
+    yield from _verification_metrics(report)
+    yield from _swarm_counters(report.get("counters", {}))
+
+
+def _coverage_metrics(blocks: list[dict[str, Any]]) -> Iterable[Metric]:
     live = [int(block.get("live", 0)) for block in blocks]
     yield _gauge("swarmgate_swarm_blocks", "blocks of the model", len(blocks))
     yield _gauge(
         "swarmgate_swarm_blocks_covered", "blocks served by at least one online node", sum(n > 0 for n in live)
     )
     yield _gauge("swarmgate_swarm_min_block_replicas", "online nodes of the least-served block", min(live, default=0))
+
+
+def _node_metrics(nodes: list[dict[str, Any]]) -> Iterable[Metric]:
     states = GaugeMetricFamily("swarmgate_swarm_nodes", "nodes announcing themselves, by state", labels=["state"])
     for state in NODE_STATES:
         states.add_metric([state], sum(1 for node in nodes if node.get("state") == state))
@@ -196,26 +219,45 @@ def swarm_metrics(report: dict[str, Any]) -> Iterable[Metric]:
     yield _gauge(
         "swarmgate_swarm_nodes_banned", "nodes this gateway avoids now", sum(bool(n.get("banned")) for n in nodes)
     )
-    waiting = GaugeMetricFamily(
-        "swarmgate_failover_waiting_sessions",
-        "sessions that lost a node and wait for another to serve its blocks, by block range",
-        labels=["blocks"],
-    )
-    for span, count in sorted(report.get("failover_waiting", {}).items()):
-        waiting.add_metric([str(span)], count)
-    yield waiting
-    counters: dict[str, int] = report.get("counters", {})
-    for name, help_text in (
-        ("failovers", "node sessions replaced mid-generation"),
-        ("prefix_replays", "replacement node sessions replayed the lost node's inputs"),
-        ("replayed_tokens", "tokens replayed into replacement node sessions"),
-        ("bans", "times a node was banned after a fault (never for being full or draining)"),
-        ("departures", "nodes taken out of routing until they announce again (dead, frozen, draining, moved)"),
-        ("capacity_refusals", "session opens a full node refused (waited on or routed around, never banned)"),
-        ("relayed_hops", "decode steps whose hidden states the gateway sent to a node"),
-        ("pushed_hops", "decode steps whose hidden states went node to node (push)"),
-    ):
+
+
+SWARM_COUNTERS = (
+    ("failovers", "node sessions replaced mid-generation"),
+    ("prefix_replays", "replacement node sessions replayed the lost node's inputs"),
+    ("replayed_tokens", "tokens replayed into replacement node sessions"),
+    ("bans", "times a node was banned after a fault (never for being full or draining)"),
+    ("departures", "nodes taken out of routing until they announce again (dead, frozen, draining, moved)"),
+    ("capacity_refusals", "session opens a full node refused (waited on or routed around, never banned)"),
+    ("relayed_hops", "decode steps whose hidden states the gateway sent to a node"),
+    ("pushed_hops", "decode steps whose hidden states went node to node (push)"),
+)
+
+
+def _swarm_counters(counters: dict[str, int]) -> Iterable[Metric]:
+    for name, help_text in SWARM_COUNTERS:
         yield CounterMetricFamily(f"swarmgate_{name}", help_text, value=counters.get(name, 0))
+
+
+def _verification_metrics(report: dict[str, Any]) -> Iterable[Metric]:
+    """Checks of nodes' outputs (docs/verification.md): by kind and result, by node and result, and reputations."""
+    checks = CounterMetricFamily(
+        "swarmgate_verification_checks", "checks of nodes' outputs, by kind and result", labels=["kind", "result"]
+    )
+    for row in report.get("checks", []):
+        checks.add_metric([row["kind"], row["result"]], row["count"])
+    yield checks
+    by_node = CounterMetricFamily(
+        "swarmgate_verification_node_checks", "spot checks each node took part in, by result", labels=["node", "result"]
+    )
+    reputation = GaugeMetricFamily("swarmgate_node_reputation", "each node's reputation (0..1)", labels=["node"])
+    for node in report.get("nodes", []):
+        verification = node.get("verification") or {}
+        for result, count in verification.get("checks", {}).items():
+            by_node.add_metric([node["peer_id"], result], count)
+        if verification.get("reputation") is not None:
+            reputation.add_metric([node["peer_id"]], verification["reputation"])
+    yield by_node
+    yield reputation
 
 
 def _gauge(name: str, help_text: str, value: float) -> GaugeMetricFamily:

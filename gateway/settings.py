@@ -30,6 +30,25 @@ class EngineSettings(P2PSettings):
         " coming back) or for room on a full one, before it fails with missing_blocks",
     )
     swarm_refresh: float = Field(2.0, gt=0, description="seconds a DHT view of the swarm stays fresh")
+    verify: bool = Field(
+        True,
+        description="check nodes' arithmetic (docs/verification.md): a new node carries no user traffic until it"
+        " passes a challenge against a replica of its blocks, and sampled served steps are re-run on another"
+        " replica in the background",
+    )
+    verify_check_rate: float = Field(
+        0.02,
+        ge=0,
+        description="extra compute spent on spot checks, as a fraction of the compute served (a step is re-run with"
+        " its whole prefix, so it is picked in proportion to its tokens over that; nodes of low reputation 4x as"
+        " often; 0: no spot checks, probation only)",
+    )
+    verify_threshold: float = Field(
+        0.3, ge=0, le=1, description="reputation (0..1, new nodes 0.5) below which a node is out of routing"
+    )
+    verify_max_checks: int = Field(
+        2, gt=0, description="spot checks running at once (a step sampled while they all run is not checked)"
+    )
     num_threads: int | None = Field(None, gt=0, description="torch CPU threads; default: torch's own choice")
     allowed_peers: list[str] = Field(
         default_factory=list, description="if given, route only through these node peer ids (an allowlist)"

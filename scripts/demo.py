@@ -5,10 +5,16 @@
 Every process binds 127.0.0.1 only and logs to a file in a temporary folder; this script prints progress, a
 ready-to-paste curl line once GET /ready answers 200, and on Ctrl-C stops the gateway, the nodes and the DHT in
 that order (each in its own process group, so that the DHT processes hivemind forks and their p2pd daemons go too).
+
+It stops everything once, whatever arrives while it stops: `make` forwards a SIGTERM it gets to this script, which
+then hears it twice, and an impatient user presses Ctrl-C again. The first SIGINT/SIGTERM/SIGHUP starts the stop;
+any later one only hurries it (what is still running is killed at once instead of given its grace), never aborts it.
+`--port` moves the gateway off 8000 (the test of this script uses a free port).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import importlib.util
 import os
@@ -20,6 +26,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
@@ -32,9 +39,55 @@ STARTUP_TIMEOUT = 600.0  # seconds: first runs measure node speed and load the G
 THREADS = str(max(1, (os.cpu_count() or 1) // 3))
 
 
+STOP_GRACE = 30.0  # seconds each process gets to leave after SIGTERM before its process group is killed
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 def say(line: str) -> None:
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
+    # Whoever reads our output may be gone by now (a pipe to a killed `tee`, a closed terminal): a failed write
+    # must not abort the stop that follows.
+    with contextlib.suppress(OSError):
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
+class StopSignals:
+    """The first stop signal raises KeyboardInterrupt in the main loop; while processes are being stopped, or one is
+    being started (so that none escapes the list of what to stop), a signal is only counted."""
+
+    def __init__(self) -> None:
+        self.stopping = False
+        self.deferring = False
+        self.pending = False
+        self.hurried = False  # a signal came while stopping: kill what is left instead of waiting for it
+
+    def install(self) -> None:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self.stopping:
+            self.hurried = True
+        elif self.deferring:
+            self.pending = True
+        else:
+            self._interrupt()
+
+    def _interrupt(self) -> None:
+        # Stopping from this moment: a second signal landing before ``Demo.stop`` is entered (in the except or
+        # finally clause on the way there) would otherwise raise there and skip the stop altogether.
+        self.stopping = True
+        raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        self.deferring = True
+        try:
+            yield
+        finally:
+            self.deferring = False
+        if self.pending:
+            self._interrupt()
 
 
 def find_gguf() -> Path:
@@ -47,22 +100,24 @@ def find_gguf() -> Path:
 
 
 class Demo:
-    def __init__(self, logs: Path) -> None:
+    def __init__(self, logs: Path, signals: StopSignals) -> None:
         self.logs = logs
+        self.signals = signals
         self.processes: list[tuple[str, subprocess.Popen[bytes]]] = []
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 
     def spawn(self, name: str, *args: str, stdout: int | None = None) -> subprocess.Popen[bytes]:
         log = (self.logs / f"{name}.log").open("wb")
-        popen = subprocess.Popen(
-            [sys.executable, "-m", *args],
-            stdout=stdout if stdout is not None else log,
-            stderr=log,
-            stdin=subprocess.DEVNULL,
-            env=self.env,
-            start_new_session=True,  # Ctrl-C reaches only this script, which stops the others in order
-        )
-        self.processes.append((name, popen))
+        with self.signals.deferred():
+            popen = subprocess.Popen(
+                [sys.executable, "-m", *args],
+                stdout=stdout if stdout is not None else log,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                env=self.env,
+                start_new_session=True,  # Ctrl-C reaches only this script, which stops the others in order
+            )
+            self.processes.append((name, popen))
         return popen
 
     def start_dht(self) -> str:
@@ -83,15 +138,20 @@ class Demo:
         raise SystemExit(f"{name} stopped unexpectedly; the end of {self.logs / name}.log:\n{log[-2000:]}")
 
     def stop(self) -> None:
+        self.signals.stopping = True  # from here on a signal hurries this along and never interrupts it
         for name, popen in reversed(self.processes):
             if popen.poll() is None:
                 say(f"stopping {name}")
                 popen.send_signal(signal.SIGTERM)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    popen.wait(30)
+                self._wait(popen)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(popen.pid, signal.SIGKILL)  # whatever it left behind: its DHT process and p2pd
             popen.wait()
+
+    def _wait(self, popen: subprocess.Popen[bytes]) -> None:
+        deadline = time.monotonic() + STOP_GRACE
+        while popen.poll() is None and not self.signals.hurried and time.monotonic() < deadline:
+            time.sleep(0.1)
 
 
 def port_free(host: str, port: int) -> bool:
@@ -134,16 +194,16 @@ def print_usage(url: str, model: str) -> None:
 
 
 def main() -> None:
-    if not port_free(HOST, PORT):
-        raise SystemExit(f"{HOST}:{PORT} is taken: stop what listens there (or an earlier demo) and try again")
+    parser = argparse.ArgumentParser(description="a local swarm of SmolLM2 behind the OpenAI API")
+    parser.add_argument("--port", type=int, default=PORT, help=f"the gateway's port on {HOST} (default {PORT})")
+    port = parser.parse_args().port
+    if not port_free(HOST, port):
+        raise SystemExit(f"{HOST}:{port} is taken: stop what listens there (or an earlier demo) and try again")
     gguf = find_gguf()
     logs = Path(tempfile.mkdtemp(prefix="swarmgate-demo-"))
-    demo = Demo(logs)
-
-    def interrupted(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, interrupted)
+    signals = StopSignals()
+    signals.install()
+    demo = Demo(logs, signals)
     try:
         say(f"logs: {logs}")
         say("starting the DHT bootstrap peer")
@@ -162,10 +222,10 @@ def main() -> None:
                 "--num-threads",
                 THREADS,
             )
-        say(f"starting the gateway on http://{HOST}:{PORT}")
-        gateway_args = ["serve", str(gguf), "--initial-peers", peer, "--host", HOST, "--port", str(PORT)]
+        say(f"starting the gateway on http://{HOST}:{port}")
+        gateway_args = ["serve", str(gguf), "--initial-peers", peer, "--host", HOST, "--port", str(port)]
         demo.spawn("gateway", "gateway.cli", *gateway_args, "--num-threads", THREADS)
-        url = f"http://{HOST}:{PORT}"
+        url = f"http://{HOST}:{port}"
         say("waiting until every block is served (a first run measures each node's speed)…")
         wait_ready(demo, url)
         print_usage(url, gguf.name.removesuffix(".gguf"))

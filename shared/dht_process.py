@@ -1,26 +1,40 @@
-"""Starting hivemind's DHT so that it never outlives the process that started it.
+"""Starting and stopping hivemind's DHT so that it never outlives, nor holds up, the process that started it.
 
 hivemind runs the DHT in a child process (with its own p2pd daemon). If the parent is SIGKILLed or crashes, that
 child would linger forever, still a member of the swarm. A watchdog coroutine inside the child polls its parent
 and, once the parent is gone, shuts the DHT node down (which stops p2pd) and exits.
+
+The other way round, a child that does not stop must not keep its parent alive: ``stop_dht`` asks it to leave, and
+kills it and its p2pd when it does not within a grace period (see there for why hivemind's own shutdown can hang).
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
+import logging
 import os
+import weakref
 from collections.abc import Iterator, Mapping
 from functools import partial
 from typing import Any
 
+import psutil
 from hivemind import DHT
 from hivemind.dht.node import DHTNode
 from hivemind.p2p import P2P
 
 from shared.identity import PeerIdentity, register_identity
 
+logger = logging.getLogger(__name__)
+
 PARENT_POLL_SECONDS = 1.0
+STOP_GRACE_SECONDS = 3.0  # a healthy DHT child leaves in well under a second; a stuck one is killed after this
+KILL_WAIT_SECONDS = 5.0  # SIGKILL is final: this only covers the kernel reaping the process on a loaded machine
+
+# Every DHT ``start_dht`` started and nobody stopped yet, for the exit hook below.
+_running: weakref.WeakSet[DHT] = weakref.WeakSet()
 
 
 def start_dht(
@@ -41,19 +55,67 @@ def start_dht(
                 dht = DHT(start=True, identity_path=path, **probe, **kwargs)
     if identity is not None:
         if dht.peer_id.to_base58() != identity.peer_id:
-            dht.shutdown()
+            stop_dht(dht)
             raise RuntimeError(f"p2pd took the peer id {dht.peer_id}, not {identity.peer_id} of its identity key")
         register_identity(identity)
     dht.run_coroutine(partial(_exit_with_parent, parent=os.getpid()), return_future=True)
+    _running.add(dht)
     return dht
+
+
+def stop_dht(dht: DHT, grace: float = STOP_GRACE_SECONDS) -> None:
+    """Stop ``dht``'s child process and its p2pd: returns within ``grace`` + a few seconds, whatever state they are in.
+
+    hivemind's ``DHT.shutdown`` asks the child to leave, waits, then ``terminate()``s it: a SIGTERM that a child
+    forked by one of our processes never acts on, because it inherits the parent's asyncio signal handler (which
+    only writes to a wakeup fd nobody reads in the child). A child whose shutdown hangs — its p2pd stuck, or
+    closing connections to peers that vanished — then survives, and multiprocessing's exit hook joins it without a
+    timeout: the parent never exits. So after the grace period the child is SIGKILLed, and with it the p2pd it
+    started (found now: once the child is dead its daemon is nobody's child any more).
+    """
+    _running.discard(dht)
+    if dht.pid is None:
+        return  # never started
+    daemons = _descendants(dht.pid)
+    dht.shutdown_timeout = grace
+    with contextlib.suppress(OSError):  # its pipe already closed by an earlier stop
+        dht.shutdown()
+    if dht.is_alive():
+        logger.warning("DHT process %d did not stop within %.0fs; killing it and its p2pd", dht.pid, grace)
+        dht.kill()
+        dht.join(KILL_WAIT_SECONDS)
+    _kill(daemons)
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    # Registered after multiprocessing's own exit hook (hivemind imports it first), so it runs before that hook
+    # joins the children: whatever DHT was not stopped on the way out is stopped here, within the same bounds.
+    for dht in list(_running):
+        stop_dht(dht)
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    with contextlib.suppress(psutil.Error):
+        return list(psutil.Process(pid).children(recursive=True))
+    return []
+
+
+def _kill(processes: list[psutil.Process]) -> None:
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            process.kill()  # psutil refuses to signal a pid that has since been reused by another process
+    psutil.wait_procs(processes, timeout=KILL_WAIT_SECONDS)
 
 
 async def _exit_with_parent(dht: DHT, node: DHTNode, *, parent: int) -> None:
     while os.getppid() == parent:  # noqa: ASYNC110 - no event announces a parent's death; polling is the way
         await asyncio.sleep(PARENT_POLL_SECONDS)
+    daemons = _descendants(os.getpid())
     try:
         await asyncio.wait_for(node.shutdown(), timeout=5)
     finally:
+        _kill(daemons)  # a p2pd that did not stop with the node would otherwise run on alone
         os._exit(0)
 
 

@@ -9,85 +9,22 @@ Records that fail validation are dropped on read, never trusted.
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Sequence
-from enum import StrEnum
 from functools import partial
 from typing import Any
 
 from hivemind import DHT
 from hivemind.dht.node import DHTNode
 from hivemind.utils import get_dht_time
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from shared.membership import owner_subkey, peer_of_subkey
-from shared.reachability import Reachability
-
-logger = logging.getLogger(__name__)
-
-
-class NodeState(StrEnum):
-    JOINING = "joining"
-    ONLINE = "online"
-    DRAINING = "draining"
-    OFFLINE = "offline"
-
-
-class ModelRecord(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str
-    num_blocks: int = Field(gt=0)
-    family: str
-    dtype: str
-
-
-class ServerRecord(BaseModel):
-    """One node's announcement; the same record is stored under every block of its span."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    peer_id: str
-    start: int = Field(ge=0)
-    end: int = Field(gt=0)
-    state: NodeState
-    throughput: float = Field(0.0, ge=0)  # decode tokens/s one session gets through the whole span
-    prefill_throughput: float = Field(0.0, ge=0)  # prompt tokens/s through the whole span
-    cache_tokens_left: int = Field(0, ge=0)
-    # The node's whole KV-cache pool: the longest session it can ever hold (0: not said, an older node).
-    cache_tokens_total: int = Field(0, ge=0)
-    queue_depth: int = Field(0, ge=0)  # steps waiting for the compute thread when announced
-    next_rtts: dict[str, float] = Field(default_factory=dict)  # seconds to the nodes that serve our `end` block
-    # How peers reach the node (shared.reachability): directly, through a relay (dial relay_addrs first), or not at
-    # all (it announces itself so operators see it, but nobody routes to it).
-    reachability: Reachability = Reachability.DIRECT
-    relay_addrs: list[str] = Field(default_factory=list, max_length=8)
-    # LoRA adapters a session may name (``OpenSession.adapter``), for every block of the span. Announced only when
-    # set (``record_json``), so a node without adapters announces what gateways before adapters can read.
-    adapters: list[str] = Field(default_factory=list, max_length=64)
-    version: str
-    protocol: int
-
-    @property
-    def block_time(self) -> float:
-        """Seconds one decode token spends in each block of this node (infinite when unmeasured)."""
-        return 1.0 / (self.throughput * (self.end - self.start)) if self.throughput > 0 else float("inf")
-
-    @property
-    def blocks(self) -> range:
-        return range(self.start, self.end)
-
+from shared.server_records import ModelRecord as ModelRecord
+from shared.server_records import NodeState as NodeState
+from shared.server_records import ServerRecord as ServerRecord
+from shared.server_records import parse_server_entries as parse_server_entries
+from shared.server_records import record_json as record_json
 
 MODELS_KEY = "swarmgate.models"
-
-
-def record_json(server: ServerRecord) -> dict[str, Any]:
-    """The record as stored: fields added since the first release left out while unset, so older readers (which
-    forbid unknown fields) still accept a record that uses none of them."""
-    data = server.model_dump(mode="json")
-    if not server.adapters:
-        del data["adapters"]
-    return data
 
 
 def model_key(model: str) -> str:
@@ -171,25 +108,3 @@ async def _get_many(dht: DHT, node: DHTNode, *, keys: list[str]) -> list[dict[st
             latest[peer_of_subkey(subkey)] = (item.value, float(item.expiration_time))
         entries.append(latest)
     return entries
-
-
-def parse_server_entries(entries: Sequence[dict[str, Any]]) -> dict[str, ServerRecord]:
-    """``entries[i]`` holds the records stored under block ``i``, by subkey.
-
-    A record is kept only if its owner stored it (subkey == peer id) and its span covers the block it was found
-    under: after a node moves, records left under its old blocks name the new span and are ignored there.
-    """
-    servers: dict[str, ServerRecord] = {}
-    for block, entry in enumerate(entries):
-        for subkey, value in entry.items():
-            try:
-                record = ServerRecord.model_validate(value)
-            except ValidationError:
-                logger.warning("dropping a malformed server record from %s", subkey)
-                continue
-            if record.peer_id != subkey:
-                logger.warning("dropping a server record of %s stored by %s", record.peer_id, subkey)
-                continue
-            if record.start <= block < record.end:
-                servers[record.peer_id] = record
-    return servers

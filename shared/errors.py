@@ -20,7 +20,9 @@ the client rebuilds the same exception type from it (``error_from_code``), and o
     ├── NodeUnreachable             the connection to a node failed or closed, or it answers no ping (dead, frozen)
     ├── MalformedReply              a node answered something that is no valid reply (wrong shape, NaN, garbage)
     ├── StepTimeout                 a remote step took longer than allowed while the node still answered pings
+    ├── NodeDistrusted              the gateway's checks took the node out of routing (gateway.swarm.verify)
     └── ModelLoadError              a model could not be resolved or loaded
+        └── CacheApiMismatch        the installed transformers' decoder layers take no cache keyword we know
 """
 
 from __future__ import annotations
@@ -89,6 +91,13 @@ class NodeInternalError(RemoteError):
     retryable = True
 
 
+class KVNotWritten(NodeInternalError):
+    """A block of a forward's range stored no keys/values for its new positions (or a wrong number of them).
+
+    Its answer would be silently wrong from the next step on (every later step attends to zeros), so the forward
+    fails instead. On the wire it is an internal error (the same code): the gateway routes around the node."""
+
+
 class MissingBlocks(SwarmError):
     """No live node serves some blocks; ``blocks`` names them."""
 
@@ -110,6 +119,13 @@ class MalformedReply(SwarmError):
     retryable = True
 
 
+class NodeDistrusted(SwarmError):
+    """A node whose outputs the gateway's checks no longer trust: its sessions move to trusted nodes."""
+
+    code = "node_distrusted"
+    retryable = True
+
+
 class StepTimeout(SwarmError):
     code = "step_timeout"
     retryable = True
@@ -117,6 +133,10 @@ class StepTimeout(SwarmError):
 
 class ModelLoadError(SwarmError):
     code = "model_load_error"
+
+
+class CacheApiMismatch(ModelLoadError):
+    """The installed transformers' decoder layers name none of the cache keywords the span knows how to pass."""
 
 
 _REMOTE_ERRORS: dict[str, type[RemoteError]] = {

@@ -25,7 +25,6 @@ import contextlib
 import ipaddress
 import logging
 from collections.abc import Sequence
-from enum import StrEnum
 
 import base58
 from hivemind.p2p import P2P, P2PContext, PeerID
@@ -33,18 +32,14 @@ from hivemind.proto import runtime_pb2
 from hivemind.utils.multiaddr import Multiaddr
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from shared.server_records import Reachability as Reachability  # the verdict is a field of every server record
+
 logger = logging.getLogger(__name__)
 
 DIALBACK_HANDLER = "swarmgate.dialback"
 DIAL_TIMEOUT = 5.0  # seconds the helper gives one address
 MAX_DIALBACK_ADDRS = 8
 DIALBACK_ANSWER_TIMEOUT = 30.0  # the helper starts a p2pd and dials: seconds, not milliseconds
-
-
-class Reachability(StrEnum):
-    DIRECT = "direct"
-    RELAYED = "relayed"
-    UNREACHABLE = "unreachable"
 
 
 class DialBack(BaseModel):

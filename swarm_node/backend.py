@@ -20,6 +20,7 @@ import torch
 
 from swarm_node.capacity import return_freed_memory
 from swarm_node.decode_batcher import BatchPolicy, DecodeBatcher
+from swarm_node.faults import lie_about
 from swarm_node.kv_cache import SessionKV
 from swarm_node.metrics import NodeMetrics
 from swarm_node.prefill_batcher import PrefillBatcher
@@ -29,8 +30,15 @@ T = TypeVar("T")
 
 
 class SpanBackend:
-    def __init__(self, span: BlockSpan, policy: BatchPolicy | None = None, metrics: NodeMetrics | None = None) -> None:
+    def __init__(
+        self,
+        span: BlockSpan,
+        policy: BatchPolicy | None = None,
+        metrics: NodeMetrics | None = None,
+        fault: str = "none",
+    ) -> None:
         self.span = span
+        self.fault = fault  # testing only: a --faulty-outputs mode that lies in every forward (swarm_node.faults)
         self.policy = policy or BatchPolicy()
         self.metrics = metrics
         self.dtype = span.cache_dtype
@@ -52,6 +60,10 @@ class SpanBackend:
             return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
         finally:
             self._pending -= 1
+
+    async def call(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the compute thread (the node's self-test: every torch call on the span runs there)."""
+        return await self._run(fn)
 
     async def new_session_kv(self, blocks: range, max_length: int, adapter: str | None = None) -> SessionKV:
         return await self._run(lambda: self.span.new_session_kv(blocks, max_length, adapter))
@@ -111,6 +123,7 @@ class SpanBackend:
         began = time.perf_counter()
         wire_dtype = hidden.dtype
         output = self.span(hidden.to(self.device, self.dtype), kvs, starts, blocks, lengths).to("cpu", wire_dtype)
+        output = lie_about(self.fault, hidden, output)
         if self.metrics is not None:  # hidden: [B, T, D]
             self.metrics.forward(hidden.shape[0], hidden.shape[1], time.perf_counter() - began)
         return output

@@ -7,6 +7,7 @@ way (usage, then ``error: ...``, exit 2), never with a traceback.
 from __future__ import annotations
 
 import argparse
+import logging
 from collections.abc import Sequence
 
 from shared.errors import ModelLoadError
@@ -32,13 +33,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     settings = settings_or_exit(serve_parser, NodeSettings, args)
     configure_logging()
+    from swarm_node.self_test import SelfTestFailed
     from swarm_node.server import SpanServer, serve
 
     try:
         server = SpanServer(settings)  # resolves the model and the span before anything starts
     except (ModelLoadError, ValueError) as exc:
         serve_parser.error(str(exc))
-    serve(server)
+    try:
+        serve(server)
+    except SelfTestFailed as exc:
+        logging.getLogger("swarm_node").error("self-test failed, not announcing this node: %s", exc)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

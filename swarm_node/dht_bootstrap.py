@@ -11,7 +11,7 @@ import logging
 import signal
 import sys
 
-from shared.dht_process import start_dht
+from shared.dht_process import start_dht, stop_dht
 from shared.reachability import DialBackService
 from swarm_node.settings import DhtSettings
 
@@ -36,4 +36,4 @@ async def _run_bootstrap(settings: DhtSettings) -> None:
         logger.info("DHT bootstrap peer %s is up (relay %s)", dht.peer_id, "on" if settings.relay_hop else "off")
         await stop.wait()
     finally:
-        dht.shutdown()
+        stop_dht(dht)

@@ -8,22 +8,24 @@ stream) keeps serving.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 from hivemind.p2p import P2P, P2PContext
 from hivemind.proto import runtime_pb2
 
 from shared import step_trace
+from shared.background import Periodic
 from shared.dht_records import NodeState
 from shared.errors import (
     BadRequest,
     NodeDraining,
     NodeInternalError,
     PositionOutOfRange,
-    ProtocolMismatch,
     RemoteError,
     UnknownSession,
     WrongSpan,
@@ -38,7 +40,6 @@ from shared.wire import (
     PUSH_HANDLER,
     AllowPush,
     BatchRow,
-    BatchStep,
     BatchStepResult,
     CloseSession,
     ErrorReply,
@@ -49,7 +50,6 @@ from shared.wire import (
     OpenSession,
     PushAccepted,
     PushAllowed,
-    PushStep,
     ResizeSession,
     SessionOpened,
     SessionResized,
@@ -63,9 +63,12 @@ from shared.wire import (
     decode_unary,
     encode_response,
 )
+from shared.wire import ClientMessage as SessionMessage
 from swarm_node.backend import SpanBackend
 from swarm_node.cache_pool import CachePool
+from swarm_node.fair_share import FairShare, ShareLimits
 from swarm_node.push import PushLinks, RowsOutcome, run_rows, wait_rows
+from swarm_node.rpc_checks import check_batch, check_blocks, check_hidden, check_max_length, check_protocol
 from swarm_node.sessions import Session, SessionRegistry
 from swarm_node.stream_replies import in_order
 
@@ -81,10 +84,11 @@ class NodeStatus:
     max_session_length: int
     state: NodeState = NodeState.JOINING
     added_latency: float = 0.0  # seconds slept before every reply: emulates a distant node (tests, demos)
-    faulty_outputs: str = "none"  # testing: "nan", "shape" or "dtype" corrupts every step's output
+    faulty_outputs: str = "none"  # testing: "nan", "shape" or "dtype" corrupts every step's reply (others: faults.py)
     session_idle_timeout: float = 300.0  # seconds a session may sit without a step before its room is taken back
     peer_id: str = ""  # this node's own peer id (call tokens name it)
     guard: ReplayGuard | None = None  # a private swarm's call-token check; None: a public swarm
+    share_limits: ShareLimits = field(default_factory=ShareLimits)  # what one peer may hold while others use us
 
 
 class SpanHandlers:
@@ -93,10 +97,11 @@ class SpanHandlers:
         self.pool = pool
         self.status = status
         self.sessions = SessionRegistry(status.session_idle_timeout)
+        self.fair = FairShare(status.share_limits, pool.total_tokens, self.sessions.holdings)
         self.start, self.end = backend.span.start, backend.span.end
         self.hidden_size = backend.span.hidden_size
         self.tokens_processed = 0  # tokens through the span (steps and forwards): shows what a gateway saved
-        self._expiry: asyncio.Task[None] | None = None
+        self._expiry = Periodic("session-expiry", self.sessions.expiry_period, self.sessions.expire)
         self.push_links: PushLinks | None = None  # streams to the next nodes of chains, once registered
 
     def use_backend(self, backend: SpanBackend) -> None:
@@ -119,13 +124,11 @@ class SpanHandlers:
             self.push_links = PushLinks(p2p)
         await p2p.add_protobuf_handler(FORWARD_HANDLER, self.forward, runtime_pb2.ExpertRequest)
         await p2p.add_protobuf_handler(INFO_HANDLER, self.info, runtime_pb2.ExpertRequest)
-        if self._expiry is None:
-            self._expiry = asyncio.create_task(self.sessions.expire_forever(), name="session-expiry")
+        self._expiry.start()
 
     def shutdown(self) -> None:
         """Stop expiring sessions and stop the compute thread."""
-        if self._expiry is not None:
-            self._expiry.cancel()
+        self._expiry.cancel()
         if self.push_links is not None:
             self.push_links.stop()
         self.backend.shutdown()
@@ -133,53 +136,18 @@ class SpanHandlers:
     async def inference(
         self, requests: AsyncIterator[runtime_pb2.ExpertRequest], context: P2PContext
     ) -> AsyncIterator[runtime_pb2.ExpertResponse]:
-        session: Session | None = None
+        """One session per stream: opened by its first message, then steps and edits; each reply in order."""
+        stream = _SessionStream(self, context)
         try:
             async for request in requests:
                 await self._emulate_distance()
-                try:
-                    message, tensors = decode_client_message(request)
-                    if isinstance(message, CloseSession):
-                        return
-                    if isinstance(message, OpenSession):
-                        if session is not None:
-                            raise BadRequest("this stream already has an open session")
-                        self._authorize(message.auth, context)
-                        session = await self._open(message, context.remote_id.to_base58())
-                        yield encode_response(
-                            SessionOpened(
-                                session_id=session.session_id,
-                                start=session.first_block,
-                                end=session.end_block,
-                                max_length=session.max_length,
-                            )
-                        )
-                        continue
-                    if session is None:
-                        raise UnknownSession("step before the session was opened")
-                    if isinstance(message, ResizeSession):
-                        await self._resize(session, message)
-                        yield encode_response(SessionResized(max_length=session.max_length))
-                        continue
-                    if isinstance(message, TruncateSession):
-                        self._truncate(session, message.length)
-                        yield encode_response(SessionTruncated(length=message.length))
-                        continue
-                    if isinstance(message, AllowPush):
-                        session.pusher = message.pusher
-                        yield encode_response(PushAllowed())
-                        continue
-                    session.slots.clear()  # this step may rewrite what the latest decode step ran on
-                    output = self._corrupt(await self._step(session, message, tensors))
-                    yield encode_response(StepResult(position=message.position), (output,))
-                except RemoteError as error:
-                    yield encode_response(ErrorReply.of(error))
-                except Exception:
-                    logger.exception("inference step failed")
-                    yield encode_response(ErrorReply.of(NodeInternalError("internal error on the node")))
+                reply = await _replying("inference step", functools.partial(stream.answer, request))
+                if reply is None:  # the client closed the session
+                    return
+                yield reply
         finally:  # the stream closed, ended or was cancelled: its session's room goes back to the pool
-            if session is not None:
-                self.sessions.close(session)
+            if stream.session is not None:
+                self.sessions.close(stream.session)
 
     async def batch(
         self, requests: AsyncIterator[runtime_pb2.ExpertRequest], context: P2PContext
@@ -201,40 +169,34 @@ class SpanHandlers:
 
     async def _batch_reply(self, request: runtime_pb2.ExpertRequest, owner: str) -> runtime_pb2.ExpertResponse:
         await self._emulate_distance()
-        try:
-            message, tensors = decode_batch_step(request)
-            _mark_rows("node-pushed-in" if message.pushed else "node-step-in", message.rows)
-            sessions = self._row_sessions(message.rows, lambda session_id: self.sessions.owned(session_id, owner))
-            if message.pushed:
-                if tensors:
-                    raise BadRequest("a pushed batch step carries no hidden states")
-                outcome = await wait_rows(message.rows, sessions, message.wait, self.hidden_size)
-                outputs: tuple[torch.Tensor, ...] = (self._corrupt(outcome.outputs), outcome.inputs)
-            else:
-                outcome = await self._run_rows(message.rows, self._check_batch(message, tensors), sessions)
-                outputs = (self._corrupt(outcome.outputs),)
-            _mark_rows("node-answer", message.rows)
-            return encode_response(BatchStepResult(errors=outcome.errors), outputs)
-        except RemoteError as error:
-            return encode_response(ErrorReply.of(error))
-        except Exception:
-            logger.exception("batched step failed")
-            return encode_response(ErrorReply.of(NodeInternalError("internal error on the node")))
+        return await _replying("batched step", lambda: self._batch_step(request, owner))
+
+    async def _batch_step(self, request: runtime_pb2.ExpertRequest, owner: str) -> runtime_pb2.ExpertResponse:
+        message, tensors = decode_batch_step(request)
+        _mark_rows("node-pushed-in" if message.pushed else "node-step-in", message.rows)
+        sessions = self._row_sessions(message.rows, lambda session_id: self.sessions.owned(session_id, owner))
+        if message.pushed:
+            if tensors:
+                raise BadRequest("a pushed batch step carries no hidden states")
+            outcome = await wait_rows(message.rows, sessions, message.wait, self.hidden_size)
+            outputs: tuple[torch.Tensor, ...] = (self._corrupt(outcome.outputs), outcome.inputs)
+        else:
+            outcome = await self._run_rows(message.rows, check_batch(message, tensors, self.hidden_size), sessions)
+            outputs = (self._corrupt(outcome.outputs),)
+        _mark_rows("node-answer", message.rows)
+        return encode_response(BatchStepResult(errors=outcome.errors), outputs)
 
     async def _push_reply(self, request: runtime_pb2.ExpertRequest, pusher: str) -> runtime_pb2.ExpertResponse:
         await self._emulate_distance()
-        try:
-            message, tensors = decode_push_step(request)
-            _mark_rows("node-push-in", message.rows)
-            sessions = self._row_sessions(message.rows, lambda session_id: self.sessions.pushable(session_id, pusher))
-            hidden = self._check_batch(message, tensors)
-            outcome = await self._run_rows(message.rows, hidden, sessions, pushed=True)
-            return encode_response(PushAccepted(errors=outcome.errors))
-        except RemoteError as error:
-            return encode_response(ErrorReply.of(error))
-        except Exception:
-            logger.exception("pushed step failed")
-            return encode_response(ErrorReply.of(NodeInternalError("internal error on the node")))
+        return await _replying("pushed step", lambda: self._pushed_step(request, pusher))
+
+    async def _pushed_step(self, request: runtime_pb2.ExpertRequest, pusher: str) -> runtime_pb2.ExpertResponse:
+        message, tensors = decode_push_step(request)
+        _mark_rows("node-push-in", message.rows)
+        sessions = self._row_sessions(message.rows, lambda session_id: self.sessions.pushable(session_id, pusher))
+        hidden = check_batch(message, tensors, self.hidden_size)
+        outcome = await self._run_rows(message.rows, hidden, sessions, pushed=True)
+        return encode_response(PushAccepted(errors=outcome.errors))
 
     async def _run_rows(
         self, rows: list[BatchRow], hidden: torch.Tensor, sessions: list[Session | RemoteError], pushed: bool = False
@@ -258,33 +220,18 @@ class SpanHandlers:
                 found.append(error)
         return found
 
-    def _check_batch(self, message: BatchStep | PushStep, tensors: list[torch.Tensor]) -> torch.Tensor:
-        """The [B, 1, D] hidden states of a batch step (each row is checked again with its own session)."""
-        if len(tensors) != 1:
-            raise BadRequest(f"expected one hidden-states tensor, got {len(tensors)}")
-        shape = list(tensors[0].shape)
-        if shape != [len(message.rows), 1, self.hidden_size]:
-            raise BadRequest(
-                f"a batch step of {len(message.rows)} rows takes hidden states [{len(message.rows)}, 1,"
-                f" {self.hidden_size}], got {shape}"
-            )
-        if len({row.session_id for row in message.rows}) != len(message.rows):
-            raise BadRequest("a batch step names a session twice")
-        return tensors[0]
-
     async def _open(self, message: OpenSession, owner: str) -> Session:
         check_protocol(message.protocol)
-        blocks = self._check_blocks(message.start, message.end)
+        blocks = check_blocks(message.start, message.end, self.span_blocks)
         if self.status.state is not NodeState.ONLINE:
             raise NodeDraining(f"node is {self.status.state.value}; it accepts no new sessions")
-        if message.max_length > self.status.max_session_length:
-            raise PositionOutOfRange(
-                f"max_length {message.max_length} exceeds this node's limit of {self.status.max_session_length}"
-            )
+        check_max_length(message.max_length, self.status.max_session_length)
         if message.adapter is not None and message.adapter not in self.backend.span.adapters:
             # Like blocks it does not serve: the router read a record that is out of date, or never listed it.
             raise WrongSpan(f"this node serves no adapter {message.adapter!r}")
-        allocation = await self.pool.allocate(message.max_length, message.alloc_timeout)
+        self.fair.check_room(owner, message.max_length, new_session=True)
+        with self.fair.waiting(owner):  # while it waits for room, peers over their share take no more
+            allocation = await self.pool.allocate(message.max_length, message.alloc_timeout)
         try:
             kv = await self.backend.new_session_kv(blocks, message.max_length, message.adapter)
         except BaseException:  # cancelled or failed before the session exists: nobody else would release the room
@@ -299,10 +246,7 @@ class SpanHandlers:
         """Grow or shrink the session's room, its stored tokens kept; the pool grants growth like an open."""
         if message.max_length > session.max_length and self.status.state is not NodeState.ONLINE:
             raise NodeDraining(f"node is {self.status.state.value}; sessions may not grow")
-        if message.max_length > self.status.max_session_length:
-            raise PositionOutOfRange(
-                f"max_length {message.max_length} exceeds this node's limit of {self.status.max_session_length}"
-            )
+        check_max_length(message.max_length, self.status.max_session_length)
         with self.sessions.active(session) as kv:  # busy: the idle reaper leaves it alone while it waits for room
             if message.max_length < kv.length:
                 raise PositionOutOfRange(f"max_length {message.max_length} is below the {kv.length} stored tokens")
@@ -310,6 +254,7 @@ class SpanHandlers:
                 return
             growing = message.max_length > kv.max_length
             if growing:  # room first: the tensors grow only once the pool has granted it
+                self.fair.check_room(session.owner, message.max_length - kv.max_length, new_session=False)
                 await self.pool.resize(session.allocation, message.max_length, message.alloc_timeout)
             await self.backend.resize_session_kv(kv, message.max_length)
             if not growing:  # the old, larger tensors are gone now
@@ -327,7 +272,7 @@ class SpanHandlers:
     async def _step(self, session: Session, message: Step, tensors: list[torch.Tensor]) -> torch.Tensor:
         if not isinstance(message, Step):
             raise BadRequest(f"unexpected message {message.type!r} in an open session")
-        hidden = self._check_hidden(tensors, batch=1)
+        hidden = check_hidden(tensors, self.hidden_size, batch=1)
         new_tokens = hidden.shape[1]
         with self.sessions.active(session) as kv:
             if message.position > kv.length:
@@ -338,37 +283,35 @@ class SpanHandlers:
                 raise PositionOutOfRange(
                     f"positions up to {message.position + new_tokens} exceed max_length {kv.max_length}"
                 )
-            output = await self.backend.serve_step(kv, hidden, message.position)
+            with self.fair.step(session.owner):
+                output = await self.backend.serve_step(kv, hidden, message.position)
         self.tokens_processed += new_tokens
         return output
 
     async def forward(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
         await self._emulate_distance()
-        try:
-            message, tensors = decode_unary(request, ForwardRequest)
-            self._authorize(message.auth, context)
-            check_protocol(message.protocol)
-            blocks = self._check_blocks(message.start, message.end)
-            hidden = self._check_hidden(tensors, batch=None)
-            if hidden.shape[1] > self.status.max_session_length:
-                raise PositionOutOfRange(f"{hidden.shape[1]} tokens exceed {self.status.max_session_length}")
-            async with self.pool.reserve(hidden.shape[0] * hidden.shape[1]):
-                output = await self.backend.forward(hidden, blocks)
-            self.tokens_processed += hidden.shape[0] * hidden.shape[1]
-            return encode_response(ForwardResult(), (output,))
-        except RemoteError as error:
-            return encode_response(ErrorReply.of(error))
-        except Exception:
-            logger.exception("forward failed")
-            return encode_response(ErrorReply.of(NodeInternalError("internal error on the node")))
+        return await _replying("forward", lambda: self._forward(request, context))
+
+    async def _forward(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
+        message, tensors = decode_unary(request, ForwardRequest)
+        self._authorize(message.auth, context)
+        check_protocol(message.protocol)
+        blocks = check_blocks(message.start, message.end, self.span_blocks)
+        hidden = check_hidden(tensors, self.hidden_size, batch=None)
+        if hidden.shape[1] > self.status.max_session_length:
+            raise PositionOutOfRange(f"{hidden.shape[1]} tokens exceed {self.status.max_session_length}")
+        async with self.pool.reserve(hidden.shape[0] * hidden.shape[1]):
+            output = await self.backend.forward(hidden, blocks)
+        self.tokens_processed += hidden.shape[0] * hidden.shape[1]
+        return encode_response(ForwardResult(), (output,))
 
     async def info(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
         await self._emulate_distance()
-        try:
-            message, _ = decode_unary(request, InfoRequest)
-            self._authorize(message.auth, context)
-        except RemoteError as error:
-            return encode_response(ErrorReply.of(error))
+        return await _replying("info", lambda: self._info(request, context))
+
+    async def _info(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
+        message, _ = decode_unary(request, InfoRequest)
+        self._authorize(message.auth, context)
         return encode_response(self.node_info())
 
     def _authorize(self, token: str | None, context: P2PContext) -> None:
@@ -405,24 +348,9 @@ class SpanHandlers:
             tokens_processed=self.tokens_processed,
         )
 
-    def _check_blocks(self, start: int, end: int) -> range:
-        if not self.start <= start < end <= self.end:
-            raise WrongSpan(f"blocks {start}:{end} are not within this node's span {self.start}:{self.end}")
-        return range(start, end)
-
-    def _check_hidden(self, tensors: list[torch.Tensor], batch: int | None) -> torch.Tensor:
-        if len(tensors) != 1:
-            raise BadRequest(f"expected one hidden-states tensor, got {len(tensors)}")
-        (hidden,) = tensors
-        if hidden.ndim != 3 or hidden.shape[1] == 0 or hidden.shape[0] == 0:
-            raise BadRequest(f"hidden states must be [batch, tokens, {self.hidden_size}], got {list(hidden.shape)}")
-        if batch is not None and hidden.shape[0] != batch:
-            raise BadRequest(f"an inference step takes batch {batch}, got {hidden.shape[0]}")
-        if hidden.shape[2] != self.hidden_size:
-            raise BadRequest(f"hidden size {hidden.shape[2]} != the model's {self.hidden_size}")
-        if not torch.isfinite(hidden).all():
-            raise BadRequest("hidden states contain NaN or infinity")
-        return hidden
+    @property
+    def span_blocks(self) -> range:
+        return range(self.start, self.end)
 
 
 def _mark_rows(stage: str, rows: list[BatchRow]) -> None:
@@ -430,6 +358,70 @@ def _mark_rows(stage: str, rows: list[BatchRow]) -> None:
         step_trace.mark(stage, row.session_id, row.position)
 
 
-def check_protocol(version: int) -> None:
-    if version != PROTOCOL_VERSION:
-        raise ProtocolMismatch(f"client speaks protocol {version}, this node speaks {PROTOCOL_VERSION}")
+_Reply = TypeVar("_Reply", runtime_pb2.ExpertResponse, runtime_pb2.ExpertResponse | None)
+
+
+async def _replying(what: str, work: Callable[[], Awaitable[_Reply]]) -> _Reply | runtime_pb2.ExpertResponse:
+    """``work``'s reply; a typed error becomes its ``ErrorReply`` and anything else an internal error, logged once
+    (the stream, and the node, go on serving)."""
+    try:
+        return await work()
+    except RemoteError as error:
+        return encode_response(ErrorReply.of(error))
+    except Exception:
+        logger.exception("%s failed", what)
+        return encode_response(ErrorReply.of(NodeInternalError("internal error on the node")))
+
+
+class _SessionStream:
+    """The messages of one inference stream, dispatched by type: the first opens the session, later ones step or
+    edit it, ``CloseSession`` ends the stream (``answer`` returns None)."""
+
+    def __init__(self, handlers: SpanHandlers, context: P2PContext) -> None:
+        self.handlers = handlers
+        self.context = context
+        self.session: Session | None = None
+
+    async def answer(self, request: runtime_pb2.ExpertRequest) -> runtime_pb2.ExpertResponse | None:
+        message, tensors = decode_client_message(request)
+        if isinstance(message, CloseSession):
+            return None
+        if isinstance(message, OpenSession):
+            return await self._open(message)
+        if self.session is None:
+            raise UnknownSession("step before the session was opened")
+        return await self._edit_or_step(self.session, message, tensors)
+
+    async def _open(self, message: OpenSession) -> runtime_pb2.ExpertResponse:
+        if self.session is not None:
+            raise BadRequest("this stream already has an open session")
+        self.handlers._authorize(message.auth, self.context)
+        session = self.session = await self.handlers._open(message, self.context.remote_id.to_base58())
+        return encode_response(
+            SessionOpened(
+                session_id=session.session_id,
+                start=session.first_block,
+                end=session.end_block,
+                max_length=session.max_length,
+            )
+        )
+
+    async def _edit_or_step(
+        self, session: Session, message: SessionMessage, tensors: list[torch.Tensor]
+    ) -> runtime_pb2.ExpertResponse:
+        handlers = self.handlers
+        match message:
+            case ResizeSession():
+                await handlers._resize(session, message)
+                return encode_response(SessionResized(max_length=session.max_length))
+            case TruncateSession():
+                handlers._truncate(session, message.length)
+                return encode_response(SessionTruncated(length=message.length))
+            case AllowPush():
+                session.pusher = message.pusher
+                return encode_response(PushAllowed())
+            case Step():
+                session.slots.clear()  # this step may rewrite what the latest decode step ran on
+                output = handlers._corrupt(await handlers._step(session, message, tensors))
+                return encode_response(StepResult(position=message.position), (output,))
+        raise BadRequest(f"unexpected message {message.type!r} in an open session")

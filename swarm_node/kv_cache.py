@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch.nn import functional
 
+from shared.errors import KVNotWritten
+
 
 class SessionKV:
     """Keys/values of one session for blocks ``[first_block, first_block + num_layers)``.
@@ -94,6 +96,7 @@ class BatchCache:
         # Layers that compute attention themselves (Falcon, BLOOM) never call ``attend``: they get the padded layout.
         self.ragged = ragged_decode and new_tokens == 1
         self.kv_broadcast = kv_broadcast
+        self.written: dict[int, int] = {}  # block -> positions its layer stored in this forward (check_written)
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
@@ -101,6 +104,7 @@ class BatchCache:
         # key_states, value_states: [B, kv_heads * kv_broadcast, T, head_dim]; one copy of each head is stored
         if self.kv_broadcast > 1:
             key_states, value_states = key_states[:, :: self.kv_broadcast], value_states[:, :: self.kv_broadcast]
+        self.written[layer_idx] = self.written.get(layer_idx, 0) + key_states.shape[2]
         keys, values = self._store_and_read(key_states, value_states, layer_idx)
         if self.kv_broadcast > 1 and not self.ragged:
             keys = keys.repeat_interleave(self.kv_broadcast, dim=1)
@@ -160,6 +164,24 @@ class BatchCache:
                 out = _softcapped(grouped, keys, values, None, _scale(scaling, head_dim), softcap)
             outputs.append(out.reshape(heads, head_dim))
         return torch.stack(outputs).view(batch, 1, heads, head_dim)
+
+    def check_written(self, blocks: range) -> None:
+        """After the layers ran: each block of ``blocks`` stored exactly this forward's new positions, once.
+
+        A layer that was handed the cache under a keyword it does not name swallows it and stores nothing."""
+        wrong = {block: self.written.get(block, 0) for block in blocks if self.written.get(block) != self.new_tokens}
+        if wrong:
+            raise KVNotWritten(
+                f"blocks {sorted(wrong)} stored {sorted(set(wrong.values()))} positions of keys/values in a forward"
+                f" of {self.new_tokens} (the installed transformers' layers ignored the cache we passed?)"
+            )
+
+    def forget(self) -> None:
+        """Drop the keys/values this forward stored (``--faulty-outputs stale-cache``: later steps attend to zeros,
+        as they did when transformers' layers swallowed the cache keyword)."""
+        for session, start, length in zip(self.sessions, self.starts, self.lengths, strict=True):
+            session.keys[:, :, start : start + length] = 0
+            session.values[:, :, start : start + length] = 0
 
     def commit(self) -> None:
         """After the forward: every session now holds exactly the tokens up to its last written position."""

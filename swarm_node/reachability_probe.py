@@ -6,9 +6,10 @@ start DHT (relay service on, if --relay-hop)
        ├─ nobody could be asked ................... DIRECT, assumed (a swarm without our bootstrap peers)
        └─ none answered
             ├─ --no-use-relay ..................... UNREACHABLE: announced so, not counted as coverage
-            └─ restart the DHT as a relay client (a slot reserved on the initial peers, no relay service),
-               then ask the relay to dial our circuit address until it answers
-                 ├─ answered ...................... RELAYED: announce the circuit addresses
+            └─ restart the DHT as a relay client (autorelay on, no relay service), reserve a slot on each
+               initial peer ourselves at once (shared.relay_reservation; autorelay, which takes minutes, is the
+               fallback), then ask the relay to dial our circuit address until it answers
+                 ├─ answered ...................... RELAYED: announce the circuit addresses, renew the slots
                  └─ RELAY_WAIT passed ............. UNREACHABLE
 """
 
@@ -23,8 +24,10 @@ from typing import Any
 from hivemind import DHT
 from hivemind.p2p import P2P
 
-from shared.dht_process import start_dht
+from shared.background import Periodic
+from shared.dht_process import start_dht, stop_dht
 from shared.reachability import Reachability, ask_dial_back, circuit_addrs, describe, peer_of
+from shared.relay_reservation import RelaySlot, reserve_any
 from swarm_node.settings import NodeSettings
 
 logger = logging.getLogger(__name__)
@@ -37,16 +40,22 @@ class Reach:
     dht: DHT
     verdict: Reachability
     relay_addrs: list[str] = field(default_factory=list)  # where others dial us through a relay (RELAYED only)
-    # While a relay slot is being reserved (minutes: p2pd's autorelay waits ~3 min before it reserves with fewer than
-    # four candidate relays), the node loads its weights; ``settled`` waits for the outcome before it goes online.
+    # While the relay path is being checked (a second or two when a relay grants our own reservation; minutes when
+    # only p2pd's autorelay gets one), the node loads its weights; ``settled`` waits for the outcome before it goes
+    # online.
     pending: asyncio.Task[list[str]] | None = None
+    # Jobs renewing our relay slots while the node lives (RELAYED only); the server stops them when it stops.
+    renewals: list[Periodic] = field(default_factory=list)
 
     async def settled(self) -> Reach:
         if self.pending is None:
             return self
         relay_addrs = await self.pending
-        verdict = Reachability.RELAYED if relay_addrs else Reachability.UNREACHABLE
-        return _decided(Reach(self.dht, verdict, relay_addrs))
+        if not relay_addrs:
+            for job in self.renewals:
+                job.cancel()
+            return _decided(Reach(self.dht, Reachability.UNREACHABLE))
+        return _decided(Reach(self.dht, Reachability.RELAYED, relay_addrs, renewals=self.renewals))
 
 
 async def settle_reachability(dht: DHT, settings: NodeSettings, dht_kwargs: dict[str, Any]) -> Reach:
@@ -74,17 +83,33 @@ async def settle_reachability(dht: DHT, settings: NodeSettings, dht_kwargs: dict
     if not settings.use_relay:
         return _decided(Reach(dht, Reachability.UNREACHABLE))
     logger.info("no peer could dial this node directly; reserving a relay slot on %s", ", ".join(helpers))
-    dht.shutdown()
+    stop_dht(dht)
     relay_client = {**dht_kwargs, **settings.relay_client_kwargs()}
     relay_client["daemon_flags"] = settings.relay_service_flags(False)  # a peer nobody can dial relays for nobody
     dht = start_dht(**relay_client)
     p2p = await dht.replicate_p2p()
-    wait = _wait_for_relay(p2p, settings.initial_peers, dht.peer_id.to_base58(), settings.relay_wait)
-    return Reach(dht, Reachability.UNREACHABLE, pending=asyncio.create_task(wait))
+    reach = Reach(dht, Reachability.UNREACHABLE)
+    wait = _reserve_and_check(p2p, settings, dht.peer_id.to_base58(), reach.renewals)
+    reach.pending = asyncio.create_task(wait)
+    return reach
+
+
+async def _reserve_and_check(p2p: P2P, settings: NodeSettings, peer_id: str, renewals: list[Periodic]) -> list[str]:
+    """Reserve on every initial peer that grants a slot (renewed by tasks added to ``renewals``), then wait until a
+    relay dials us back through our circuit address."""
+    reservations = await reserve_any(p2p, settings.initial_peers)
+    if reservations:
+        logger.info("reserved a relay slot on %s", ", ".join(r.relay for r in reservations))
+    else:
+        logger.info("no relay granted a slot when asked; waiting for p2pd's autorelay to reserve one")
+    renewals += [RelaySlot(p2p, held).keeper() for held in reservations]
+    for job in renewals:
+        job.start()
+    return await _wait_for_relay(p2p, settings.initial_peers, peer_id, settings.relay_wait)
 
 
 async def _wait_for_relay(p2p: P2P, relays: list[str], peer_id: str, wait: float) -> list[str]:
-    # p2pd's autorelay reserves a slot some 15-20 s after it starts (seen here); we ask until the relay answers.
+    # Asked until a relay answers: at once after our own reservation, or once autorelay took a slot (minutes).
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         for relay in relays:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 from pathlib import Path
@@ -25,7 +26,8 @@ from hivemind import DHT
 from hivemind.p2p import P2P
 
 import shared
-from shared.dht_process import start_dht
+from shared.background import Periodic
+from shared.dht_process import start_dht, stop_dht
 from shared.dht_records import ModelRecord, NodeState, ServerRecord, announce, fetch_servers
 from shared.errors import SwarmError
 from shared.families import context_length, family_of
@@ -40,10 +42,13 @@ from swarm_node.backend import SpanBackend
 from swarm_node.block_count import auto_num_blocks
 from swarm_node.cache_pool import CachePool
 from swarm_node.capacity import default_cache_tokens
+from swarm_node.faults import computed_quant, wrong_weights
 from swarm_node.handlers import NodeStatus, SpanHandlers
+from swarm_node.layer_api import cache_keyword
 from swarm_node.metrics import NodeGauges, NodeMetrics
 from swarm_node.quantize import block_transform, resolve_quant
 from swarm_node.reachability_probe import settle_reachability
+from swarm_node.self_test import SelfTestFailed, run_self_test
 from swarm_node.settings import NodeSettings
 from swarm_node.span import build_span
 from swarm_node.span_choice import block_throughputs, choose_new_start, choose_start
@@ -54,6 +59,10 @@ logger = logging.getLogger(__name__)
 OFFLINE_RECORD_TTL = 30.0  # how long an OFFLINE record lingers so readers see the node left rather than vanished
 NEXT_HOPS_PROBED = 4  # nodes serving our end block whose round-trip time we measure and announce
 PROBE_TIMEOUT = 2.0
+# A DHT store on the way out (DRAINING, then OFFLINE) waits for peers that may be gone or for a stuck p2pd: each is
+# bounded so that a node exits within its drain timeout + 10 s of SIGTERM, whoever else is gone (two of these and
+# the DHT's stop grace, shared.dht_process, fit in that).
+STOP_ANNOUNCE_TIMEOUT = 2.0
 
 
 def resolve_device(setting: str) -> torch.device:
@@ -80,6 +89,8 @@ class SpanServer:
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("--device cuda: this machine has no CUDA device torch can use (try --device cpu)")
         self.dtype = resolve_dtype(settings.dtype, self.device)
+        family = family_of(self.config)
+        cache_keyword(family.decoder_layer, family.layer_call)  # refuse a transformers whose layers we cannot drive
         self.quant = resolve_quant(settings.quant, self.device)
         span = settings.span()
         if span is not None and span[1] > self.num_model_blocks:
@@ -98,6 +109,7 @@ class SpanServer:
             added_latency=settings.added_latency,
             faulty_outputs=settings.faulty_outputs,
             session_idle_timeout=settings.session_idle_timeout,
+            share_limits=settings.share_limits(),
         )
         cache_tokens = settings.cache_tokens or default_cache_tokens(
             self.config, self.num_blocks, self.device, self.dtype, self.quant
@@ -105,6 +117,7 @@ class SpanServer:
         self.pool = CachePool(cache_tokens)
         self.start, self.end = span or (0, 0)
         self.announced: NodeState | None = None  # the state of the last announcement that reached the DHT
+        self.dht_answers = True  # False once a bounded announcement on the way out timed out or failed
         self.next_rtts: dict[str, float] = {}
         self.reachability = Reachability.DIRECT
         self.relay_addrs: list[str] = []
@@ -176,8 +189,9 @@ class SpanServer:
             if self.settings.span() is None:
                 self.start = await self._choose_start(self.num_blocks)
                 self.end = self.start + self.num_blocks
-            await self._announce()  # JOINING: others joining now see this span as taken
             backend = await self._load(self.start, self.end)
+            await self._self_test(backend)  # before the first record: a span that fails it is never announced
+            await self._announce()  # JOINING: others joining now see this span as taken
             self.handlers = SpanHandlers(backend, self.pool, self.status)
             await self.handlers.register(p2p)
             self.speed = await block_speed(backend, self.cache_path, self.speed_key)
@@ -185,21 +199,28 @@ class SpanServer:
             self.reachability, self.relay_addrs = reach.verdict, reach.relay_addrs
             self.status.state = NodeState.ONLINE
             logger.info("serving blocks %d:%d as %s", self.start, self.end, self.dht.peer_id)
-            tasks = [asyncio.create_task(self._announce_forever(p2p))]
+            refresh = functools.partial(self._refresh, p2p)
+            jobs = [Periodic("announce", self.settings.announce_period, refresh, "DHT announcement failed", True)]
+            jobs += reach.renewals  # already running: start() leaves them be, stop() ends them with the rest
             if self.settings.span() is None:
-                tasks.append(asyncio.create_task(self._balance_forever()))
+                jobs.append(Periodic("rebalance", self.settings.balance_period, self._maybe_move, "rebalancing failed"))
+            for job in jobs:
+                job.start()
             await stop.wait()
             logger.info("stopping: draining open sessions")
             await self._drain()
-            for task in tasks:
-                task.cancel()
+            await asyncio.gather(*(job.stop() for job in jobs))
         finally:
             self.status.state = NodeState.OFFLINE
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._announce(OFFLINE_RECORD_TTL), timeout=5)
+            # A node that never announced leaves no record behind; a DHT that did not take the DRAINING record will
+            # not take this one either.
+            if self.announced is not None and self.dht_answers:
+                await self._announce_leaving(OFFLINE_RECORD_TTL)
             if self.handlers is not None:
                 self.handlers.shutdown()
-            self.dht.shutdown()
+            elif backend is not None:
+                backend.shutdown()
+            stop_dht(self.dht)
             if exporter is not None:
                 exporter.shutdown()
             logger.info("node stopped")
@@ -207,15 +228,28 @@ class SpanServer:
     async def _load(self, start: int, end: int) -> SpanBackend:
         logger.info("loading blocks %d:%d of %s", start, end, self.source.name)
         reader = await asyncio.to_thread(open_weights, self.source, self.config)
+        fault = self.settings.faulty_outputs
+        quant = computed_quant(fault, self.quant)  # what the span computes (self.quant is what is announced)
         transform = await asyncio.to_thread(
-            block_transform, self.quant, self.dtype, self.device, self.settings.cpu_batched_copy
+            block_transform, quant, self.dtype, self.device, self.settings.cpu_batched_copy
         )
+        if fault == "wrong-weights":
+            transform = wrong_weights(transform)
         prefixes = [family_of(self.config).layout.block_prefix(block) for block in range(start, end)]
         adapters = await asyncio.to_thread(load_span_adapters, self.settings.adapter_folders(), prefixes)
         span = await asyncio.to_thread(
             build_span, self.config, reader, start, end, self.dtype, self.device, transform, adapters
         )
-        return SpanBackend(span, self.settings.batch_policy(), self.metrics)
+        span.forget_kv = fault == "stale-cache"
+        return SpanBackend(span, self.settings.batch_policy(), self.metrics, fault)
+
+    async def _self_test(self, backend: SpanBackend) -> None:
+        """The known-answer test of the loaded span (swarm_node.self_test); raises ``SelfTestFailed``."""
+        if self.settings.skip_self_test:
+            logger.warning("--skip-self-test: serving a span whose known-answer test did not run (for tests only)")
+            return
+        reader = await asyncio.to_thread(open_weights, self.source, self.config)
+        await backend.call(lambda: run_self_test(backend.span, self.config, reader, self.quant))
 
     async def _choose_start(self, num_blocks: int) -> int:
         assert self.dht is not None  # started in run()
@@ -227,22 +261,26 @@ class SpanServer:
     async def _drain(self) -> None:
         """Refuse new sessions (announced) and let open ones finish, up to the drain timeout."""
         self.status.state = NodeState.DRAINING
-        with contextlib.suppress(Exception):
-            await self._announce()
+        await self._announce_leaving()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.pool.wait_until_empty(), self.settings.drain_timeout)
         if self.pool.sessions:
             logger.warning("drain timeout: leaving %d sessions behind", self.pool.sessions)
 
-    async def _announce_forever(self, p2p: P2P) -> None:
-        period = self.settings.announce_period
-        while True:
-            try:
-                await self._probe_next_hops(p2p)
-                await self._announce()
-            except Exception:
-                logger.warning("DHT announcement failed; retrying in %.0fs", period, exc_info=True)
-            await asyncio.sleep(period)
+    async def _announce_leaving(self, expiration: float | None = None) -> None:
+        """Announce on the way out, bounded (``dht_answers`` says whether it went through)."""
+        try:
+            await asyncio.wait_for(self._announce(expiration), STOP_ANNOUNCE_TIMEOUT)
+        except Exception as exc:  # a timeout, or whatever the DHT raised: either way we are leaving
+            logger.warning("the DHT did not take our %s record: %r", self.status.state.value, exc)
+            self.dht_answers = False
+        else:
+            self.dht_answers = True
+
+    async def _refresh(self, p2p: P2P) -> None:
+        """The periodic announcement: round trips to the next hops measured, then our record."""
+        await self._probe_next_hops(p2p)
+        await self._announce()
 
     async def _announce(self, expiration: float | None = None) -> None:
         assert self.dht is not None  # started in run()
@@ -261,6 +299,7 @@ class SpanServer:
             reachability=self.reachability,
             relay_addrs=self.relay_addrs,
             adapters=sorted(self.settings.adapter_folders()),
+            precision=f"{self.quant}/{str(self.dtype).removeprefix('torch.')}/{self.device.type}",
             version=shared.__version__,
             protocol=PROTOCOL_VERSION,
         )
@@ -285,14 +324,6 @@ class SpanServer:
                 rtts[peer] = (await fetch_info(p2p, peer, PROBE_TIMEOUT, self.auth))[1]
         self.next_rtts = rtts
 
-    async def _balance_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.balance_period)
-            try:
-                await self._maybe_move()
-            except Exception:
-                logger.warning("rebalancing check failed", exc_info=True)
-
     async def _maybe_move(self) -> None:
         assert self.dht is not None and self.handlers is not None  # set in run()
         servers = await fetch_servers(self.dht, self.source.name, self.num_model_blocks)
@@ -306,6 +337,16 @@ class SpanServer:
         logger.info("moving from %d:%d to %d:%d", self.start, self.end, new_start, new_start + num_blocks)
         await self._drain()
         backend = await self._load(new_start, new_start + num_blocks)
+        try:
+            await self._self_test(backend)
+        except SelfTestFailed as error:
+            logger.error(
+                "not moving: the self-test of blocks %d:%d failed: %s", new_start, new_start + num_blocks, error
+            )
+            backend.shutdown()
+            self.status.state = NodeState.ONLINE
+            await self._announce()
+            return
         old = self.handlers.backend
         self.start, self.end = new_start, new_start + num_blocks
         self.handlers.use_backend(backend)

@@ -8,7 +8,6 @@ at once, even while its stream is still open (a later step then gets ``UnknownSe
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid
@@ -17,6 +16,7 @@ from contextlib import contextmanager
 
 from shared.errors import PushRefused, UnknownSession
 from swarm_node.cache_pool import Allocation
+from swarm_node.fair_share import Holding
 from swarm_node.kv_cache import SessionKV
 from swarm_node.step_slots import StepSlots
 
@@ -68,6 +68,14 @@ class SessionRegistry:
         self._sessions[session.session_id] = session
         return session
 
+    def holdings(self) -> dict[str, Holding]:
+        """Each owner's open sessions and the cache tokens they hold (what ``FairShare`` limits)."""
+        held: dict[str, Holding] = {}
+        for session in self._sessions.values():
+            before = held.get(session.owner, Holding())
+            held[session.owner] = Holding(before.sessions + 1, before.tokens + session.allocation.tokens)
+        return held
+
     def owned(self, session_id: str, owner: str) -> Session:
         """The open session ``session_id`` if ``owner`` opened it; else ``UnknownSession`` (the same answer whether it
         never existed, ended, or is someone else's: a session's name tells another client nothing)."""
@@ -107,9 +115,11 @@ class SessionRegistry:
             self.close(session, "expired")
         return idle
 
-    async def expire_forever(self) -> None:
-        """Check for idle sessions a few times per timeout period, until cancelled."""
-        period = min(max(self.idle_timeout / 4, 0.05), 10.0)
-        while True:
-            await asyncio.sleep(period)
-            self.expire_idle()
+    @property
+    def expiry_period(self) -> float:
+        """Seconds between looks for idle sessions: a few per timeout period."""
+        return min(max(self.idle_timeout / 4, 0.05), 10.0)
+
+    async def expire(self) -> None:
+        """``expire_idle`` as a periodic job."""
+        self.expire_idle()

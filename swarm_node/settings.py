@@ -12,6 +12,12 @@ from shared.settings import P2PSettings, positional
 
 if TYPE_CHECKING:
     from swarm_node.decode_batcher import BatchPolicy
+    from swarm_node.fair_share import ShareLimits
+
+# --faulty-outputs (testing only): what each mode does is in swarm_node/faults.py.
+FaultyOutputs = Literal[
+    "none", "nan", "shape", "dtype", "noise", "stale-cache", "wrong-weights", "low-precision", "lazy"
+]
 
 
 class DhtSettings(P2PSettings):
@@ -56,6 +62,20 @@ class NodeSettings(P2PSettings):
         " session's rhythm); it waits at most about one forward's duration, and a lone session never waits",
     )
     max_batch_size: int = Field(32, gt=0, description="most sessions' decode steps in one batched forward")
+    peer_cache_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="fair share: the fraction of the KV-cache pool one peer (a gateway, by its peer id) may hold while"
+        " another peer has sessions or steps here or waits for room; over it, its new sessions and"
+        " growth are refused with the retryable cache_full (a peer alone may use the whole pool)",
+    )
+    peer_max_sessions: int = Field(
+        128, gt=0, description="fair share: open sessions one peer may hold while other peers use this node"
+    )
+    peer_max_queued_steps: int = Field(
+        64, gt=0, description="fair share: steps of one peer queued or running at once while other peers use this node"
+    )
     cpu_batched_copy: Literal["auto", "on", "off"] = Field(
         "auto",
         description="float32 on the CPU, --quant none: also keep a oneDNN-packed copy of the projections for forwards"
@@ -91,10 +111,19 @@ class NodeSettings(P2PSettings):
     added_latency: float = Field(
         0.0, ge=0, le=10, description="seconds added before every reply, to emulate a distant node (testing)"
     )
-    faulty_outputs: Literal["none", "nan", "shape", "dtype"] = Field(
+    faulty_outputs: FaultyOutputs = Field(
         "none",
-        description="testing only: answer inference steps with NaNs, a wrong shape or a wrong dtype (a broken node"
-        " that gateways must ban and route around)",
+        description="testing only: a node that lies. Malformed (gateways ban it at once): nan, shape, dtype answer"
+        " NaNs, a wrong shape or a wrong dtype. Healthy-looking (only comparing with replicas tells): noise adds 1%"
+        " relative noise to every output, stale-cache never keeps keys/values, wrong-weights computes its first block"
+        " with weights of another seed, low-precision announces --quant but computes nf4, lazy answers its input."
+        " The self-test refuses stale-cache (see --skip-self-test)",
+    )
+    skip_self_test: bool = Field(
+        False,
+        description="testing only: announce the span without its known-answer self-test (a prefill against prefill plus"
+        " a decode step; each quantized block against its float weights), so tests can start nodes the self-test would"
+        " refuse (--faulty-outputs stale-cache) and check that gateways catch them",
     )
     throughput_cache: str = Field(
         "~/.cache/swarmgate/throughput.json",
@@ -111,8 +140,9 @@ class NodeSettings(P2PSettings):
     relay_wait: float = Field(
         300.0,
         gt=0,
-        description="with --use-relay: seconds to wait for a relay slot (p2pd reserves one about 3 minutes after"
-        " start; the weights load meanwhile) before announcing unreachable",
+        description="with --use-relay: seconds to wait until a relay dials this node back through its slot (the"
+        " node reserves one itself at once; p2pd's autorelay, the fallback, about 3 minutes after start) before"
+        " announcing unreachable",
     )
     use_relay: bool = Field(
         True,
@@ -141,6 +171,11 @@ class NodeSettings(P2PSettings):
 
     def span(self) -> tuple[int, int] | None:
         return parse_blocks(self.blocks) if self.blocks else None
+
+    def share_limits(self) -> ShareLimits:
+        from swarm_node.fair_share import ShareLimits
+
+        return ShareLimits(self.peer_cache_share, self.peer_max_sessions, self.peer_max_queued_steps)
 
     def batch_policy(self) -> BatchPolicy:
         from swarm_node.decode_batcher import BatchPolicy  # torch-heavy; --help need not import it

@@ -26,6 +26,7 @@ from shared.lora import LoraAdapter
 from shared.weights import WeightReader
 from swarm_node.adapters import AdapterRows, attach_adapters
 from swarm_node.kv_cache import BatchCache, SessionKV, softcapped_attention
+from swarm_node.layer_api import cache_keyword
 
 ATTENTION = "swarmgate"
 RAGGED_KWARG = "swarmgate_ragged"  # carries the BatchCache from our forward, through the layer, to ``_attention``
@@ -87,6 +88,8 @@ class BlockSpan(nn.Module):
         self.config = prepare_config(config)
         self.family = family_of(config)
         self.start, self.end = start, end
+        # Read off the installed layer's signature before anything is built: a mismatch refuses to start.
+        self.cache_keyword = cache_keyword(self.family.decoder_layer, self.family.layer_call)
         self.layers = nn.ModuleDict({str(i): self.family.decoder_layer(config, i) for i in range(start, end)})
         self.rotary = self._new_rotary()
         self._windows = {i: self.family.sliding_window(config, i) for i in range(start, end)}
@@ -97,6 +100,7 @@ class BlockSpan(nn.Module):
         self.cache_dtype = torch.float32
         self.adapter_rows = AdapterRows()  # each row's adapter during a forward (swarm_node.adapters)
         self.adapters: frozenset[str] = frozenset()  # the LoRA adapters a session may name
+        self.forget_kv = False  # testing only (--faulty-outputs stale-cache): drop each forward's keys/values
 
     def _new_rotary(self) -> nn.Module | None:
         rotary = self.family.rotary_embedding
@@ -142,7 +146,10 @@ class BlockSpan(nn.Module):
                 hidden = inputs.call(self.layers[str(block)], block, hidden)
         finally:
             self.adapter_rows.clear()
+        cache.check_written(blocks)  # a block that stored no keys/values would make every later step wrong
         cache.commit()
+        if self.forget_kv:
+            cache.forget()
         return hidden
 
 
@@ -183,17 +190,18 @@ class _LayerInputs:
 
     def call(self, layer: nn.Module, block: int, hidden: torch.Tensor) -> torch.Tensor:
         call = self.span.family.layer_call
+        cache: dict[str, Any] = {self.span.cache_keyword: self.cache}  # the keyword the installed layer names
         if call == "bloom":
-            out = layer(hidden, alibi=self.alibi(), attention_mask=self.mask(block), layer_past=self.cache)
+            out = layer(hidden, alibi=self.alibi(), attention_mask=self.mask(block), **cache)
         elif call == "falcon":
             out = layer(
                 hidden,
                 alibi=None,
                 attention_mask=self.mask(block),
                 position_ids=self.position_ids,
-                layer_past=self.cache,
                 use_cache=True,
                 position_embeddings=self.rotary(block),
+                **cache,
             )
         else:
             extra: dict[str, Any] = {RAGGED_KWARG: self.cache} if self.cache.ragged else {}
@@ -201,9 +209,9 @@ class _LayerInputs:
                 hidden,
                 attention_mask=self.mask(block),
                 position_ids=self.position_ids,
-                cache=self.cache,
                 use_cache=True,
                 position_embeddings=self.rotary(block),
+                **cache,
                 **extra,
             )
         return cast(torch.Tensor, out[0] if isinstance(out, tuple) else out)

@@ -10,18 +10,25 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from shared.dht_records import NodeState, ServerRecord
+from shared.server_records import NodeState, ServerRecord
 
 LIVE_STATES = (NodeState.JOINING, NodeState.ONLINE)
 
 
 def block_throughputs(servers: Iterable[ServerRecord], num_blocks: int, exclude: str | None = None) -> list[float]:
-    """Per block: summed throughput of the live servers covering it (``exclude``: a peer to leave out)."""
+    """Per block: summed throughput of the live servers covering it (``exclude``: a peer to leave out).
+
+    A node still loading announces no throughput yet (it measures it once loaded); it counts as the median of the
+    measured ones (1.0 when none is), so nodes joining together do not all see its span as empty and pile onto
+    one window — the simulator found 40 nodes joining within a minute all on blocks 0:10 of 126.
+    """
+    live = [s for s in servers if s.state in LIVE_STATES and s.peer_id != exclude]
+    measured = sorted(s.throughput for s in live if s.throughput > 0)
+    unmeasured = measured[len(measured) // 2] if measured else 1.0
     totals = [0.0] * num_blocks
-    for server in servers:
-        if server.state in LIVE_STATES and server.peer_id != exclude:
-            for block in range(server.start, min(server.end, num_blocks)):
-                totals[block] += server.throughput
+    for server in live:
+        for block in range(server.start, min(server.end, num_blocks)):
+            totals[block] += server.throughput or unmeasured
     return totals
 
 

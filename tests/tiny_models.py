@@ -116,5 +116,10 @@ GetTinyModel = Callable[[str], TinyModel]
 
 def build_tiny(variant: str) -> PreTrainedModel:
     torch.manual_seed(TINY_VARIANTS.index(variant))
-    model = AutoModelForCausalLM.from_config(TINY_CONFIGS[variant](), dtype=torch.float32)
+    config = TINY_CONFIGS[variant]()
+    # Soft-capped attention (Gemma 2) is only right in eager attention: transformers before 5.24 default it to SDPA,
+    # which drops the capping, so the reference the span is checked against would be the wrong one.
+    eager = getattr(config, "attn_logit_softcapping", None) is not None
+    attention = "eager" if eager else None
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation=attention)
     return model.eval()

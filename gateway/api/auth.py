@@ -1,4 +1,5 @@
-"""Who is calling: ``Authorization: Bearer KEY`` checked against the operator's keys and those in Redis.
+"""Who is calling: ``Authorization: Bearer KEY`` (or Anthropic's ``x-api-key: KEY``) checked against the operator's
+keys and those in Redis.
 
 Authentication is on or off because the operator said so (``gateway serve --auth keys|none``; on by default beyond
 loopback), fixed at start: nothing Redis holds or loses can open the gateway. With it off every caller is the
@@ -62,7 +63,7 @@ class Authenticator:
         presented = _bearer(authorization)
         if presented is None:
             raise Unauthorized(
-                "You didn't provide an API key. Send it in the Authorization header as 'Bearer KEY'.",
+                "You didn't provide an API key. Send it in the Authorization header as 'Bearer KEY' (or as x-api-key).",
                 "invalid_api_key",
             )
         digest = hash_key(presented)
@@ -109,7 +110,11 @@ async def authenticate(request: Request) -> Caller:
     authenticator = request.app.state.authenticator
     if not isinstance(authenticator, Authenticator):
         raise RuntimeError("the app was built without its authenticator (use gateway.app.create_app)")
-    return await authenticator.caller(request.headers.get("authorization"))
+    authorization = request.headers.get("authorization")
+    api_key = request.headers.get("x-api-key", "").strip()
+    if not authorization and api_key:  # Anthropic's SDKs send the key this way
+        authorization = f"Bearer {api_key}"
+    return await authenticator.caller(authorization)
 
 
 CallerDep = Annotated[Caller, Depends(authenticate)]

@@ -9,14 +9,26 @@ clients ignore and proxies count as traffic.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 DONE = "[DONE]"
+# Every line of every stream ends with LF. sse-starlette ends them with CRLF by default, and the ``sep`` given to
+# ``EventSourceResponse`` applies only to what it wraps itself, not to a ``ServerSentEvent`` built elsewhere (as
+# every event of ours is): readers that split lines on LF alone then see no events. So each event is built here.
+SEPARATOR = "\n"
 # sse-starlette's own pings (every 15 s by default, busy or not) are off: the reader sends keep-alives when idle.
 NO_PINGS = 24 * 3600
 
 
+def sse_event(data: str, id: str | None = None, retry: int | None = None) -> ServerSentEvent:
+    """One event; a typed one (the Responses stream's, ``{"type": ...}`` first) is named for its type, as the Open
+    Responses spec requires. Named here, where a resumed stream is read too, so a replay is the same bytes."""
+    event = json.loads(data).get("type") if data.startswith('{"type":') else None
+    return ServerSentEvent(data=data, id=id, retry=retry, event=event, sep=SEPARATOR)
+
+
 def event_stream(events: AsyncIterator[ServerSentEvent | bytes], session_id: str) -> EventSourceResponse:
-    return EventSourceResponse(events, headers={"X-Session-Id": session_id}, ping=NO_PINGS, sep="\n")
+    return EventSourceResponse(events, headers={"X-Session-Id": session_id}, ping=NO_PINGS, sep=SEPARATOR)

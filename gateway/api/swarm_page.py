@@ -36,6 +36,8 @@ PAGE = """<!doctype html>
   .span div { position: absolute; top: 0; bottom: 0; border-radius: 2px; background: #3b6fd8; }
   .state-online { color: #1a7f37; } .state-joining { color: #b26a00; } .state-draining { color: #b26a00; }
   .state-offline { color: #c62828; } .reach-relayed { color: #b26a00; } .reach-unreachable { color: #c62828; }
+  .verify-verified { color: #1a7f37; } .verify-unverified, .verify-probation { color: #b26a00; }
+  .verify-failed, .verify-distrusted { color: #c62828; }
   .peer { font-family: ui-monospace, monospace; }
 </style>
 </head>
@@ -49,7 +51,7 @@ PAGE = """<!doctype html>
   <span class="live-3"></span>3+</div>
 <table>
   <thead><tr><th>node</th><th>span</th><th>blocks</th><th>state</th><th>tokens/s</th><th>cache room</th>
-    <th>queue</th><th>rtt</th><th>reached</th><th>banned</th></tr></thead>
+    <th>queue</th><th>rtt</th><th>reached</th><th>banned</th><th>verified</th><th>reputation</th></tr></thead>
   <tbody id="nodes"></tbody>
 </table>
 <p class="muted">updated <span id="updated">never</span> &middot; refreshes every __REFRESH__ s</p>
@@ -85,6 +87,17 @@ function spanBar(node, numBlocks) {
   return outer;
 }
 
+function verification(check) {
+  // The verifier's state (probation, verified, unverified, failed, distrusted, off); the reason as a tooltip.
+  const state = el("td", check.state || "\u2013", "verify-" + (check.state || "none"));
+  state.title = check.reason || "";
+  const reputation = el("td", check.reputation === null || check.reputation === undefined
+    ? "\u2013" : check.reputation.toFixed(2));
+  const cells = document.createDocumentFragment();
+  cells.append(state, reputation);
+  return cells;
+}
+
 function drawNodes(report) {
   const body = document.getElementById("nodes");
   body.replaceChildren();
@@ -100,7 +113,8 @@ function drawNodes(report) {
       el("td", node.throughput.toFixed(1)), el("td", node.cache_tokens_left.toLocaleString() + " tokens"),
       el("td", node.queue_depth), el("td", node.rtt === null ? "\u2013" : (1000 * node.rtt).toFixed(1) + " ms"),
       el("td", node.reachability, "reach-" + node.reachability),
-      el("td", node.banned ? "for " + Math.ceil(node.ban_seconds_left) + " s" : "no"));
+      el("td", node.banned ? "for " + Math.ceil(node.ban_seconds_left) + " s" : "no"),
+      verification(node.verification || {}));
     body.append(row);
   }
 }

@@ -55,12 +55,14 @@ from gateway.settings import EngineSettings
 from gateway.swarm.chain_session import ChainSession
 from gateway.swarm.conversations import Taken
 from gateway.swarm.kept_chains import KeptChains, Parked
+from gateway.swarm.monitor import SwarmMonitor
 from gateway.swarm.report import swarm_report
 from gateway.swarm.router import Router
 from gateway.swarm.routing import RoutingMode
 from gateway.swarm.step_links import StepLinks
-from gateway.swarm.view import SwarmMonitor, SwarmView
-from shared.dht_process import start_dht
+from gateway.swarm.verify.verifier import Verifier, VerifySettings
+from gateway.swarm.view import SwarmView
+from shared.dht_process import start_dht, stop_dht
 from shared.dht_records import fetch_announced_models
 from shared.membership import CallAuth
 from shared.model_source import ModelSource, load_config, resolve_model
@@ -145,12 +147,14 @@ class GenerationEngine:
         self._monitor = SwarmMonitor(
             self._dht, self.model_name, self.config.num_hidden_layers, self.settings.swarm_refresh
         )
+        auth = CallAuth(self.settings.secret(), dht.peer_id.to_base58())
         self._router = Router(
             self._monitor,
             self._p2p,
             RoutingMode(self.settings.routing),
-            auth=CallAuth(self.settings.secret(), dht.peer_id.to_base58()),
+            auth=auth,
             allowed_peers=frozenset(self.settings.allowed_peers) or None,
+            verifier=Verifier(self._p2p, auth, self._verify_settings()) if self.settings.verify else None,
         )
         self._router.start()
         self._links = StepLinks(self._p2p, self.settings.step_timeout, self._router.liveness)
@@ -158,6 +162,16 @@ class GenerationEngine:
             self._router.view, self.settings.conversation_keep_alive, self.settings.conversation_max_kept
         )
         self._kept.start()
+
+    def _verify_settings(self) -> VerifySettings:
+        return VerifySettings(
+            check_rate=self.settings.verify_check_rate,
+            threshold=self.settings.verify_threshold,
+            max_checks=self.settings.verify_max_checks,
+            timeout=self.settings.step_timeout,
+            hidden_size=int(self.config.hidden_size),
+            dtype=self.head.embed_tokens.weight.dtype,  # what the chain sends the first node
+        )
 
     @property
     def router(self) -> Router:
@@ -176,7 +190,7 @@ class GenerationEngine:
         if self._router is not None:
             await self._router.close()
         if self._dht is not None:
-            await asyncio.to_thread(self._dht.shutdown)
+            await asyncio.to_thread(stop_dht, self._dht)
             self._dht = None
 
     async def swarm_view(self, fresh: bool = False) -> SwarmView:
@@ -202,6 +216,7 @@ class GenerationEngine:
             self.router.bans,
             self.router.stats,
             dict(self.router.waiting),
+            self.router.verifier,
         )
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[int]:

@@ -18,6 +18,8 @@ import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
+from shared.background import stop_task
+
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -108,9 +110,6 @@ class RedisLink:
                 logger.exception("write-through after Redis recovery failed")
 
     async def close(self) -> None:
-        if self._watcher is not None:
-            self._watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watcher
+        await stop_task(self._watcher)
         await self.client.aclose()
         await self.client.connection_pool.disconnect()

@@ -8,7 +8,6 @@ Each replica refreshes its own member of ``sg:gateways`` (a sorted set scored by
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
@@ -16,6 +15,7 @@ import time
 from redis.asyncio import Redis
 
 from gateway.state.redis_link import RedisDown, RedisLink
+from shared.background import Periodic
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ class ReplicaCensus:
         self.replica = replica
         self.configured = max(1, configured)
         self.seen = 1  # live replicas at the last successful beat, this one included
-        self._task: asyncio.Task[None] | None = None
+        self._beats = Periodic("replica-census", BEAT_PERIOD, self._beat_unless_down, immediate=True)
 
     @property
     def count(self) -> int:
@@ -56,18 +56,13 @@ class ReplicaCensus:
 
     def start(self) -> None:
         if self.link.enabled:
-            self._task = asyncio.create_task(self._run())
+            self._beats.start()
 
-    async def _run(self) -> None:
-        while True:
-            with contextlib.suppress(RedisDown):
-                await self.beat()
-            await asyncio.sleep(BEAT_PERIOD)
+    async def _beat_unless_down(self) -> None:
+        with contextlib.suppress(RedisDown):
+            await self.beat()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self._beats.stop()
         with contextlib.suppress(RedisDown):
             await self.link.run(lambda r: r.zrem(CENSUS_KEY, self.replica))  # leaving: stop counting at once

@@ -35,6 +35,24 @@ class StoredResponse(BaseModel):
     messages: list[dict[str, Any]] = []  # the conversation so far, as chat messages
 
 
+class Kept:
+    """Responses one WebSocket connection keeps for its own life, ``store: false`` ones among them (never written to
+    Redis): the most recent ``limit``, for ``previous_response_id`` on the same socket."""
+
+    def __init__(self, limit: int = 64) -> None:
+        self.limit = limit
+        self._held: OrderedDict[str, StoredResponse] = OrderedDict()
+
+    def keep(self, response_id: str, stored: StoredResponse) -> None:
+        self._held[response_id] = stored
+        self._held.move_to_end(response_id)
+        while len(self._held) > self.limit:
+            self._held.popitem(last=False)
+
+    def get(self, response_id: str) -> StoredResponse | None:
+        return self._held.get(response_id)
+
+
 def _key(response_id: str) -> str:
     return f"sg:response:{response_id}"
 

@@ -6,6 +6,7 @@ Keys (``sg:`` prefix):
     sg:sessions:key:{kid}  the same, per API key
     sg:events:{id}         Redis stream of the session's SSE payloads; entry ids ``0-N`` where N is the SSE event id
     sg:cancel              pub/sub channel: a session id published there is cancelled by whichever replica runs it
+    sg:reader:{id}         present while a reader on some replica follows the session's stream (expires quickly)
 
 This replica keeps every record and event it writes for its running sessions in memory too: its own readers read
 that copy (no Redis round trip between a chunk and its client), events reach Redis through a background *tee* (in
@@ -27,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from redis.exceptions import RedisError
 
 from gateway.state.redis_link import RedisDown, RedisLink
+from shared.background import stop_task
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +78,13 @@ def _record_key(session_id: str) -> str:
 
 def _events_key(session_id: str) -> str:
     return f"sg:events:{session_id}"
+
+
+def _reader_key(session_id: str) -> str:
+    return f"sg:reader:{session_id}"
+
+
+READER_KEY_SECONDS = 3  # a remote reader's presence key lives this long unless refreshed
 
 
 def _index_key(key_id: str | None) -> str:
@@ -309,6 +318,15 @@ class SessionStore:
 
     # -- cancellation ----------------------------------------------------------------------------------------------
 
+    async def mark_reader(self, session_id: str) -> None:
+        """Someone on this replica reads the session's stream (for the next ``READER_KEY_SECONDS``); raises
+        ``RedisDown``."""
+        await self.link.run(lambda r: r.set(_reader_key(session_id), "1", ex=READER_KEY_SECONDS))
+
+    async def has_reader(self, session_id: str) -> bool:
+        """Whether a reader on any replica marked itself lately; raises ``RedisDown``."""
+        return bool(await self.link.run(lambda r: r.exists(_reader_key(session_id))))
+
     def on_cancel(self, callback: Callable[[str], None]) -> None:
         self._cancel_callbacks.append(callback)
 
@@ -338,10 +356,7 @@ class SessionStore:
     async def close(self) -> None:
         if self._tees:
             await asyncio.wait(set(self._tees.values()), timeout=5)
-        if self._listener is not None:
-            self._listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._listener
+        await stop_task(self._listener)
 
     # -- recovery ----------------------------------------------------------------------------------------------------
 

@@ -8,7 +8,6 @@ nodes' room freed — when it expires, is evicted, one of its nodes stops servin
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from gateway.swarm.chain_session import ChainSession
 from gateway.swarm.conversations import ConversationPool, Taken
 from gateway.swarm.view import SwarmView
+from shared.background import Periodic
 
 logger = logging.getLogger(__name__)
 
@@ -31,19 +31,17 @@ class KeptChains:
     def __init__(self, view: Callable[[], Awaitable[SwarmView]], keep_alive: float, max_kept: int) -> None:
         self.pool: ConversationPool[Parked] = ConversationPool(keep_alive, max_kept)
         self._view = view
-        self._sweeper: asyncio.Task[None] | None = None
+        period = min(max(self.pool.keep_alive / 4, 0.05), 5.0)
+        self._sweeper = Periodic("kept-conversations", period, self.sweep)
         self._closed = False
 
     def start(self) -> None:
         if self.pool.enabled:
-            self._sweeper = asyncio.create_task(self._sweep_forever(), name="kept-conversations")
+            self._sweeper.start()
 
     async def close(self) -> None:
         self._closed = True  # a generation ending after this closes its chain instead of parking it
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
+        await self._sweeper.stop()
         await self._discard(self.pool.clear())
 
     def take(self, scope: str, prompt_ids: Sequence[int]) -> Taken[Parked] | None:
@@ -69,12 +67,6 @@ class KeptChains:
             return
         # A draining node waits for its sessions to end: free it now rather than at expiry.
         await self._discard(self.pool.remove_if(functools.partial(_left, online)))
-
-    async def _sweep_forever(self) -> None:
-        period = min(max(self.pool.keep_alive / 4, 0.05), 5.0)
-        while True:
-            await asyncio.sleep(period)
-            await self.sweep()
 
     async def _discard(self, parked: list[Parked]) -> None:
         for item in parked:

@@ -92,9 +92,7 @@ class NodeSession:
             return None
         return wire.NextHop(peer_id=self.hop.peer_id, session_id=self._session_id)
 
-    async def step(
-        self, hidden: torch.Tensor, position: int, next: list[wire.NextHop] | None = None
-    ) -> torch.Tensor:
+    async def step(self, hidden: torch.Tensor, position: int, next: list[wire.NextHop] | None = None) -> torch.Tensor:
         """hidden: [1, T, D] at positions position... -> the hop's output [1, T, D]; a decode step's output is also
         pushed along ``next`` (the rest of the chain)."""
         if hidden.shape[1] == 1 and self._links is not None and self._session_id is not None:

@@ -12,6 +12,8 @@
     node_draining           STALE      out of routing until it announces   routed again and replayed
     wrong_span              STALE        again (its record is out of date)
     protocol_mismatch       STALE
+    node_distrusted         MOVE       kept out of routing by the verifier  routed again and replayed
+                                       (gateway.swarm.verify), no ban
     missing_blocks          WAIT       -                                   waits up to --failover-wait for a node
                                                                            to join or come back, then the error
     anything else           FAIL       -                                   the error reaches the caller (bad
@@ -31,6 +33,7 @@ from shared.errors import (
     CacheFull,
     MalformedReply,
     MissingBlocks,
+    NodeDistrusted,
     NodeDraining,
     NodeInternalError,
     NodeUnreachable,
@@ -48,6 +51,7 @@ class Recovery(StrEnum):
     STALE = "stale"
     WAIT = "wait"
     FAIL = "fail"
+    MOVE = "move"
 
     @property
     def bans(self) -> bool:
@@ -69,6 +73,7 @@ RECOVERY: dict[str, Recovery] = {
     WrongSpan.code: Recovery.STALE,
     ProtocolMismatch.code: Recovery.STALE,
     MissingBlocks.code: Recovery.WAIT,
+    NodeDistrusted.code: Recovery.MOVE,
 }
 
 

@@ -22,9 +22,12 @@ from hivemind.p2p import P2P
 from gateway.swarm.bans import BanList
 from gateway.swarm.departures import Departures
 from gateway.swarm.liveness import Liveness
+from gateway.swarm.monitor import SwarmMonitor
 from gateway.swarm.recovery import Recovery
 from gateway.swarm.routing import Hop, RouteRequest, RoutingMode, plan_route
-from gateway.swarm.view import SwarmMonitor, SwarmView
+from gateway.swarm.verify.verifier import Verifier
+from gateway.swarm.view import SwarmView
+from shared.background import Periodic
 from shared.errors import MissingBlocks, SwarmError, format_block_ranges
 from shared.membership import CallAuth
 from shared.reachability import open_paths
@@ -71,6 +74,7 @@ class Router:
         probe_period: float = 10.0,
         auth: CallAuth | None = None,
         allowed_peers: frozenset[str] | None = None,
+        verifier: Verifier | None = None,
     ) -> None:
         self.monitor = monitor
         self.mode = mode
@@ -82,20 +86,26 @@ class Router:
         self.allowed_peers = allowed_peers  # None: any node that announces itself (with the swarm secret, if any)
         self._p2p = p2p
         self._probe_period = probe_period
-        self._prober: asyncio.Task[None] | None = None
+        self._prober = Periodic("rtt-probe", self._probe_period, self._probe_all, "RTT probing failed")
         self.departures = Departures()
         self.liveness = Liveness(p2p, self.auth)
         self.waiting: Counter[str] = Counter()  # sessions waiting for a node, by block range ("15:30")
         self.last_view: SwarmView | None = None  # the latest view() returned (the prober refreshes it)
+        self.verifier = verifier  # None: every announced node is trusted (no probation, no spot checks)
 
     def start(self) -> None:
-        self._prober = asyncio.create_task(self._probe_forever())
+        self._prober.start()
+        if self.verifier is not None:
+            self.verifier.start()
+
+    def trusted(self, peer_id: str) -> bool:
+        """Whether ``peer_id`` may carry user traffic now (its sessions fail over when it may not)."""
+        return self.verifier is None or self.verifier.routable(peer_id)
 
     async def close(self) -> None:
-        if self._prober is not None:
-            self._prober.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._prober
+        if self.verifier is not None:
+            await self.verifier.close()
+        await self._prober.stop()
 
     async def route(
         self,
@@ -120,17 +130,7 @@ class Router:
         while True:
             view = await self.view(fresh, max_age, stale_ok)
             await self._probe(view, [s.peer_id for s in view.online() if s.peer_id not in self.rtts])
-            avoided = self.bans.banned() | avoid
-            request = RouteRequest(
-                max_length,
-                start,
-                end,
-                rtts=dict(self.rtts),
-                banned=avoided,
-                load=dict(self.load),
-                push=push,
-                adapter=adapter,
-            )
+            request = self._route_request(view, max_length, start, end, avoid, push, adapter)
             try:
                 hops = plan_route(view, request, mode or self.mode)
             except MissingBlocks:
@@ -141,6 +141,30 @@ class Router:
             break
         self.load.update(hop.peer_id for hop in hops)
         return hops
+
+    def _route_request(
+        self,
+        view: SwarmView,
+        max_length: int,
+        start: int,
+        end: int | None,
+        avoid: frozenset[str],
+        push: bool,
+        adapter: str | None,
+    ) -> RouteRequest:
+        """What the planner weighs: our round trips, bans and load, and the verifier's exclusions and penalties."""
+        return RouteRequest(
+            max_length,
+            start,
+            end,
+            rtts=dict(self.rtts),
+            banned=self.bans.banned() | avoid,
+            load=dict(self.load),
+            push=push,
+            adapter=adapter,
+            excluded=self.verifier.excluded(view) if self.verifier else frozenset(),
+            penalties=self.verifier.penalties(view) if self.verifier else {},
+        )
 
     def release(self, hops: Iterable[Hop]) -> None:
         self.load.subtract(hop.peer_id for hop in hops)
@@ -177,6 +201,8 @@ class Router:
         """What routing sees: the DHT's records, less nodes outside the allowlist and departed nodes."""
         view = await self.monitor.view(fresh=fresh, max_age=max_age, stale_ok=stale_ok)
         self.last_view = self.departures.filter(self._allowed(view))
+        if self.verifier is not None:
+            self.verifier.watch(self.last_view)
         return self.last_view
 
     def _allowed(self, view: SwarmView) -> SwarmView:
@@ -199,11 +225,6 @@ class Router:
         old = self.rtts.get(peer_id)
         self.rtts[peer_id] = rtt if old is None else (1 - RTT_SMOOTHING) * old + RTT_SMOOTHING * rtt
 
-    async def _probe_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self._probe_period)
-            try:
-                view = await self.view()
-                await self._probe(view, [s.peer_id for s in view.online()])
-            except Exception:
-                logger.warning("RTT probing failed", exc_info=True)
+    async def _probe_all(self) -> None:
+        view = await self.view()
+        await self._probe(view, [s.peer_id for s in view.online()])

@@ -12,19 +12,21 @@ Two modes:
   after its announced queue and the sessions this gateway already runs on it.
 
 A session of a LoRA adapter goes only through nodes that announce it. Banned servers are skipped, except for a
-block whose every server is banned: then bans are ignored for that block.
+block whose every server is banned: then bans are ignored for that block. Excluded servers (in probation, failed
+or distrusted: ``gateway.swarm.verify``) are never used; a node's ``penalties`` (less reputation) add to its cost.
 """
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+import numpy as np
+
+from gateway.swarm import route_search
 from gateway.swarm.view import SwarmView
-from shared.dht_records import ServerRecord
-from shared.errors import MissingBlocks
+from shared.server_records import ServerRecord
 
 # Seconds-equivalent added to a node without room for the session: chosen only when nothing else serves its blocks.
 CACHE_SHORT_PENALTY = 60.0
@@ -58,30 +60,21 @@ class RouteRequest:
     load: Mapping[str, int] = field(default_factory=dict)  # this gateway's open sessions per node
     push: bool = False  # hidden states go node to node: a later hop's link is from its predecessor
     adapter: str | None = None  # a LoRA adapter every hop must serve (None: the base model, any node)
+    excluded: frozenset[str] = frozenset()  # never routed: not (or no longer) trusted to compute right
+    penalties: Mapping[str, float] = field(default_factory=dict)  # seconds-equivalent per hop, by reputation
 
 
 def plan_route(view: SwarmView, request: RouteRequest, mode: RoutingMode) -> list[Hop]:
     """Hops covering blocks [start, end); raises ``MissingBlocks`` naming every block nobody serves."""
     end = view.num_blocks if request.end is None else request.end
-    candidates = _candidates(view, request, end)
+    serving = view.serving(request.start, end, request.adapter)
+    servers = sorted((s for s in serving if s.peer_id not in request.excluded), key=lambda s: s.peer_id)
+    enterable = route_search.usable(servers, request.banned, request.start, end)
     if mode is RoutingMode.MIN_LATENCY:
-        return _min_latency(candidates, request, end)
-    return _max_throughput(candidates, request, end)
-
-
-def _candidates(view: SwarmView, request: RouteRequest, end: int) -> dict[int, list[ServerRecord]]:
-    """Per block, the servers a route may use there."""
-    candidates: dict[int, list[ServerRecord]] = {}
-    missing = []
-    for block in range(request.start, end):
-        servers = view.servers_for(block, request.adapter)
-        if not servers:
-            missing.append(block)
-        allowed = [s for s in servers if s.peer_id not in request.banned]
-        candidates[block] = allowed or servers
-    if missing:
-        raise MissingBlocks(missing)
-    return candidates
+        legs = _legs(servers, enterable, request, end)
+        hops = route_search.cheapest(legs, request.start, end, request.push)
+        return [Hop(servers[i].peer_id, start, stop) for i, start, stop in hops]
+    return _max_throughput(servers, enterable, request, end)
 
 
 def hop_cost(
@@ -91,58 +84,45 @@ def hop_cost(
     own_rtt = request.rtts.get(server.peer_id, UNKNOWN_RTT)
     block_time = server.block_time if server.throughput > 0 else UNKNOWN_BLOCK_TIME
     penalty = CACHE_SHORT_PENALTY if server.cache_tokens_left < request.max_length else 0.0
+    penalty += request.penalties.get(server.peer_id, 0.0)
     if not request.push:
         return own_rtt + blocks * block_time + penalty
     link_in = own_rtt if before is None else before.next_rtts.get(server.peer_id, own_rtt)
     return link_in / 2 + (own_rtt / 2 if last else 0.0) + blocks * block_time + penalty
 
 
-_State = tuple[int, str]  # (block boundary, the server that reached it: "" at the start, or when links do not matter)
+def _legs(
+    servers: list[ServerRecord], enterable: dict[int, route_search.Ints], request: RouteRequest, end: int
+) -> route_search.Legs:
+    """``hop_cost``'s terms per server, split into what depends on where a route enters it and what does not."""
+    own = np.array([request.rtts.get(s.peer_id, UNKNOWN_RTT) for s in servers])
+    reach = np.array([min(s.end, end) for s in servers], dtype=np.int64)
+    block_time = np.array([s.block_time if s.throughput > 0 else UNKNOWN_BLOCK_TIME for s in servers])
+    short = np.array([s.cache_tokens_left < request.max_length for s in servers])
+    fixed = np.where(short, CACHE_SHORT_PENALTY, 0.0) + np.array(
+        [request.penalties.get(s.peer_id, 0.0) for s in servers]
+    )
+    if request.push:
+        fixed = fixed + np.where(reach == end, own / 2, 0.0)
+    own_link = own / 2 if request.push else own
+    index = {s.peer_id: i for i, s in enumerate(servers)}
+    return route_search.Legs(servers, reach, block_time, fixed, own_link, enterable, index)
 
 
-def _min_latency(candidates: dict[int, list[ServerRecord]], request: RouteRequest, end: int) -> list[Hop]:
-    # Dijkstra over block boundaries: an edge b -> min(s.end, end) for each server s usable at block b. With push the
-    # cost of an edge depends on the server before it, so a state is (boundary, that server).
-    servers = {s.peer_id: s for block in candidates.values() for s in block}
-    start: _State = (request.start, "")
-    best: dict[_State, float] = {start: 0.0}
-    came_from: dict[_State, tuple[_State, Hop]] = {}
-    queue: list[tuple[float, _State]] = [(0.0, start)]
-    final = start
-    while queue:
-        cost, state = heapq.heappop(queue)
-        block, before = state
-        if block == end:
-            final = state
-            break
-        if cost > best.get(state, float("inf")):
-            continue
-        for server in sorted(candidates[block], key=lambda s: s.peer_id):
-            reach = min(server.end, end)
-            total = cost + hop_cost(server, reach - block, request, servers.get(before), reach == end)
-            reached = (reach, server.peer_id if request.push else "")
-            if total < best.get(reached, float("inf")):
-                best[reached] = total
-                came_from[reached] = (state, Hop(server.peer_id, block, reach))
-                heapq.heappush(queue, (total, reached))
-    hops = []
-    while final != start:
-        final, hop = came_from[final]
-        hops.append(hop)
-    return hops[::-1]
-
-
-def _max_throughput(candidates: dict[int, list[ServerRecord]], request: RouteRequest, end: int) -> list[Hop]:
+def _max_throughput(
+    servers: list[ServerRecord], enterable: dict[int, route_search.Ints], request: RouteRequest, end: int
+) -> list[Hop]:
     def spare_rate(server: ServerRecord) -> tuple[bool, float, str]:
         has_room = server.cache_tokens_left >= request.max_length
         rate = (server.throughput or 1.0) * (server.end - server.start)  # block-tokens per second
         busy = 1 + server.queue_depth + request.load.get(server.peer_id, 0)
-        return has_room, rate / busy, server.peer_id
+        trusted = 1.0 - request.penalties.get(server.peer_id, 0.0)  # reputation orders equally spare nodes
+        return has_room, rate * trusted / busy, server.peer_id
 
     hops = []
     block = request.start
     while block < end:
-        server = max(candidates[block], key=spare_rate)
+        server = max((servers[i] for i in enterable[block]), key=spare_rate)
         reach = min(server.end, end)
         hops.append(Hop(server.peer_id, block, reach))
         block = reach

@@ -32,6 +32,7 @@ class Piece:
     text: str
     tokens: tuple[EmittedToken, ...] = ()
     finish_reason: FinishReason | None = None  # set on a choice's last piece only
+    stop: str | None = None  # on the last piece: the stop string that ended the choice, if one did
 
     def __bool__(self) -> bool:
         return bool(self.text or self.tokens or self.finish_reason)
@@ -46,6 +47,7 @@ class TextAssembler:
     generated: int = 0  # tokens the engine produced, EOS included (the usage count)
     logprob_sum: float = 0.0  # of the emitted tokens, for best_of ranking
     finish_reason: FinishReason | None = None
+    stop: str | None = None  # the stop string found, if one was
     _sent: int = 0  # characters of ``text`` already handed out
     _cut: bool = False  # a stop string was found and the text cut there
     _pending: list[EmittedToken] = field(default_factory=list)
@@ -70,7 +72,7 @@ class TextAssembler:
     def finish(self) -> Piece:
         """The choice's last piece: whatever was held back, and why it ended (``length`` unless it stopped)."""
         if self._cut:
-            return Piece("", (), "stop")
+            return Piece("", (), "stop", self.stop)
         start = len(self.text)
         self.text += self.detokenizer.flush()
         piece = self._settle(start, final=True)
@@ -79,8 +81,9 @@ class TextAssembler:
         return Piece(piece.text, piece.tokens, self.finish_reason or "length")
 
     def _settle(self, new_from: int, final: bool = False) -> Piece:
-        cut = self.stops.find(self.text, new_from)
-        if cut is not None:
+        found = self.stops.match(self.text, new_from)
+        if found is not None:
+            cut, self.stop = found
             self.text = self.text[:cut]
             self.finish_reason, self._cut = "stop", True
             piece = self._take(cut)

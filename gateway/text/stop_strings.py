@@ -12,11 +12,16 @@ class StopMatcher:
 
     def find(self, text: str, new_from: int) -> int | None:
         """Where the earliest stop string starts, if one ends in ``text[new_from:]`` (the text added last)."""
+        found = self.match(text, new_from)
+        return None if found is None else found[0]
+
+    def match(self, text: str, new_from: int) -> tuple[int, str] | None:
+        """The earliest stop string ending in ``text[new_from:]``, and where it starts (Anthropic names it)."""
         if not self.stops:
             return None
         # A stop that ends in the new text may begin up to ``longest - 1`` characters before it.
         start = max(0, new_from - self.longest + 1)
-        found = [index for stop in self.stops if (index := text.find(stop, start)) != -1]
+        found = [(index, stop) for stop in self.stops if (index := text.find(stop, start)) != -1]
         return min(found) if found else None
 
     def holdback(self, text: str) -> int:

@@ -15,10 +15,10 @@ from hivemind.p2p import P2P
 
 from gateway.model.head import ModelHead, build_head
 from gateway.swarm.chain_session import ChainSession
+from gateway.swarm.monitor import SwarmMonitor
 from gateway.swarm.router import Router
 from gateway.swarm.routing import RoutingMode
 from gateway.swarm.step_links import StepLinks
-from gateway.swarm.view import SwarmMonitor
 from shared.dht_records import NodeState, ServerRecord, fetch_servers
 from shared.model_source import load_config, resolve_model
 from shared.rpc_client import fetch_info

@@ -59,5 +59,6 @@ def test_nodes_returning_nan_wrong_shape_or_dtype_are_banned_and_routed_around(
         assert result.choices[0].text == expected_text
     with gateway.http() as http:
         nodes = {node["peer_id"]: node for node in http.get("/v1/swarm").json()["nodes"]}
-    for node in faulty:
-        assert nodes[node.peer_id]["banned"], (node.name, nodes[node.peer_id])
+    for node in faulty:  # banned by a user's step, or never routed: its challenge (gateway.swarm.verify) caught it
+        state = nodes[node.peer_id]
+        assert state["banned"] or not state["verification"]["routed"], (node.name, state)

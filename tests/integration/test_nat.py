@@ -77,11 +77,14 @@ def test_a_node_behind_nat_serves_through_a_relay_and_fails_over_like_any_node(
     expected = tiny.model.generate(torch.tensor([PROMPT]), max_new_tokens=24, do_sample=False)[0, 7:].tolist()
     swarm.start_dht(host=nat.public_ip)
     first = swarm.start_node(tiny.folder, "0:3", *public(nat))
-    # The plain command: no flag about NAT or relays. --added-latency keeps a long stream running while we kill it.
-    home = swarm.start_node(tiny.folder, "3:6", *at_home(nat), "--added-latency", "0.05", wrapper=nat.wrapper)
+    # The plain command: no flag about NAT or relays (but --relay-wait: the node reserves its relay slot itself, at
+    # once; p2pd's autorelay alone takes about 3 minutes, after which this node would announce itself unreachable).
+    # --added-latency keeps a long stream running while we kill it.
+    home_flags = ("--relay-wait", "60", "--added-latency", "0.05")
+    home = swarm.start_node(tiny.folder, "3:6", *at_home(nat), *home_flags, wrapper=nat.wrapper)
     swarm.wait_serving(first)
-    # p2pd's autorelay reserves the slot about 3 minutes after the node turns relay client.
-    home_peer = swarm.wait_serving(home, timeout=420)
+    home_peer = swarm.wait_serving(home)
+    assert "reserved a relay slot on" in home.log_text(), home.log_text()[-3000:]
     assert "reachable through relay" in home.log_text(), home.log_text()[-3000:]
 
     gateway = start_gateway(swarm, tiny.folder, *public(nat), "--served-model-name", "m")

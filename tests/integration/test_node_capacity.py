@@ -35,6 +35,7 @@ from shared.wire import (
 )
 from tests.helpers.polling import eventually
 from tests.helpers.processes import LocalSwarm
+from tests.integration.conftest import client_peer
 from tests.tiny_models import VOCAB, GetTinyModel, TinyModel
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
@@ -229,3 +230,32 @@ async def test_a_resized_session_keeps_its_tokens_and_the_pool_counts_its_room(
     for stream in streams:
         stream.close()
     assert await room(client_p2p, capacity_nodes) == [(POOL_TOKENS, 0)] * 2
+
+
+async def test_one_peer_cannot_take_more_than_its_share_while_another_uses_the_node(
+    capacity_nodes: list[str], module_swarm: LocalSwarm
+) -> None:
+    """Two clients (two peer ids) against one node with the default share, half the pool while the other is here."""
+    node = capacity_nodes[0]
+    async with client_peer(module_swarm.initial_peers) as greedy, client_peer(module_swarm.initial_peers) as other:
+        mine = [Stream(greedy, node, SPANS[0]) for _ in range(5)]
+        for stream in mine[:4]:
+            await stream.open(200)  # alone on the node: 800 of its 1000 tokens
+        theirs = [Stream(other, node, SPANS[0]) for _ in range(2)]
+        await theirs[0].open(50)
+        with pytest.raises(CacheFull, match="exceed its fair share of 500 while other peers use this node"):
+            await mine[4].open(10)  # room is left, but not for the peer over its share
+        await theirs[1].open(100)  # the other peer gets the room
+        for stream in theirs:
+            stream.close()
+
+        async def only_mine_left() -> bool:
+            return (await fetch_info(other, node, 30))[0].sessions == 4
+
+        await eventually(only_mine_left)
+        mine[4].close()
+        mine[4] = Stream(greedy, node, SPANS[0])
+        await mine[4].open(10)  # alone again: no share to keep
+        for stream in mine:
+            stream.close()
+        assert (await room(other, [node]))[0] == (POOL_TOKENS, 0)

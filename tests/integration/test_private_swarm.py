@@ -14,9 +14,9 @@ from hivemind.dht.node import DHTNode
 from hivemind.utils import get_dht_time
 
 from gateway.swarm.chain_session import NodeSession
+from gateway.swarm.monitor import SwarmMonitor
 from gateway.swarm.router import Router
 from gateway.swarm.routing import Hop
-from gateway.swarm.view import SwarmMonitor
 from shared.dht_process import start_dht
 from shared.dht_records import ModelRecord, NodeState, ServerRecord, block_key, fetch_servers
 from shared.errors import Unauthorized

@@ -16,12 +16,12 @@ from hivemind.p2p import P2P
 from gateway.model.head import ModelHead, build_head
 from gateway.swarm import chain_session
 from gateway.swarm.chain_session import ChainSession
+from gateway.swarm.monitor import SwarmMonitor
 from gateway.swarm.node_session import NodeSession
 from gateway.swarm.push_step import push_step
 from gateway.swarm.router import Router
 from gateway.swarm.routing import Hop
 from gateway.swarm.step_links import StepLinks
-from gateway.swarm.view import SwarmMonitor
 from shared.dht_records import fetch_servers
 from shared.model_source import load_config, resolve_model
 from shared.rpc_client import fetch_info

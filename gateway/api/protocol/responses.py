@@ -43,6 +43,7 @@ class InputItem(RequestModel):
     name: str | None = None  # function_call
     arguments: str | None = None  # function_call
     output: str | list[InputContent] | None = None  # function_call_output
+    encrypted_content: str | None = None  # compaction (what /v1/responses/compact returned)
 
 
 class FunctionTool(RequestModel):
@@ -93,14 +94,20 @@ class ResponsesRequest(RequestModel):
     top_k: Annotated[int, Field(ge=-1), INTEGRAL] | None = None
     min_p: float | None = Field(None, ge=0, le=1)
     repetition_penalty: float | None = Field(None, ge=0.01, le=2)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
     seed: Annotated[int, Field(ge=-(2**53), le=2**53), INTEGRAL] | None = None
     store: bool | None = True
     stream: bool | None = False
     metadata: dict[str, str] | None = None
     user: str | None = None
+    # Bookkeeping the response object echoes; none of it changes the answer.
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    service_tier: str | None = None
     # Known fields this gateway does not implement: a value that would change the answer is a 400.
     background: bool | None = None
-    conversation: Any = None
+    conversation: str | dict[str, Any] | None = None  # a conversation id, or {"id": ...}
     prompt: Any = None
     include: list[str] | None = None
     reasoning: Reasoning | None = None
@@ -119,12 +126,17 @@ class OutputText(ResponseModel):
     logprobs: list[Any] = Field(default_factory=list)
 
 
+Phase = Literal["commentary", "final_answer"]
+
+
 class OutputMessage(ResponseModel):
     type: Literal["message"] = "message"
     id: str = Field(default_factory=lambda: item_id("msg"))
     status: ItemStatus = "in_progress"
     role: Literal["assistant"] = "assistant"
     content: list[OutputText] = Field(default_factory=list)
+    # Known once the message ends: "commentary" when tool calls follow it, "final_answer" when it ends the turn.
+    phase: Phase | None = None
 
 
 class FunctionCall(ResponseModel):
@@ -188,10 +200,17 @@ class IncompleteDetails(ResponseModel):
     reason: Literal["max_output_tokens"]
 
 
+class ConversationRef(ResponseModel):
+    id: str
+
+
 class ResponseObject(ResponseModel):
+    """Every field the Open Responses ``ResponseResource`` requires, with the values this response was made with."""
+
     id: str
     object: Literal["response"] = "response"
     created_at: int = Field(default_factory=lambda: int(time.time()))
+    completed_at: int | None = None
     status: ResponseStatus = "in_progress"
     error: ResponseError | None = None
     incomplete_details: IncompleteDetails | None = None
@@ -203,16 +222,24 @@ class ResponseObject(ResponseModel):
     previous_response_id: str | None = None
     reasoning: dict[str, Any] = Field(default_factory=lambda: {"effort": None, "summary": None})
     store: bool = True
-    temperature: float | None = None
+    temperature: float = 1.0
     text: dict[str, Any] = Field(default_factory=lambda: {"format": {"type": "text"}})
     tool_choice: Any = "auto"
     tools: list[dict[str, Any]] = Field(default_factory=list)
-    top_p: float | None = None
+    top_p: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    top_logprobs: int = 0
     truncation: str = "disabled"
     usage: ResponseUsage | None = None
     user: str | None = None
     metadata: dict[str, str] = Field(default_factory=dict)
     background: bool = False
+    max_tool_calls: int | None = None
+    service_tier: str = "default"
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    conversation: ConversationRef | None = None
 
     @property
     def output_text(self) -> str:
@@ -223,6 +250,41 @@ class DeletedResponse(ResponseModel):
     id: str
     object: Literal["response"] = "response"
     deleted: bool = True
+
+
+class CompactRequest(RequestModel):
+    """``POST /v1/responses/compact``: the conversation to compact (``previous_response_id``, then ``input``)."""
+
+    model: str
+    input: str | list[InputItem] | None = None
+    previous_response_id: str | None = None
+    instructions: str | None = None  # how to compact (the default asks for goals, facts, decisions and open tasks)
+
+
+class CompactionItem(ResponseModel):
+    """The summary of what the compacted conversation said, opaque to clients: they send it back as an input item.
+    Not encrypted here (the gateway has no secret to hide it from its own caller); it only round-trips."""
+
+    type: Literal["compaction"] = "compaction"
+    id: str = Field(default_factory=lambda: item_id("cmp"))
+    encrypted_content: str
+    status: Literal["completed"] = "completed"
+
+
+class UserMessageItem(ResponseModel):
+    type: Literal["message"] = "message"
+    id: str = Field(default_factory=lambda: item_id("msg"))
+    status: Literal["completed"] = "completed"
+    role: Literal["user"] = "user"
+    content: list[dict[str, str]]
+
+
+class CompactedResponse(ResponseModel):
+    id: str = Field(default_factory=response_id)
+    object: Literal["response.compaction"] = "response.compaction"
+    created_at: int = Field(default_factory=lambda: int(time.time()))
+    output: list[UserMessageItem | CompactionItem]
+    usage: ResponseUsage
 
 
 class ResponseStreamEvent(BaseModel):

@@ -66,6 +66,7 @@ class ChoiceResult:
     tokens: list[EmittedToken] = field(default_factory=list)
     prompt: PromptScores | None = None
     finish_reason: FinishReason = "length"
+    stop: str | None = None  # the stop string that ended it, if one did
     generated: int = 0
     logprob_sum: float = 0.0
     cached_tokens: int = 0
@@ -77,7 +78,7 @@ class ChoiceResult:
         self.text += event.payload.text
         self.tokens += event.payload.tokens
         if event.payload.finish_reason is not None:
-            self.finish_reason = event.payload.finish_reason
+            self.finish_reason, self.stop = event.payload.finish_reason, event.payload.stop
             self.generated, self.logprob_sum = event.generated, event.logprob_sum
             self.cached_tokens = event.cached_tokens
 

@@ -41,7 +41,7 @@ from gateway.api.errors import (
 )
 from gateway.api.request_log import RequestRecord
 from gateway.api.serving.stop_signals import race
-from gateway.api.sse import DONE
+from gateway.api.sse import DONE, sse_event
 from gateway.state.quotas import QuotaExceeded, QuotaLimiter, Ticket
 from gateway.state.redis_link import RedisDown
 from gateway.state.store import STALE_AFTER, SessionRecord, SessionStatus, SessionStore
@@ -54,7 +54,6 @@ T = TypeVar("T")
 # missed beats) before they call the replica gone.
 HEARTBEAT_SECONDS = 3.0
 KEEPALIVE_SECONDS = 10.0  # an idle stream sends a comment line this often (proxies close idle ones at 30-60 s)
-READER_KEY_SECONDS = 3  # a remote reader's presence key lives this long unless refreshed
 WATCH_PERIOD = 0.5  # seconds between checks whether anyone still reads an abandoned stream
 RETRY_MS = 1000  # EventSource clients reconnect after this long instead of their default (~3 s)
 CANCEL_WAIT = 5.0  # DELETE waits this long for the owning replica to confirm the cancel
@@ -62,10 +61,6 @@ SLOW_STOP_SECONDS = 2.0  # a stopped generation's cleanup taking longer than thi
 # A bare comment line, no blank line after it: the openai client dispatches an empty event at a blank line once an
 # event id was seen, and fails to parse it (a comment alone between two events is ignored by every SSE parser).
 KEEPALIVE_LINE = b": keep-alive\n"
-
-
-def _reader_key(session_id: str) -> str:
-    return f"sg:reader:{session_id}"
 
 
 def session_lost(session_id: str) -> ServiceUnavailable:
@@ -293,7 +288,7 @@ class SessionTracker:
                     yield KEEPALIVE_LINE
                     continue
                 number, data = item
-                yield ServerSentEvent(data=data, id=str(number), retry=RETRY_MS if first else None)
+                yield sse_event(data, id=str(number), retry=RETRY_MS if first else None)
                 first, done = False, done or data == DONE
             if not done:
                 async for event in self._ending(session_id):
@@ -311,20 +306,20 @@ class SessionTracker:
         record = await self.store.get(session_id)
         if record is None or not record.ended:
             logger.warning("session %s: its replica stopped its heartbeat; ending the stream with an error", session_id)
-            yield ServerSentEvent(data=json.dumps(session_lost(session_id).body()))
-        yield ServerSentEvent(data=DONE)
+            yield sse_event(json.dumps(session_lost(session_id).body()))
+        yield sse_event(DONE)
 
     async def _announce_reader(self, session_id: str, gone: asyncio.Event) -> None:
         """Tell the owning replica (through Redis) that someone here still reads its stream, until ``gone``."""
         while not gone.is_set():
             with contextlib.suppress(RedisDown):
-                await self.store.link.run(lambda r: r.set(_reader_key(session_id), "1", ex=READER_KEY_SECONDS))
+                await self.store.mark_reader(session_id)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(gone.wait(), 1.0)
 
     async def remote_reader(self, session_id: str) -> bool:
         try:
-            return bool(await self.store.link.run(lambda r: r.exists(_reader_key(session_id))))
+            return await self.store.has_reader(session_id)
         except RedisDown:
             return False
 

@@ -15,11 +15,13 @@ import dataclasses
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from dataclasses import dataclass
+from typing import NoReturn
 
 from gateway.api.auth import Caller
 from gateway.api.errors import InvalidRequest, NotFound, SessionCancelled, as_api_error
 from gateway.api.protocol.common import IGNORED_FIELDS, reject_unsupported
 from gateway.api.protocol.responses import (
+    ConversationRef,
     DeletedResponse,
     FunctionCall,
     ResponseObject,
@@ -31,16 +33,30 @@ from gateway.api.request_log import RequestRecord
 from gateway.api.serving.chat import ChatServing
 from gateway.api.serving.choices import ChoiceEvent, ChoiceSpec
 from gateway.api.serving.common import RequestContext, Stream
+from gateway.api.serving.conversations import ConversationServing
+from gateway.api.serving.responses_conversation import context_of, conversation_id, record_turn
 from gateway.api.serving.responses_events import Event, ResponseWriter
-from gateway.api.serving.responses_translate import Message, Translated, assistant_message, chat_request
-from gateway.generation import PromptScores
-from gateway.state.responses_store import ResponseStore, StoredResponse
+from gateway.api.serving.responses_translate import (
+    Message,
+    Translated,
+    assistant_message,
+    chat_request,
+    check_supported,
+)
+from gateway.generation import PromptScores, SamplingParams
+from gateway.state.responses_store import Kept, ResponseStore, StoredResponse
 from gateway.text.assembler import FinishReason
 from gateway.text.chat_output import ChatOutputParser, OutputDelta
 from gateway.text.reasoning import starts_inside
 
 # Responses fields besides the chat path's ignored ones that cannot change the answer.
-IGNORED_RESPONSES_FIELDS = frozenset({"stream_options", "prompt_cache_retention"})
+IGNORED_RESPONSES_FIELDS = frozenset(
+    {
+        "stream_options",
+        "prompt_cache_retention",
+        "client_metadata",  # Codex's client hints (installation, session ids): never read by the model
+    }
+)
 
 
 @dataclass
@@ -54,6 +70,9 @@ class _Turn:
     writer: ResponseWriter
     record: RequestRecord
     parser: ChatOutputParser  # the chat path's: reasoning tags and tool calls out of the text
+    local: Kept | None = None  # a WebSocket's own responses (store: false ones are kept only there)
+    conversation: str | None = None  # the conversation it belongs to (its input and output go there at the end)
+    recorded: bool = False  # whether they went there already
 
     @property
     def response(self) -> ResponseObject:
@@ -61,18 +80,26 @@ class _Turn:
 
 
 class ResponsesServing:
-    def __init__(self, chat: ChatServing, store: ResponseStore) -> None:
+    def __init__(self, chat: ChatServing, store: ResponseStore, conversations: ConversationServing) -> None:
         self.chat = chat
         self.store = store
+        self.conversations = conversations
+        self._detached: set[asyncio.Task[None]] = set()  # background responses' readers (they keep them running)
 
-    async def create(self, body: ResponsesRequest, context: RequestContext) -> ResponseObject | Stream:
+    async def create(
+        self, body: ResponsesRequest, context: RequestContext, local: Kept | None = None
+    ) -> ResponseObject | Stream:
+        """``local``: the responses a WebSocket keeps for its own life (``store: false`` ones go there, not to Redis);
+        ``previous_response_id`` looks there first."""
         adapter = await self.chat.resolve_model(body.model)
         reject_unsupported(body, IGNORED_FIELDS | IGNORED_RESPONSES_FIELDS)
-        turn, specs = await self._plan(body, context.caller)
+        turn, specs = await self._plan(body, context.caller, local)
         specs = self.chat.with_adapter(specs, adapter)
         await self._save(turn)
+        if body.background:
+            return await self._detach(turn, specs, context)
         if body.stream:
-            return await self.chat.run_streamed(turn.record, specs, context, lambda events: self._events(turn, events))
+            return await self.chat.run_streamed(turn.record, specs, context, lambda e: self._events(turn, e))
         try:
             results = await self.chat.run_collected(turn.record, specs, context)
         except BaseException as exc:
@@ -83,6 +110,28 @@ class ResponsesServing:
         turn.writer.finish(result.finish_reason, self._usage(turn.record))
         await self._save(turn)
         return turn.response
+
+    async def _detach(self, turn: _Turn, specs: list[ChoiceSpec], context: RequestContext) -> ResponseObject | Stream:
+        """A background response: it runs as a streamed session that nobody's connection holds (a reader task here
+        keeps it from being stopped as abandoned); its events stay in the session's log, its end in the store."""
+        detached = RequestContext(context.caller, never_leaves)
+        started = turn.response.model_copy(deep=True)  # as it starts: the run below writes on into the original
+        stream = await self.chat.run_streamed(turn.record, specs, detached, lambda e: self._events(turn, e))
+        reader = asyncio.create_task(_drain(stream.events))
+        self._detached.add(reader)
+        reader.add_done_callback(self._detached.discard)
+        if turn.body.stream:  # this connection reads the same log; leaving it does not stop the response
+            return Stream(stream.id, self.chat.sessions.read(stream.id, 0))
+        return started
+
+    async def resume(self, response_id: str, caller: Caller, starting_after: int | None) -> Stream:
+        """A background response's events after sequence number ``starting_after`` (all without it), then its live
+        tail, from any replica (event number n in the session's log is sequence number n - 1)."""
+        stored = await self._visible(response_id, caller)
+        if not stored.response.get("background"):
+            raise InvalidRequest("Only a background response can be streamed again.", "invalid_value", "stream")
+        after = 0 if starting_after is None else starting_after + 1
+        return Stream(response_id, self.chat.sessions.read(response_id, after))
 
     async def retrieve(self, response_id: str, caller: Caller) -> ResponseObject:
         return ResponseObject.model_validate((await self._visible(response_id, caller)).response)
@@ -108,39 +157,64 @@ class ResponsesServing:
 
     # -- planning ------------------------------------------------------------------------------------------------
 
-    async def _plan(self, body: ResponsesRequest, caller: Caller) -> tuple[_Turn, list[ChoiceSpec]]:
+    async def _plan(self, body: ResponsesRequest, caller: Caller, local: Kept | None) -> tuple[_Turn, list[ChoiceSpec]]:
         """The chat path's own steps (tools and format as a grammar, the template, the budget) on the translation."""
         history: list[Message] = []
+        conversation = conversation_id(body)
         if body.previous_response_id is not None:
-            history = (await self._visible(body.previous_response_id, caller, "previous_response_id")).messages
+            history = (await self.previous(body.previous_response_id, caller, local)).messages
+        elif conversation is not None:
+            history = await context_of(self.conversations, conversation, caller)
         translated = chat_request(body, history)
         chat, request = self.chat, translated.chat
         with _renamed_params():
             chat._check_options(request)
             plan = chat.plan(request)
+        if plan.reasoning:  # effort would change what a thinking model does: refused unless "none" (the default)
+            check_supported(body, reasons=True)
         prompt = await chat.render(request.messages, plan.tools.functions, request.chat_template_kwargs)
         plan = dataclasses.replace(plan, reasoning_inside=plan.reasoning and starts_inside(prompt))
         prompt_ids = await chat.encode_prompt(prompt)
         budget = chat.completion_budget(len(prompt_ids), request.max_completion_tokens, "input")
         specs = chat._specs(request, prompt_ids, budget, caller.scope, plan.grammar)
-        response = ResponseObject(
+        response = self._response(body, specs[0].request.sampling, budget)
+        record = RequestRecord(response.id, "responses", 1, len(prompt_ids))
+        if conversation is not None:
+            response.conversation = ConversationRef(id=conversation)
+        writer = ResponseWriter(response)
+        turn = _Turn(body, caller, translated, history, writer, record, plan.parser(), local, conversation)
+        return turn, specs
+
+    @staticmethod
+    def _response(body: ResponsesRequest, sampling: SamplingParams, budget: int) -> ResponseObject:
+        """The response object as it starts: the request's settings as they are applied (the model's sampling
+        defaults where the request left them out, the gateway's token cap where it set none)."""
+        return ResponseObject(
             id=response_id(),
             model=body.model,  # the base model or the adapter asked for
             instructions=body.instructions,
-            max_output_tokens=body.max_output_tokens,
+            max_output_tokens=budget,
             previous_response_id=body.previous_response_id,
             store=body.store is not False,
-            temperature=body.temperature,
-            top_p=body.top_p,
+            temperature=sampling.temperature,
+            top_p=0.0 if sampling.top_k == 1 and body.top_p == 0 else sampling.top_p,
+            presence_penalty=sampling.presence_penalty,
+            frequency_penalty=sampling.frequency_penalty,
             text=body.text.model_dump(by_alias=True, exclude_none=True) if body.text else {"format": {"type": "text"}},
             tool_choice=_shown(body.tool_choice) or "auto",
             tools=[tool.model_dump(exclude_none=True) for tool in body.tools or []],
             parallel_tool_calls=body.parallel_tool_calls is not False,
+            reasoning=body.reasoning.model_dump(exclude={"generate_summary"})
+            if body.reasoning
+            else {"effort": None, "summary": None},
+            max_tool_calls=body.max_tool_calls,
             user=body.user,
+            safety_identifier=body.safety_identifier,
+            prompt_cache_key=body.prompt_cache_key,
+            service_tier="default",  # one tier here, whatever the request asked for
+            background=bool(body.background),
             metadata=body.metadata or {},
         )
-        record = RequestRecord(response.id, "responses", 1, len(prompt_ids))
-        return _Turn(body, caller, translated, history, ResponseWriter(response), record, plan.parser()), specs
 
     # -- streaming -----------------------------------------------------------------------------------------------
 
@@ -191,7 +265,11 @@ class ResponsesServing:
         await self._save(turn)
 
     async def _save(self, turn: _Turn) -> None:
-        if not turn.response.store:
+        ended = turn.response.status in ("completed", "incomplete")
+        if ended and turn.conversation is not None and not turn.recorded:
+            turn.recorded = True
+            await record_turn(self.conversations, turn.conversation, turn.body, turn.response)
+        if not turn.response.store and turn.local is None:
             return
         messages = turn.history + turn.translated.turn
         if turn.response.status in ("completed", "incomplete"):
@@ -200,7 +278,24 @@ class ResponsesServing:
         stored = StoredResponse(
             key_id=turn.caller.key_id, response=turn.response.model_dump(mode="json"), messages=messages
         )
-        await self.store.save(turn.response.id, stored)
+        if turn.local is not None:
+            turn.local.keep(turn.response.id, stored)
+        if turn.response.store:
+            await self.store.save(turn.response.id, stored)
+
+    async def previous(self, response_id: str, caller: Caller, local: Kept | None = None) -> StoredResponse:
+        """The response ``previous_response_id`` names: this socket's own, else a stored one of the caller's."""
+        kept = local.get(response_id) if local is not None else None
+        if kept is not None:
+            return kept
+        stored = await self.store.get(response_id)
+        if stored is None or not (caller.admin or stored.key_id == caller.key_id):
+            raise InvalidRequest(
+                f"Previous response with id {response_id!r} not found.",
+                "previous_response_not_found",
+                "previous_response_id",
+            )
+        return stored
 
     async def _visible(self, response_id: str, caller: Caller, param: str = "response_id") -> StoredResponse:
         stored = await self.store.get(response_id)
@@ -211,6 +306,17 @@ class ResponsesServing:
     @staticmethod
     def _usage(record: RequestRecord) -> ResponseUsage:
         return ResponseUsage.of(record.prompt_tokens, record.completion_tokens, record.cached_tokens)
+
+
+async def never_leaves() -> NoReturn:
+    """The stop signal of a background response's "client": there is none to leave (a cancel still stops it)."""
+    await asyncio.Event().wait()
+    raise AssertionError("unreachable")
+
+
+async def _drain(events: AsyncIterator[object]) -> None:
+    async for _ in events:
+        pass
 
 
 def write(writer: ResponseWriter, out: OutputDelta) -> list[Event]:

@@ -15,6 +15,7 @@ path builds its response with the same writer and drops the events, so both path
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from gateway.api.protocol.responses import (
@@ -24,6 +25,7 @@ from gateway.api.protocol.responses import (
     OutputItem,
     OutputMessage,
     OutputText,
+    Phase,
     ReasoningItem,
     ReasoningText,
     ResponseError,
@@ -68,7 +70,7 @@ class ResponseWriter:
 
     def function_call(self, name: str, call_id: str | None = None) -> list[Event]:
         self._held = ""
-        events = self._close("completed")
+        events = self._close("completed", phase="commentary")
         call = FunctionCall(name=name) if call_id is None else FunctionCall(name=name, call_id=call_id)
         events += self._add(call)
         return events
@@ -91,10 +93,11 @@ class ResponseWriter:
                 events.append(self._append(self._held))
         self._held = ""
         complete = finish_reason != "length"
-        events += self._close("completed" if complete else "incomplete")
+        events += self._close("completed" if complete else "incomplete", phase="final_answer")
         self.response.usage = usage
         if complete:
             self.response.status = "completed"
+            self.response.completed_at = int(time.time())
             return [*events, self._with_response("response.completed")]
         self.response.status = "incomplete"
         self.response.incomplete_details = IncompleteDetails(reason="max_output_tokens")
@@ -135,11 +138,14 @@ class ResponseWriter:
         index = len(self.response.output) - 1
         return [self._event("response.output_item.added", output_index=index, item=item.model_dump(mode="json"))]
 
-    def _close(self, status: ItemStatus, events: bool = True) -> list[Event]:
+    def _close(self, status: ItemStatus, events: bool = True, phase: Phase = "commentary") -> list[Event]:
+        """End the open item; a message's ``phase`` says whether more output (tool calls) follows it."""
         item, self._open = self._open, None
         if item is None:
             return []
         item.status = status
+        if isinstance(item, OutputMessage):
+            item.phase = phase
         if not events:
             return []
         index = self.response.output.index(item)

@@ -15,10 +15,15 @@ from pydantic import ValidationError
 from gateway.api.errors import InvalidRequest
 from gateway.api.protocol.chat import ChatCompletionRequest, ChatMessage
 from gateway.api.protocol.responses import FunctionCall, InputContent, InputItem, NamedToolChoice, ResponsesRequest
+from gateway.api.serving.compaction_summary import PREFACE, opened
 
 Message = dict[str, Any]
 
 _TEXT_PARTS = {"input_text", "output_text", "text"}
+_MEDIA_PARTS = {"input_image", "input_file", "input_audio", "input_video"}
+# ``include`` values that only ask for fields this gateway never has to fill: Codex asks for encrypted reasoning
+# (to replay it with store false); reasoning here is plain text in the output, there is nothing to encrypt.
+INCLUDE_ACCEPTED = frozenset({"reasoning.encrypted_content"})
 
 
 @dataclass(frozen=True)
@@ -31,17 +36,20 @@ def unsupported(param: str, what: str | None = None) -> InvalidRequest:
     return InvalidRequest(f"{what or repr(param)} is not supported by this server.", "unsupported_parameter", param)
 
 
-def check_supported(body: ResponsesRequest) -> None:
-    """Known Responses fields this gateway does not implement, where their value would change the answer."""
+def check_supported(body: ResponsesRequest, reasons: bool = False) -> None:
+    """Known Responses fields this gateway does not implement, where their value would change the answer.
+
+    ``reasons``: the model thinks before answering (a reasoning parser is on). Only there would ``reasoning.effort``
+    change the answer; on any other model it is accepted (and echoed), as it changes nothing."""
     refused = {
-        "background": bool(body.background),
-        "conversation": body.conversation is not None,
         "prompt": body.prompt is not None,
-        "include": bool(body.include),
+        "include": any(value not in INCLUDE_ACCEPTED for value in body.include or []),
         "top_logprobs": bool(body.top_logprobs),
         "truncation": body.truncation not in (None, "disabled"),
-        "reasoning": body.reasoning is not None and (body.reasoning.effort or "none") != "none",
+        "reasoning": reasons and body.reasoning is not None and (body.reasoning.effort or "none") != "none",
     }
+    if body.background and body.store is False:
+        raise InvalidRequest("background responses must be stored (store: true).", "invalid_value", "store")
     for param, is_refused in refused.items():
         if is_refused:
             raise unsupported(param)
@@ -54,9 +62,9 @@ def check_supported(body: ResponsesRequest) -> None:
             )
 
 
-def chat_request(body: ResponsesRequest, history: list[Message]) -> Translated:
+def chat_request(body: ResponsesRequest, history: list[Message], reasons: bool = False) -> Translated:
     """The chat request for ``body`` continuing ``history`` (the stored conversation of previous_response_id)."""
-    fields, turn = chat_fields(body, history)
+    fields, turn = chat_fields(body, history, reasons)
     _require_fields(ChatCompletionRequest, list(fields), "")
     for message in fields["messages"]:
         if "tool_calls" in message:
@@ -74,9 +82,11 @@ def chat_request(body: ResponsesRequest, history: list[Message]) -> Translated:
     return Translated(chat, turn)
 
 
-def chat_fields(body: ResponsesRequest, history: list[Message]) -> tuple[dict[str, Any], list[Message]]:
+def chat_fields(
+    body: ResponsesRequest, history: list[Message], reasons: bool = False
+) -> tuple[dict[str, Any], list[Message]]:
     """The chat request's fields (those set) and this turn's input messages."""
-    check_supported(body)
+    check_supported(body, reasons)
     turn = input_messages(body.input)
     system = [{"role": "system", "content": body.instructions}] if body.instructions else []
     fields: dict[str, Any] = {
@@ -88,6 +98,8 @@ def chat_fields(body: ResponsesRequest, history: list[Message]) -> tuple[dict[st
         "top_k": body.top_k,
         "min_p": body.min_p,
         "repetition_penalty": body.repetition_penalty,
+        "presence_penalty": body.presence_penalty,
+        "frequency_penalty": body.frequency_penalty,
         "seed": body.seed,
         "stream": body.stream,
         "user": body.user,
@@ -106,13 +118,15 @@ def input_messages(items: str | list[InputItem]) -> list[Message]:
             messages.append(_message(item))
         elif item.type == "function_call":
             _add_call(messages, item)
+        elif item.type == "compaction":
+            messages.append({"role": "user", "content": PREFACE + opened(item.encrypted_content)})
         elif item.type == "function_call_output":
             output = item.output if isinstance(item.output, str) else _text(item.output or [])
             messages.append({"role": "tool", "tool_call_id": _call_id(item), "content": output})
         else:
             raise InvalidRequest(
-                f"Input items of type {item.type!r} are not supported; message, function_call and "
-                "function_call_output are.",
+                f"Input items of type {item.type!r} are not supported; message, function_call, "
+                "function_call_output and compaction are.",
                 "unsupported_value",
                 "input",
             )
@@ -144,6 +158,12 @@ def _text(parts: list[InputContent]) -> str:
             texts.append(part.text)
         elif part.type == "refusal" and part.refusal is not None:
             texts.append(part.refusal)
+        elif part.type in _MEDIA_PARTS:
+            raise InvalidRequest(
+                f"This model reads text only: it cannot take {part.type!r} content. Send the input as input_text.",
+                "unsupported_value",
+                "input",
+            )
         else:
             raise InvalidRequest(
                 f"Content parts of type {part.type!r} are not supported; only text is.", "unsupported_value", "input"

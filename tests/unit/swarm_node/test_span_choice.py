@@ -57,3 +57,16 @@ def test_a_node_stays_when_moving_gains_less_than_the_threshold() -> None:
     assert choose_new_start(servers, me, 30, balance_quality=0.75) == 15
     # a threshold that demands more than a doubling keeps it in place
     assert choose_new_start(servers, me, 30, balance_quality=0.4) is None
+
+
+def test_nodes_joining_together_spread_over_the_model() -> None:
+    # Loading nodes announce no throughput yet: each still counts, so the next joiner takes another window.
+    servers: list[ServerRecord] = []
+    for i in range(4):
+        start = choose_start(block_throughputs(servers, 40), 10)
+        servers.append(server(f"J{i}", start, start + 10, throughput=0.0, state=NodeState.JOINING))
+    assert sorted(s.start for s in servers) == [0, 10, 20, 30]
+    # Beside measured nodes, a loading one counts as their median.
+    measured = [server("A", 0, 10, 30.0), server("B", 10, 20, 10.0), server("C", 20, 30, 20.0)]
+    loading = server("L", 30, 40, throughput=0.0, state=NodeState.JOINING)
+    assert block_throughputs([*measured, loading], 40)[30:] == [20.0] * 10

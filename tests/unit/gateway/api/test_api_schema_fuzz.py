@@ -74,7 +74,8 @@ def accepted_or_refused_late(ctx: CheckContext, response: Response, case: schema
         return None
     error = json.loads(response.content)["error"]
     # errors.validation_error's answers: what pydantic refused although the spec allowed it.
-    by_validation = error["code"] in {"invalid_json", "invalid_type", "missing_required_parameter"} or str(
+    # Anthropic's body (/v1/messages) has no code: its message leads with the field when validation refused it.
+    by_validation = error.get("code") in {"invalid_json", "invalid_type", "missing_required_parameter"} or str(
         error["message"]
     ).startswith("Invalid value for '")
     if by_validation:

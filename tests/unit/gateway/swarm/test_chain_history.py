@@ -6,7 +6,8 @@ from typing import cast
 
 import torch
 
-from gateway.swarm.chain_session import NodeSession, Segment
+from gateway.swarm.node_session import NodeSession
+from gateway.swarm.segment import Segment
 
 
 def chunk(start: int, length: int) -> torch.Tensor:

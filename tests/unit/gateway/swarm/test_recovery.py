@@ -10,9 +10,10 @@ from hivemind.p2p import P2P
 
 from gateway.swarm.bans import MAX_BAN_SECONDS, BanList
 from gateway.swarm.departures import Departures
+from gateway.swarm.monitor import SwarmMonitor
 from gateway.swarm.recovery import RECOVERY, Recovery, recovery_for
 from gateway.swarm.router import Router
-from gateway.swarm.view import SwarmMonitor, SwarmView
+from gateway.swarm.view import SwarmView
 from shared import errors
 from shared.dht_records import NodeState, ServerRecord
 

@@ -191,3 +191,13 @@ def test_a_record_without_adapters_is_stored_as_before_adapters() -> None:
     assert "adapters" not in record_json(server("A", 0, 30))
     stored = record_json(server("A", 0, 30, adapters=("sql",)))
     assert ServerRecord.model_validate(stored).adapters == ["sql"]
+
+
+def test_excluded_nodes_are_never_routed_and_reputation_orders_the_rest() -> None:
+    view = SwarmView(6, {s.peer_id: s for s in (server("new", 0, 6), server("liar", 0, 6), server("old", 0, 6))})
+    request = RouteRequest(16, excluded=frozenset({"liar"}), penalties={"new": 0.25, "old": 0.01})
+    for mode in (MIN_LATENCY, MAX_THROUGHPUT):
+        assert plan_route(view, request, mode) == [Hop("old", 0, 6)]
+    only_liars = RouteRequest(16, excluded=frozenset({"new", "liar", "old"}))
+    with pytest.raises(MissingBlocks):  # unlike a ban, never used as a last resort
+        plan_route(view, only_liars, MIN_LATENCY)

@@ -10,10 +10,10 @@ import pytest
 from hivemind import DHT
 from hivemind.p2p import P2P
 
-from gateway.swarm import view as view_module
+from gateway.swarm import monitor as view_module
+from gateway.swarm.monitor import SwarmMonitor
 from gateway.swarm.router import Router
 from gateway.swarm.routing import Hop
-from gateway.swarm.view import SwarmMonitor
 from shared.dht_records import NodeState, ServerRecord
 
 

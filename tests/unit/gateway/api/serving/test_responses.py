@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +20,8 @@ from gateway.api.serving.responses_translate import chat_fields, chat_request
 from gateway.app import create_app
 from gateway.generation import EngineEvent, GeneratedToken, GenerationRequest
 from shared.errors import NodeUnreachable
-from tests.helpers.scripted_engine import CharCodec, ScriptedEngine, WholeSwarm, sse_data
+from tests.helpers.ascii_engine import AsciiEngine
+from tests.helpers.scripted_engine import CharCodec, ScriptedEngine, sse_data
 
 
 class TemplateCodec(CharCodec):
@@ -263,7 +264,8 @@ async def test_previous_response_id_prepends_the_stored_conversation_without_its
         assert codec.decode(scripted.requests[-1].prompt_ids) == "abyescdyese"
         assert third.status_code == 200
         unknown = await client.post("/v1/responses", json=request(previous_response_id="resp_nope"))
-        assert unknown.status_code == 404 and unknown.json()["error"]["param"] == "previous_response_id"
+        assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "previous_response_id"
+        assert unknown.json()["error"]["code"] == "previous_response_not_found"
 
 
 async def test_cancel_stops_a_running_response() -> None:
@@ -288,10 +290,8 @@ async def test_cancel_stops_a_running_response() -> None:
 @pytest.mark.parametrize(
     ("fields", "code", "param"),
     [
-        ({"background": True}, "unsupported_parameter", "background"),
         ({"include": ["message.output_text.logprobs"]}, "unsupported_parameter", "include"),
         ({"truncation": "auto"}, "unsupported_parameter", "truncation"),
-        ({"reasoning": {"effort": "high"}}, "unsupported_parameter", "reasoning"),
         ({"top_logprobs": 2}, "unsupported_parameter", "top_logprobs"),
         ({"tools": [{"type": "web_search"}]}, "unsupported_value", "tools"),
         ({"tool_choice": "required"}, "invalid_value", "tool_choice"),
@@ -333,42 +333,6 @@ async def test_cors_preflight_only_for_allowed_origins() -> None:
 
 
 # -- tools and formats through the chat path --------------------------------------------------------------------------
-
-
-class AsciiCodec(CharCodec):
-    """Token i is chr(i) for printable ASCII; token 0 is EOS. A chat is its messages' contents."""
-
-    vocab_size = 128
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return [ord(c) for c in text if 32 <= ord(c) < 127 or c == "\n"]
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return "".join(chr(t) for t in token_ids if t)
-
-    def token_bytes(self, token_id: int) -> bytes:
-        return chr(token_id).encode()
-
-    def render_chat(self, messages: list[dict[str, Any]], *args: Any) -> str:
-        return "".join(message.get("content") or "" for message in messages)
-
-
-@dataclass
-class AsciiEngine(WholeSwarm):
-    """Writes ``script`` then EOS; remembers each request."""
-
-    script: str
-    requests: list[GenerationRequest] = field(default_factory=list)
-    model_name: str = "scripted"
-    context_length: int = 4096
-    codec: AsciiCodec = field(default_factory=AsciiCodec)
-
-    async def stream(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
-        self.requests.append(request)
-        for char in self.script:
-            await asyncio.sleep(0)
-            yield GeneratedToken(ord(char), False, -0.1)
-        yield GeneratedToken(0, True)
 
 
 TOOL = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}

@@ -1,0 +1,169 @@
+"""A chain's failover: a failed hop's blocks routed again, the new nodes replayed its exact inputs.
+
+When a node fails, ``recovery`` says what that teaches the router (ban, out until it announces again, or nothing for
+a full node) and whether the chain goes on: only the failed node's block range is routed again, the new nodes are
+replayed the exact inputs the lost node had received, and the step goes on. When no live node serves the range, the
+chain waits for one (``wait`` seconds, counted in the router's ``waiting`` and logged); when only full nodes do, it
+waits on one for room. The caller never notices beyond the delay.
+
+The chain owns one ``Failover`` and hands it its segment list; the failover edits that list in place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gateway.swarm.node_session import NodeSession
+from gateway.swarm.recovery import Recovery, recovery_for
+from gateway.swarm.router import Router
+from gateway.swarm.routing import Hop
+from gateway.swarm.segment import Segment
+from shared.errors import MissingBlocks, format_block_ranges
+
+logger = logging.getLogger(__name__)
+
+WAIT_POLL = 1.0  # seconds between looks at the swarm while waiting for a node to serve a lost range
+ROOM_WAIT = 10.0  # seconds a full node is asked to hold an open until it has room (then the chain asks again)
+DEFAULT_FAILOVER_WAIT = 120.0
+
+
+class _ReplacementFailed(Exception):
+    def __init__(self, hop: Hop, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.hop = hop
+        self.error = error
+
+
+@dataclass(frozen=True)
+class FailoverPolicy:
+    """How hard a chain tries: node failures it absorbs (capacity refusals and waits do not count), and how long
+    it waits for a lost range to be served again."""
+
+    max_failovers: int = 5
+    wait: float = DEFAULT_FAILOVER_WAIT
+
+
+class Failover:
+    """Replaces failed segments of one chain. ``new_session`` opens nothing: it builds a session for a hop."""
+
+    def __init__(
+        self,
+        router: Router,
+        policy: FailoverPolicy,
+        new_session: Callable[[Hop], NodeSession],
+        max_length: Callable[[], int],
+        adapter: str | None,
+    ) -> None:
+        self._router = router
+        self._left = policy.max_failovers
+        self._wait = policy.wait
+        self._new_session = new_session
+        self._max_length = max_length
+        self._adapter = adapter
+        self.count = 0  # node failures absorbed so far
+
+    async def replace(self, segments: list[Segment], failed: Segment, error: BaseException) -> int:
+        """Put new segments over ``failed``'s blocks into ``segments``, replayed up to where it was; returns the
+        index just after them. Raises ``error`` (or a later one) when the chain gives up."""
+        deadline = time.monotonic() + self._wait
+        busy: set[str] = set()  # nodes that refused for want of room during this failover: waited on, never banned
+        hop = failed.session.hop
+        await self.drop(failed)
+        while True:
+            await self._learn(hop, error, busy, deadline)
+            try:
+                replacement = await self._build_replacement(failed, busy, deadline)
+            except _ReplacementFailed as failure:
+                hop, error = failure.hop, failure.error
+                continue
+            index = segments.index(failed)
+            segments[index : index + 1] = replacement
+            return index + len(replacement)
+
+    async def _learn(self, hop: Hop, error: BaseException, busy: set[str], deadline: float) -> None:
+        """Tell the router what ``hop``'s failure means (``recovery``); raises ``error`` when the chain gives up."""
+        recovery = recovery_for(error)
+        if recovery is Recovery.FAIL or (recovery is not Recovery.BUSY and self._left <= 0):
+            raise error
+        if time.monotonic() >= deadline:
+            raise error
+        self._router.record_failure(hop.peer_id, recovery)
+        blocks = f"{hop.start}:{hop.end}"
+        if recovery is Recovery.BUSY:
+            if hop.peer_id in busy:  # refused twice in a row even with a wait: do not spin on it
+                await asyncio.sleep(min(WAIT_POLL, max(0.0, deadline - time.monotonic())))
+            busy.add(hop.peer_id)
+            logger.info("node %s has no room for blocks %s (%s): elsewhere, or wait", hop.peer_id, blocks, error)
+            return
+        self._left -= 1
+        self.count += 1
+        self._router.stats.failovers += 1
+        logger.warning("node %s failed (%s: %s); re-routing blocks %s", hop.peer_id, recovery.value, error, blocks)
+
+    async def _build_replacement(self, failed: Segment, busy: set[str], deadline: float) -> list[Segment]:
+        """New segments for ``failed``'s blocks with its history replayed; ``_ReplacementFailed`` names the hop that
+        failed (every new segment is closed then)."""
+        hop = failed.session.hop
+        hops = await self._route_or_wait(hop.start, hop.end, frozenset(busy), deadline)
+        segments = [Segment(self._new_session(h)) for h in hops]
+        pusher = failed.session.pusher
+        for segment in segments:
+            segment.session.pusher, pusher = pusher, segment.session.hop.peer_id
+        inputs = failed.history
+        for segment in segments:
+            peer = segment.session.hop.peer_id
+            room_wait = min(ROOM_WAIT, max(0.0, deadline - time.monotonic())) if peer in busy else 0.0
+            try:
+                await segment.session.open(room_wait)
+                outputs = await segment.session.replay(inputs)
+            except Exception as error:
+                await asyncio.gather(*(self.drop(s) for s in segments))
+                raise _ReplacementFailed(segment.session.hop, error) from error
+            self._router.stats.record_replay(sum(chunk.shape[1] for _, chunk in inputs))
+            segment.history = inputs
+            inputs = outputs
+        return segments
+
+    async def _route_or_wait(self, start: int, end: int, busy: frozenset[str], deadline: float) -> list[Hop]:
+        """Hops over [start, end); while no live node serves them, waits for one (up to ``deadline``)."""
+        with contextlib.ExitStack() as waiting:
+            first = True
+            while True:
+                try:
+                    hops = await self._route(start, end, busy, fresh=first)
+                except MissingBlocks as missing:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        logger.error("no node came to serve blocks %s", format_block_ranges(missing.blocks))
+                        raise
+                    if first:
+                        waiting.enter_context(self._router.waiting_for(start, end))
+                        logger.warning(
+                            "no live node serves blocks %s: waiting up to %.0fs for one to join or come back",
+                            format_block_ranges(missing.blocks),
+                            left,
+                        )
+                    first = False
+                    await asyncio.sleep(min(WAIT_POLL, left))
+                    continue
+                if not first:
+                    logger.info("blocks %d:%d are served again: resuming", start, end)
+                return hops
+
+    async def _route(self, start: int, end: int, busy: frozenset[str], fresh: bool) -> list[Hop]:
+        return await self._router.route(
+            self._max_length(), start, end, fresh=fresh, avoid=busy, max_age=WAIT_POLL / 2, adapter=self._adapter
+        )
+
+    async def drop(self, segment: Segment) -> None:
+        """Release a segment's room and close its node session (whatever the node says)."""
+        if segment.session.closed:
+            return
+        self._router.release([segment.session.hop])
+        with contextlib.suppress(Exception):
+            await segment.session.close()

@@ -1,0 +1,142 @@
+"""One spot check of a served step: the hop's whole input so far (its session's history, this step last) is run
+as a stateless forward on another replica of the same blocks, and the step's output compared with the forward's
+last positions.
+
+    agree                   the node gains reputation
+    disagree, a 3rd replica the 3rd decides: whoever it disagrees with is outvoted (loses much reputation)
+    disagree, no 3rd        disputed: the checked node loses some (the reference is routed and at least as reputed)
+    sole replica            the node re-runs its own step as a prefill: a node whose cache and forwards disagree
+                            (drift: a broken kernel, a cache never written) is caught; a node that lies the same way
+                            both times is not — a check of a sole replica catches drift, not malice
+
+The check costs one forward of the whole prefix on the checker (``TrustBook.check_probability`` picks steps so
+that this stays the configured fraction of the compute served).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from hivemind.p2p import P2P
+
+from gateway.swarm.routing import Hop
+from gateway.swarm.verify.compare import Comparison, compare
+from gateway.swarm.verify.remote import forward_outputs
+from gateway.swarm.verify.tolerances import Precision, Tolerance, tolerance_for
+from gateway.swarm.verify.trust import TrustBook
+from gateway.swarm.view import SwarmView
+from shared.membership import CallAuth
+from shared.server_records import ServerRecord
+
+Versus = Callable[[ServerRecord | None, torch.Tensor], Comparison]  # the checked output against a replica's
+
+
+@dataclass(frozen=True)
+class SpotCheck:
+    hop: Hop
+    history: list[tuple[int, torch.Tensor]]  # (position, input chunk [1, T, D]) as the session sent them
+    output: torch.Tensor  # the last chunk's output [1, T, D]
+
+    def inputs(self) -> torch.Tensor:
+        return torch.cat([chunk for _, chunk in self.history], dim=1)  # [1, P + T, D]
+
+
+@dataclass(frozen=True)
+class SpotResult:
+    kind: str  # "spot" (against another replica) or "self" (a sole replica against itself)
+    outcome: str  # agreed, outvoted, disputed
+
+
+def replicas_of(view: SwarmView, book: TrustBook, hop: Hop) -> list[ServerRecord]:
+    """Routed nodes that serve every block of ``hop`` other than its own, the most precise and reputed first."""
+    covering = [
+        s
+        for s in view.online()
+        if s.peer_id != hop.peer_id and s.start <= hop.start and hop.end <= s.end and book.routable(s.peer_id)
+    ]
+    rank = lambda s: (Precision.parse(s.precision).rank, book.reputation(s.peer_id))  # noqa: E731
+    return sorted(covering, key=rank, reverse=True)
+
+
+async def run_spot_check(
+    p2p: P2P, auth: CallAuth, book: TrustBook, view: SwarmView, check: SpotCheck, limit: float
+) -> SpotResult:
+    hop = check.hop
+    blocks = (hop.start, hop.end)
+    inputs = check.inputs()
+    steps = check.output.shape[1]
+    node = view.servers.get(hop.peer_id)
+    mine = Precision.parse(node.precision if node else None)
+    others = replicas_of(view, book, hop)
+
+    async def on(peer_id: str) -> torch.Tensor:
+        return (await forward_outputs(p2p, peer_id, blocks, inputs, limit, auth))[:, -steps:]
+
+    def versus(server: ServerRecord | None, want: torch.Tensor) -> Comparison:
+        theirs = Precision.parse(server.precision if server else None)
+        return compare(inputs[:, -steps:], want, check.output, tolerance_for(mine, theirs))
+
+    if not others:
+        verdict = versus(node, await on(hop.peer_id))
+        return _settle(book, hop.peer_id, verdict, "its own prefill of the same step", self_check=True)
+    reference = others[0]
+    want = await on(reference.peer_id)
+    verdict = versus(reference, want)
+    if verdict.agrees or len(others) < 2:
+        return _settle(book, hop.peer_id, verdict, f"{reference.peer_id}'s forward", self_check=False)
+    return _tie_break(book, check, others[1], reference, (want, await on(others[1].peer_id)), versus)
+
+
+def side_of(with_node: bool, with_reference: bool) -> str:
+    """Whom a third replica sides with: "node" (the reference is outvoted), "reference" (the node is), or "none"
+    when it cannot tell (it agrees with both: too imprecise to judge a difference the reference saw; or with
+    neither): then the checked node is only disputed — the reference was the most precise replica at hand."""
+    if with_node != with_reference:
+        return "node" if with_node else "reference"
+    return "none"
+
+
+def _tie_break(
+    book: TrustBook,
+    check: SpotCheck,
+    third: ServerRecord,
+    reference: ServerRecord,
+    outputs: tuple[torch.Tensor, torch.Tensor],
+    versus: Versus,
+) -> SpotResult:
+    """The checked node and ``reference`` disagree: ``third`` decides who is outvoted (``side_of``)."""
+    peer, (reference_output, third_output) = check.hop.peer_id, outputs
+    with_node = versus(third, third_output)
+    with_reference = compare(
+        check.inputs()[:, -third_output.shape[1] :], third_output, reference_output, tolerance_of(third, reference)
+    )
+    side = side_of(with_node.agrees, with_reference.agrees)
+    if side == "node":  # the reference is the odd one out
+        book.agreed(peer)
+        book.lost(reference.peer_id, f"outvoted by {peer} and {third.peer_id} on a spot check", outvoted=True)
+        return SpotResult("spot", "agreed")
+    blocks = f"{check.hop.start}:{check.hop.end}"
+    if side == "reference":
+        book.agreed(reference.peer_id)
+        reason = f"outvoted on a spot check of blocks {blocks} by {reference.peer_id} and {third.peer_id}"
+        book.lost(peer, f"{reason}: {with_node.describe()}", outvoted=True)
+        return SpotResult("spot", "outvoted")
+    reason = f"disagreed on a spot check of blocks {blocks} with {reference.peer_id} ({third.peer_id} could not tell)"
+    book.lost(peer, reason, outvoted=False)
+    return SpotResult("spot", "disputed")
+
+
+def tolerance_of(a: ServerRecord, b: ServerRecord) -> Tolerance:
+    return tolerance_for(Precision.parse(a.precision), Precision.parse(b.precision))
+
+
+def _settle(book: TrustBook, peer: str, verdict: Comparison, against: str, self_check: bool) -> SpotResult:
+    kind = "self" if self_check else "spot"
+    if verdict.agrees:
+        book.agreed(peer, self_check)
+        return SpotResult(kind, "agreed")
+    reason = f"disagreed on a spot check with {against}: {verdict.describe()}"
+    book.lost(peer, reason, outvoted=self_check, self_check=self_check)
+    return SpotResult(kind, "outvoted" if self_check else "disputed")

@@ -1,0 +1,284 @@
+"""The gateway's verifier: puts every new node through probation and spot-checks served steps, off the token path.
+
+It owns a ``TrustBook``; the router asks it which nodes are excluded from routing and how reputed the others are.
+Whether a new node needs a challenge is decided as the view is read, in a stable order (so of several nodes that
+appear together for the same blocks, the first becomes the ``unverified`` reference and the others are challenged
+against it); challenges then run as background tasks, ``CHALLENGES_AT_ONCE`` at a time, each within
+``CHALLENGE_TIMEOUT`` (a frozen node holds up no other's). Spot checks run as background tasks, at most
+``max_checks`` at once (a step sampled while they are all busy is not checked, and counted as skipped). Nothing here
+is awaited by a user's step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+from hivemind.p2p import P2P
+
+from gateway.swarm.routing import Hop
+from gateway.swarm.verify.compare import Comparison
+from gateway.swarm.verify.probation import CHALLENGE_TOKENS, Challenge, judge, new_challenge, overlap, reference_order
+from gateway.swarm.verify.remote import forward_outputs, session_outputs
+from gateway.swarm.verify.spot_checks import SpotCheck, run_spot_check
+from gateway.swarm.verify.trust import NodeTrust, TrustBook, Verification
+from gateway.swarm.view import SwarmView
+from shared.errors import MalformedReply
+from shared.membership import CallAuth
+from shared.server_records import ServerRecord
+
+logger = logging.getLogger(__name__)
+
+_NEW = NodeTrust(Verification.PROBATION, (0, 0))  # how a node the book has not seen yet counts
+CHALLENGE_RETRY = 5.0  # seconds before a challenge that could not run (node busy, unreachable) is tried again
+CHALLENGE_TIMEOUT = 10.0  # seconds a challenge's remote calls may take (8 tokens: far less than a step's timeout)
+CHALLENGES_AT_ONCE = 4
+
+
+@dataclass(frozen=True)
+class VerifySettings:
+    enabled: bool = True
+    check_rate: float = 0.02  # extra compute spent on spot checks, as a fraction of the compute served
+    threshold: float = 0.3  # reputation below which a node is out of routing
+    max_checks: int = 2  # spot checks running at once
+    timeout: float = 30.0  # seconds a check's remote call may take
+    hidden_size: int = 0
+    dtype: torch.dtype = torch.float32
+
+
+class Verifier:
+    def __init__(self, p2p: P2P, auth: CallAuth, settings: VerifySettings) -> None:
+        self._p2p = p2p
+        self._auth = auth
+        self.settings = settings
+        self.book = TrustBook(settings.threshold)
+        self.counts: Counter[tuple[str, str]] = Counter()  # (kind, result) -> checks
+        self._challenges: set[asyncio.Task[None]] = set()
+        self._challenge_slots = asyncio.Semaphore(CHALLENGES_AT_ONCE)
+        self._retry: dict[str, float] = {}
+        self._view: SwarmView | None = None
+        self._checks: set[asyncio.Task[None]] = set()
+        self._random = random.Random()
+        self._announced_out: set[str] = set()  # distrusted nodes already logged
+
+    def start(self) -> None:
+        """Nothing runs until the first view is watched (challenges and checks are started as they are due)."""
+
+    async def close(self) -> None:
+        tasks = [*self._challenges, *self._checks]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    # -- what routing asks ---------------------------------------------------------------------------------------
+
+    def watch(self, view: SwarmView) -> None:
+        """Note the view's nodes; new ones are queued for their challenge (or, first of their blocks, unverified)."""
+        self._view = view
+        if not self.settings.enabled:
+            return
+        loop_time = asyncio.get_running_loop().time()
+        for server in sorted(view.online(), key=lambda s: (s.start, s.peer_id)):  # a stable order: see the docstring
+            if self.book.see(server.peer_id, (server.start, server.end)):
+                self._queue_or_settle(view, server)
+            elif self._retry.get(server.peer_id, float("inf")) <= loop_time:
+                del self._retry[server.peer_id]
+                self._start_challenge(server.peer_id)
+
+    def excluded(self, view: SwarmView) -> frozenset[str]:
+        if not self.settings.enabled:
+            return frozenset()
+        return self.book.excluded(s.peer_id for s in view.online())
+
+    def routable(self, peer_id: str) -> bool:
+        return not self.settings.enabled or self.book.routable(peer_id)
+
+    def penalties(self, view: SwarmView) -> dict[str, float]:
+        return {s.peer_id: self.book.penalty(s.peer_id) for s in view.online()} if self.settings.enabled else {}
+
+    # -- probation -----------------------------------------------------------------------------------------------
+
+    def _queue_or_settle(self, view: SwarmView, server: ServerRecord) -> None:
+        if self._references(view, server):
+            self._start_challenge(server.peer_id)
+            return
+        reason = "first node of its blocks: nothing to compare it with yet"
+        self.book.unverified(server.peer_id, reason)
+        logger.info("node %s (blocks %d:%d) is unverified: %s", server.peer_id, server.start, server.end, reason)
+
+    def _references(self, view: SwarmView, candidate: ServerRecord) -> list[ServerRecord]:
+        """Routed replicas sharing blocks with ``candidate``, the best reference first."""
+        usable = [
+            s
+            for s in view.online()
+            if s.peer_id != candidate.peer_id and self.book.routable(s.peer_id) and overlap(candidate, s)
+        ]
+        verified = [s for s in usable if self.book.nodes[s.peer_id].state is Verification.VERIFIED]
+        return sorted(
+            usable,
+            key=lambda s: (s in verified, *reference_order(candidate, s, self.book.reputation(s.peer_id))),
+            reverse=True,
+        )
+
+    def _start_challenge(self, peer_id: str) -> None:
+        task = asyncio.create_task(self._challenge_guarded(peer_id))
+        self._challenges.add(task)
+        task.add_done_callback(self._challenges.discard)
+
+    async def _challenge_guarded(self, peer_id: str) -> None:
+        async with self._challenge_slots:
+            try:
+                async with asyncio.timeout(CHALLENGE_TIMEOUT):
+                    await self._challenge(peer_id)
+            except MalformedReply as error:  # NaN, a wrong shape or dtype: computed wrong, not merely unavailable
+                self._fail(peer_id, f"answered its challenge with garbage: {error}")
+            except Exception as error:  # could not be challenged now (busy, gone, timed out): stays in probation
+                self.counts["challenge", "error"] += 1
+                node = self.book.nodes.get(peer_id)
+                if node is not None and node.state is Verification.PROBATION:
+                    node.reason = f"its challenge could not run ({error}); trying again"
+                    self._retry[peer_id] = asyncio.get_running_loop().time() + CHALLENGE_RETRY
+                logger.info("challenge of node %s could not run: %s", peer_id, error)
+
+    async def _challenge(self, peer_id: str) -> None:
+        view = self._view
+        node = self.book.nodes.get(peer_id)
+        if view is None or node is None or node.state is not Verification.PROBATION or peer_id not in view.servers:
+            return
+        candidate = view.servers[peer_id]
+        references = self._references(view, candidate)
+        if not references:
+            self._queue_or_settle(view, candidate)
+            return
+        reference = references[0]
+        blocks = overlap(candidate, reference)
+        assert blocks is not None  # references share blocks by construction
+        challenge = new_challenge(blocks, self.settings.hidden_size, self.settings.dtype, CHALLENGE_TOKENS)
+        timeout = self.settings.timeout
+        got, want = await asyncio.gather(
+            session_outputs(self._p2p, peer_id, blocks, challenge.inputs, timeout, self._auth),
+            forward_outputs(self._p2p, reference.peer_id, blocks, challenge.inputs, timeout, self._auth),
+        )
+        verdict = judge(challenge, candidate, reference, got, want)
+        where = f"blocks {blocks[0]}:{blocks[1]} against {reference.peer_id} (seed {challenge.seed})"
+        if not verdict.agrees and self.book.nodes[reference.peer_id].state is Verification.UNVERIFIED:
+            decided = await self._tie_break(view, candidate, reference, challenge, got)
+            if decided is None:  # one against one, and nobody to ask: wait for a third node
+                self._undecided(peer_id, f"disagrees with unverified {reference.peer_id} ({verdict.describe()})")
+                return
+            verdict, where = decided
+        if verdict.agrees:
+            self.book.passed(peer_id, f"passed its challenge on {where}: {verdict.describe()}")
+            if self.book.nodes[reference.peer_id].state is Verification.UNVERIFIED:
+                await self._challenge_back(candidate, reference, challenge)
+            self.counts["challenge", "passed"] += 1
+            logger.info("node %s passed its challenge on %s: %s", peer_id, where, verdict.describe())
+            return
+        self._fail(peer_id, f"failed its challenge on {where}: {verdict.describe()}")
+
+    async def _challenge_back(self, candidate: ServerRecord, reference: ServerRecord, challenge: Challenge) -> None:
+        """An unverified reference answered the challenge's forward; its sessions (where a cache is used) are
+        checked too, against the candidate's forward, before it counts as verified."""
+        timeout, blocks, inputs = self.settings.timeout, challenge.blocks, challenge.inputs
+        try:
+            got, want = await asyncio.gather(
+                session_outputs(self._p2p, reference.peer_id, blocks, inputs, timeout, self._auth),
+                forward_outputs(self._p2p, candidate.peer_id, blocks, inputs, timeout, self._auth),
+            )
+            verdict = judge(challenge, reference, candidate, got, want)
+        except MalformedReply as error:
+            verdict, detail = None, f"answered a session with garbage: {error}"
+        if verdict is not None and verdict.agrees:
+            self.book.confirmed(reference.peer_id)
+            return
+        detail = detail if verdict is None else verdict.describe()
+        reason = f"its session disagreed with {candidate.peer_id}'s forward (seed {challenge.seed}): {detail}"
+        self.book.lost(reference.peer_id, reason, outvoted=True)
+        self.counts["challenge", "outvoted"] += 1
+        logger.warning("node %s is out of routing: %s", reference.peer_id, reason)
+
+    def _undecided(self, peer_id: str, reason: str) -> None:
+        """The node stays in probation, unrouted, and is challenged again later (a third node may have come)."""
+        self.book.nodes[peer_id].reason = f"{reason}; waiting for a third node to break the tie"
+        self._retry[peer_id] = asyncio.get_running_loop().time() + CHALLENGE_RETRY
+        self.counts["challenge", "undecided"] += 1
+        logger.warning("node %s stays in probation: %s", peer_id, self.book.nodes[peer_id].reason)
+
+    def _fail(self, peer_id: str, reason: str) -> None:
+        self.book.failed(peer_id, reason)
+        self.counts["challenge", "failed"] += 1
+        logger.warning("node %s is not routed: %s", peer_id, reason)
+
+    async def _tie_break(
+        self,
+        view: SwarmView,
+        candidate: ServerRecord,
+        reference: ServerRecord,
+        challenge: Challenge,
+        got: torch.Tensor,
+    ) -> tuple[Comparison, str] | None:
+        """The candidate disagreed with an unverified reference (a first node, never compared with anyone): a third
+        node over the same blocks (in probation too, but not failed) decides; when it sides with the candidate, the
+        reference is outvoted. None when there is no third node yet."""
+        start, end = challenge.blocks
+        thirds = [
+            s
+            for s in view.online()
+            if s.peer_id not in (candidate.peer_id, reference.peer_id)
+            and s.start <= start
+            and end <= s.end
+            and self.book.nodes.get(s.peer_id, _NEW).state not in (Verification.FAILED, Verification.DISTRUSTED)
+        ]
+        if not thirds:
+            return None
+        third = max(thirds, key=lambda s: reference_order(candidate, s, self.book.reputation(s.peer_id)))
+        want = await forward_outputs(
+            self._p2p, third.peer_id, challenge.blocks, challenge.inputs, self.settings.timeout, self._auth
+        )
+        verdict = judge(challenge, candidate, third, got, want)
+        if verdict.agrees:
+            outvoted = f"outvoted at {candidate.peer_id}'s challenge by it and {third.peer_id} (seed {challenge.seed})"
+            self.book.lost(reference.peer_id, outvoted, outvoted=True)
+            self.counts["challenge", "outvoted"] += 1
+            logger.warning("node %s is out of routing: %s", reference.peer_id, outvoted)
+        return verdict, f"blocks {start}:{end} against {third.peer_id} (seed {challenge.seed})"
+
+    # -- spot checks ---------------------------------------------------------------------------------------------
+
+    def observe(self, hop: Hop, history: list[tuple[int, torch.Tensor]], output: torch.Tensor) -> None:
+        """A step ``hop`` served (``history``: every input the session gave it, this step's last; ``output``: this
+        step's [1, T, D]): maybe re-run it elsewhere in the background."""
+        if not self.settings.enabled or not history or self.settings.check_rate <= 0:
+            return
+        step_tokens = history[-1][1].shape[1]
+        total = sum(chunk.shape[1] for _, chunk in history)
+        chance = self.book.check_probability(hop.peer_id, step_tokens, total, self.settings.check_rate)
+        if self._random.random() >= chance or self._view is None:
+            return
+        if len(self._checks) >= self.settings.max_checks:
+            self.counts["spot", "skipped"] += 1
+            return
+        check = SpotCheck(hop, list(history), output)
+        task = asyncio.create_task(self._spot_check(check, self._view))
+        self._checks.add(task)
+        task.add_done_callback(self._checks.discard)
+
+    async def _spot_check(self, check: SpotCheck, view: SwarmView) -> None:
+        try:
+            result = await run_spot_check(self._p2p, self._auth, self.book, view, check, self.settings.timeout)
+        except Exception as error:
+            self.counts["spot", "error"] += 1
+            logger.info("spot check of node %s could not run: %s", check.hop.peer_id, error)
+            return
+        self.counts[result.kind, result.outcome] += 1
+        for peer, node in self.book.nodes.items():
+            if node.state is Verification.DISTRUSTED and peer not in self._announced_out:
+                self._announced_out.add(peer)
+                logger.warning("node %s is out of routing (reputation %.2f): %s", peer, node.reputation, node.reason)

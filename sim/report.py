@@ -1,0 +1,98 @@
+"""The report of a run: a markdown table (``bench/results/sim.md``) and plots (``bench/results/sim-*.png``)."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display on a server
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from sim.dht_traffic import per_node, record_bytes  # noqa: E402
+from sim.scenario import Result  # noqa: E402
+
+
+def write(results: Sequence[Result], route_times: dict[int, list[float]], folder: Path, command: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = [f"# Simulated swarm (`{command}`)", "", *_table(results), "", *_routes(route_times), ""]
+    lines += _dht(results)
+    for result in results:
+        _plot(result, folder)
+    path = folder / "sim.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _table(results: Sequence[Result]) -> list[str]:
+    rows = [
+        "| scenario | nodes | ours tok/s | bound tok/s | ours/bound | compute bound | after event | finished"
+        " | refused | lost | failovers | moves | TTFT p50 s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        s = r.summary
+        rows.append(
+            f"| {r.scenario.name} | {r.scenario.nodes} | {s['throughput']:.0f} | {s['bound']:.0f} | {s['ratio']:.1%}"
+            f" | {s['compute_bound']:.0f} | {_after(s)} | {s['finished']:.0f} | {s['refused']:.0f} | {s['lost']:.0f}"
+            f" | {s['failovers']:.0f} | {s['moves']:.0f} | {s['ttft_p50']:.1f} |"
+        )
+    return rows
+
+
+def _after(summary: dict[str, float]) -> str:
+    if "recovered_after" in summary:
+        back = summary["recovered_after"]
+        when = "never" if math.isinf(back) else f"{back:.0f} s"
+        return f"back >80 %: {when}; at 2 periods {summary['ratio_at_two_periods']:.0%}"
+    if "flash_ratio" in summary:
+        return f"during: {summary['flash_ratio']:.0%}"
+    return "-"
+
+
+def _routes(route_times: dict[int, list[float]]) -> list[str]:
+    rows = ["## Route choice (the real `plan_route`, push, min_latency), by swarm size", "",
+            "| nodes | calls | p50 ms | p99 ms |", "|---|---|---|---|"]  # fmt: skip
+    for nodes, times in sorted(route_times.items()):
+        ms = np.array(times) * 1e3
+        rows.append(f"| {nodes} | {len(ms)} | {np.median(ms):.2f} | {np.percentile(ms, 99):.2f} |")
+    return rows
+
+
+def _dht(results: Sequence[Result]) -> list[str]:
+    rows = [f"## DHT traffic per node (record: {record_bytes()} bytes packed)", "",
+            "| nodes | mean span | announce MB/min | reads MB/min | stored for others MB/min | total Mbit/s |",
+            "|---|---|---|---|---|---|"]  # fmt: skip
+    for nodes in (100, 300, 1000):
+        spans = [span for r in results if r.scenario.nodes == nodes for span in r.spans]
+        span = float(np.mean(spans)) if spans else 8.0
+        t = per_node(nodes, 126, span)
+        rows.append(
+            f"| {nodes} | {span:.1f} | {t.announce / 1e6:.2f} | {t.reads / 1e6:.2f} | {t.stored_for_others / 1e6:.2f}"
+            f" | {t.total * 8 / 60 / 1e6:.2f} |"
+        )
+    return rows
+
+
+def _plot(result: Result, folder: Path) -> None:
+    m = result.metrics
+    fig, axis = plt.subplots(figsize=(8, 3.5))
+    axis.plot(m.times, m.throughput, label="ours (decoded tokens/s)")
+    axis.plot(m.times, m.bound, label="max-flow bound")
+    if result.scenario.event:
+        axis.axvline(result.scenario.event_at, color="grey", linestyle="--", label=result.scenario.event)
+    axis.set_xlabel("virtual seconds")
+    axis.set_ylabel("tokens/s")
+    axis.set_title(f"{result.scenario.name}, {result.scenario.nodes} nodes")
+    axis.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(folder / f"sim-{_slug(result.scenario.name)}-{result.scenario.nodes}.png", dpi=90)
+    plt.close(fig)
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")

@@ -1,0 +1,189 @@
+"""One scenario run: populate the swarm, start traffic, apply the scenario's event, tick the data plane, and
+summarize our throughput against the bound."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from gateway.swarm.routing import RoutingMode
+from sim import clients, geography, lifecycle
+from sim.dataflow import TICK, bound, tick
+from sim.hardware import LLAMA_405B, ModelShape, sample_hardware
+from sim.swarm import BALANCE_PERIOD
+from sim.workload import CRASH_SHARE, Arrivals, mean_request, mean_uptime, sample_request, uptime
+from sim.world import Metrics, SimGateway, World
+
+JOIN_WINDOW = 60.0  # the initial nodes start over this many seconds
+BOUND_EVERY = 15.0  # seconds between recomputations of the bound
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    model: ModelShape = LLAMA_405B
+    nodes: int = 100
+    seed: int = 1
+    duration: float = 720.0
+    traffic_from: float = 200.0  # arrivals start once the first nodes are online
+    measure_from: float = 400.0  # the steady-state window starts here
+    load: float = 0.8  # offered tokens/s, as a multiple of the bound when traffic starts (KV memory binds first)
+    event: str | None = None  # "leave" (a share of nodes crash at once), "region" (one goes dark), "flash"
+    event_at: float = 520.0
+    leave_share: float = 0.2
+    region: str = "eu"
+    slow_share: float = 0.0  # nodes that compute 5x slower than their GPU would, and announce so
+    churn: bool = True
+    mode: RoutingMode = RoutingMode.MIN_LATENCY
+    balancing: bool = True
+
+    def quick(self) -> Scenario:
+        """A small, short version for tests."""
+        return replace(self, nodes=min(self.nodes, 40), duration=300.0, traffic_from=120.0, measure_from=180.0,
+                       event_at=220.0)  # fmt: skip
+
+
+@dataclass
+class Result:
+    """What a run leaves for the report (plain data: it crosses from a worker process)."""
+
+    scenario: Scenario
+    metrics: Metrics
+    route_times: list[float]  # seconds each plan_route call took
+    spans: list[int]  # blocks per node, every node that ever joined
+    summary: dict[str, float] = field(default_factory=dict)
+
+
+def run(scenario: Scenario) -> Result:
+    world = World(scenario.model, scenario.seed, scenario.mode)
+    world.balancing = scenario.balancing
+    mean_output, mean_length = mean_request()
+    for _ in range(scenario.nodes):
+        _add_node(world, scenario, float(world.rng.uniform(0, JOIN_WINDOW)))
+    if scenario.churn:
+        _replacements(world, scenario)
+    world.clock.at(scenario.traffic_from, lambda: _start_traffic(world, scenario, mean_output, mean_length))
+    if scenario.event is not None:
+        world.clock.at(scenario.event_at, lambda: _event(world, scenario))
+    latest = (0.0, 0.0)
+    t = TICK
+    while t <= scenario.duration:
+        world.clock.run_until(t)
+        throughput = tick(world)
+        if not world.metrics.bound or t % BOUND_EVERY < TICK:
+            latest = bound(world, mean_length)
+        _record(world, t, throughput, latest)
+        t += TICK
+    spans = [n.span for n in world.node_list]
+    return Result(scenario, world.metrics, world.route_times, spans, summarize(world, scenario))
+
+
+def _add_node(world: World, scenario: Scenario, at: float) -> None:
+    hw = sample_hardware(world.rng, scenario.model)
+    city = geography.sample_city(world.rng)
+    slow = 5.0 if world.rng.random() < scenario.slow_share else 1.0
+    node = world.new_node(hw, city, geography.sample_last_mile(world.rng, hw.gpu.datacenter), slow)
+    world.clock.at(at, lambda: lifecycle.join(world, node))
+    if scenario.churn:
+        leaves = at + uptime(world.rng, hw.gpu.datacenter)
+        crash = bool(world.rng.random() < CRASH_SHARE)
+        world.clock.at(leaves, lambda: lifecycle.leave(world, node, crash))
+
+
+def _replacements(world: World, scenario: Scenario) -> None:
+    """New volunteers join as a Poisson stream at the rate the leavers go: the population stays about the same."""
+    datacenter = np.mean([n.hw.gpu.datacenter for n in world.node_list])
+    mean = datacenter * mean_uptime(True) + (1 - datacenter) * mean_uptime(False)
+    rate = scenario.nodes / mean
+
+    def next_join() -> None:
+        _add_node(world, scenario, world.clock.now)
+        world.clock.after(float(world.rng.exponential(1 / rate)), next_join)
+
+    world.clock.after(JOIN_WINDOW + float(world.rng.exponential(1 / rate)), next_join)
+
+
+def _start_traffic(world: World, scenario: Scenario, mean_output: float, mean_length: float) -> None:
+    held, _ = bound(world, mean_length)
+    if held <= 0:  # a block is not served yet: the swarm has no throughput to size the load by
+        world.clock.after(10.0, lambda: _start_traffic(world, scenario, mean_output, mean_length))
+        return
+    arrivals = Arrivals(world.rng, held * scenario.load / mean_output, scenario.duration)
+    if scenario.event == "flash":
+        arrivals.add_window(scenario.event_at, scenario.event_at + 60.0, 5.0)
+    world.offered = arrivals.rate * mean_output
+
+    def next_session() -> None:
+        clients.arrive(world, _gateway_for(world), sample_request(world.rng))
+        world.clock.after(arrivals.next_gap(world.clock.now), next_session)
+
+    world.clock.after(arrivals.next_gap(world.clock.now), next_session)
+
+
+def _gateway_for(world: World) -> SimGateway:
+    """Users are where volunteers are (the cities' shares); each uses the gateway nearest to it."""
+    user = geography.sample_city(world.rng)
+    return min(world.gateways, key=lambda g: geography.distance_km(user, g.city))
+
+
+def _event(world: World, scenario: Scenario) -> None:
+    serving = world.serving()
+    if scenario.event == "leave":
+        count = int(round(scenario.leave_share * len(serving)))
+        for i in sorted(world.rng.choice(len(serving), size=count, replace=False)):
+            lifecycle.leave(world, serving[int(i)], crash=True)
+    elif scenario.event == "region":
+        for node in serving:
+            if node.city.region == scenario.region:
+                lifecycle.leave(world, node, crash=True)
+
+
+def _record(world: World, t: float, throughput: float, latest: tuple[float, float]) -> None:
+    m = world.metrics
+    m.times.append(t)
+    m.throughput.append(throughput)
+    m.bound.append(latest[0])
+    m.compute_bound.append(latest[1])
+    m.decoding.append(len(world.decoding))
+    m.missing.append(len(world.dht.view(t).missing_blocks()))
+
+
+def summarize(world: World, scenario: Scenario) -> dict[str, float]:
+    m = world.metrics
+    times = np.array(m.times)
+    ours, held, compute = np.array(m.throughput), np.array(m.bound), np.array(m.compute_bound)
+    steady_end = scenario.event_at if scenario.event else scenario.duration
+    steady = (times >= scenario.measure_from) & (times < steady_end)
+    summary = {
+        "throughput": float(ours[steady].mean()),
+        "bound": float(held[steady].mean()),
+        "compute_bound": float(compute[steady].mean()),
+        "ratio": float(ours[steady].mean() / max(held[steady].mean(), 1e-9)),
+        "finished": m.finished,
+        "lost": m.lost,
+        "refused": m.refused,
+        "failovers": m.failovers,
+        "moves": m.moves,
+        "ttft_p50": float(np.median(m.ttft)) if m.ttft else float("nan"),
+    }
+    if scenario.event in ("leave", "region"):
+        summary |= _recovery(times, ours, held, scenario.event_at)
+    if scenario.event == "flash":
+        window = (times >= scenario.event_at) & (times < scenario.event_at + 60.0)
+        summary["flash_ratio"] = float(ours[window].mean() / max(held[window].mean(), 1e-9))
+    return summary
+
+
+def _recovery(times: np.ndarray, ours: np.ndarray, held: np.ndarray, at: float) -> dict[str, float]:
+    """Seconds after the event until our 10 s mean is back above 80 % of the bound (and the ratio 2 periods on)."""
+    after = times >= at
+    smooth = np.convolve(ours, np.ones(10) / 10, mode="same")
+    ratio = np.divide(smooth, held, out=np.zeros_like(smooth), where=held > 0)
+    back = np.flatnonzero(after & (ratio >= 0.8) & (times >= at + 5))
+    two = after & (times >= at + 2 * BALANCE_PERIOD - 10) & (times < at + 2 * BALANCE_PERIOD + 10)
+    return {
+        "recovered_after": float(times[back[0]] - at) if len(back) else float("inf"),
+        "ratio_at_two_periods": float(ratio[two].mean()) if two.any() else float("nan"),
+        "worst_ratio_after": float(ratio[after].min()),
+    }

@@ -1,0 +1,150 @@
+"""The simulated world: nodes, the DHT, gateways and sessions on one virtual clock, and what it measures."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from gateway.swarm.bans import BanList
+from gateway.swarm.routing import Hop, RouteRequest, RoutingMode, plan_route
+from gateway.swarm.view import SwarmView
+from sim import geography
+from sim.events import EventQueue
+from sim.geography import City
+from sim.hardware import ModelShape, NodeHardware
+from sim.swarm import Dht, SimNode
+from sim.workload import Request
+
+VIEW_MAX_AGE = 10.0  # a gateway re-reads the DHT at most this often (its monitor; nodes re-announce every 10 s)
+
+
+@dataclass(eq=False)
+class Session:
+    index: int
+    gateway: SimGateway
+    request: Request
+    arrived: float
+    hops: list[Hop] = field(default_factory=list)
+    done: float = 0.0  # tokens decoded
+    decoding: bool = False  # False while routing, prefilling or failing over
+    failovers: int = 0
+    finished: float | None = None
+    lost: bool = False
+
+
+class SimGateway:
+    """One gateway: its view of the DHT, RTTs to nodes, bans on the virtual clock, its load; routes with the real
+    ``plan_route``, timing each call."""
+
+    def __init__(self, world: World, city: City, mode: RoutingMode) -> None:
+        self.world = world
+        self.city = city
+        self.mode = mode
+        self.bans = BanList(clock=lambda: world.clock.now)
+        self.load: Counter[str] = Counter()
+        self.rtts: dict[str, float] = {}
+        self._view: SwarmView | None = None
+
+    def view(self, fresh: bool = False) -> SwarmView:
+        now = self.world.clock.now
+        if fresh or self._view is None or now - self._view.fetched_at > VIEW_MAX_AGE:
+            self._view = self.world.dht.view(now)
+        return self._view
+
+    def route(self, session: Session, start: int, end: int, avoid: frozenset[str], fresh: bool) -> list[Hop]:
+        view = self.view(fresh)
+        for peer in view.servers:
+            if peer not in self.rtts:
+                self.rtts[peer] = self.world.rtt_to(self.city, 0.0005, self.world.nodes[peer])
+        request = RouteRequest(
+            session.request.max_length,
+            start,
+            end,
+            rtts=self.rtts,
+            banned=self.bans.banned() | avoid,
+            load=self.load,
+            push=True,
+        )
+        began = time.perf_counter()
+        try:
+            return plan_route(view, request, self.mode)
+        finally:
+            self.world.route_times.append(time.perf_counter() - began)
+
+
+@dataclass
+class Metrics:
+    times: list[float] = field(default_factory=list)
+    throughput: list[float] = field(default_factory=list)  # decoded tokens/s
+    bound: list[float] = field(default_factory=list)  # the max-flow bound then
+    compute_bound: list[float] = field(default_factory=list)  # the bound without the KV-memory limit
+    decoding: list[int] = field(default_factory=list)
+    missing: list[int] = field(default_factory=list)  # blocks no ONLINE node serves
+    finished: int = 0
+    lost: int = 0
+    refused: int = 0
+    failovers: int = 0
+    moves: int = 0
+    ttft: list[float] = field(default_factory=list)
+
+
+class World:
+    def __init__(self, model: ModelShape, seed: int, mode: RoutingMode) -> None:
+        self.model = model
+        self.rng = np.random.default_rng(seed)
+        self.clock = EventQueue()
+        self.dht = Dht(model.num_blocks)
+        self.nodes: dict[str, SimNode] = {}
+        self.node_list: list[SimNode] = []  # by index
+        self.gateways = [SimGateway(self, geography.city(name), mode) for name in geography.GATEWAY_CITIES]
+        self.sessions: dict[int, Session] = {}
+        self.metrics = Metrics()
+        self.route_times: list[float] = []
+        self._node_rtts: dict[tuple[str, str], float] = {}
+        self.decoding: dict[int, tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.float64]]] = {}
+        self.at_node: npt.NDArray[np.float64] | None = None  # the data plane's last solution
+        self.offered = 0.0  # tokens/s the arrivals ask for
+        self.balancing = True  # nodes run their rebalancing check (a scenario may turn it off to compare)
+
+    def rtt_to(self, city: City, last_mile: float, node: SimNode) -> float:
+        return geography.rtt(city, node.city, last_mile, node.last_mile)
+
+    def rtt_between(self, a: SimNode, b: SimNode) -> float:
+        key = (a.peer_id, b.peer_id)
+        if key not in self._node_rtts:
+            self._node_rtts[key] = geography.rtt(a.city, b.city, a.last_mile, b.last_mile)
+        return self._node_rtts[key]
+
+    def complete(self, session: Session) -> bool:
+        """The session's hops cover every block, in order."""
+        ends = [0] + [h.end for h in session.hops]
+        return ends[-1] == self.model.num_blocks and all(h.start == e for h, e in zip(session.hops, ends, strict=False))
+
+    def chains_changed(self, session: Session) -> None:
+        """Keep the decoding sessions' chains (node indices, blocks, links) for the data plane."""
+        if not (session.decoding and self.complete(session)):
+            self.decoding.pop(session.index, None)
+            return
+        nodes = [self.nodes[h.peer_id] for h in session.hops]
+        gateway = session.gateway
+        links = [self.rtt_to(gateway.city, 0.0005, nodes[0]) / 2]
+        links += [self.rtt_between(a, b) / 2 for a, b in zip(nodes, nodes[1:], strict=False)]
+        links[-1] += self.rtt_to(gateway.city, 0.0005, nodes[-1]) / 2
+        self.decoding[session.index] = (
+            np.array([n.index for n in nodes]),
+            np.array([h.end - h.start for h in session.hops], dtype=float),
+            np.array(links),
+        )
+
+    def new_node(self, hw: NodeHardware, city: City, last_mile: float, slowdown: float = 1.0) -> SimNode:
+        node = SimNode(len(self.node_list), hw, city, last_mile, slowdown)
+        self.node_list.append(node)
+        self.nodes[node.peer_id] = node
+        return node
+
+    def serving(self) -> list[SimNode]:
+        return [n for n in self.nodes.values() if n.serving]

@@ -1,0 +1,142 @@
+"""Verification on a real swarm (a DHT, node processes and a gateway on 127.0.0.1, the openai client and httpx).
+
+Probation: two honest nodes and a liar over the same blocks; the liar answers its challenge wrong, so it never
+carries a user's step: every completion has the reference tokens, and /v1/swarm says why the liar is out while the
+honest nodes are routed and spot-checked. Mid-stream: a liar routed as the first node of its blocks is outvoted when
+honest nodes join, and the stream it carried goes on through them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from tests.helpers.gateway import Gateway, start_gateway, stop_gracefully
+from tests.helpers.polling import wait_until
+from tests.helpers.processes import LocalSwarm, ManagedProcess
+from tests.helpers.sse import sse_events
+from tests.tiny_models import GetTinyModel, TinyModel
+
+pytestmark = pytest.mark.timeout(300)
+
+PROMPT = [5, 17, 99, 3, 42, 8, 1]
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_with_tokenizer: GetTinyModel) -> TinyModel:
+    return tiny_with_tokenizer("llama")
+
+
+@pytest.fixture(scope="module")
+def swarm(module_swarm: LocalSwarm, tiny: TinyModel) -> Iterator[tuple[Gateway, list[ManagedProcess], ManagedProcess]]:
+    try:
+        module_swarm.start_dht()
+        honest = [module_swarm.start_node(tiny.folder, "0:6", name=f"honest-{i}") for i in range(2)]
+        liar = module_swarm.start_node(tiny.folder, "0:6", "--faulty-outputs", "nan", name="liar")
+        for node in (*honest, liar):
+            module_swarm.wait_serving(node)
+        # Every step checked: the test must see spot checks run, not wait for a 2 % chance.
+        yield start_gateway(module_swarm, tiny.folder, "--verify-check-rate", "1000"), honest, liar
+    finally:
+        stop_gracefully(module_swarm)
+
+
+def _nodes(gateway: Gateway) -> dict[str, dict[str, Any]]:
+    with gateway.http() as http:
+        return {node["peer_id"]: node for node in http.get("/v1/swarm").json()["nodes"]}
+
+
+def test_a_liar_is_kept_out_by_its_challenge_and_honest_nodes_serve(
+    swarm: tuple[Gateway, list[ManagedProcess], ManagedProcess], tiny: TinyModel
+) -> None:
+    gateway, honest, liar = swarm
+    with torch.no_grad():
+        out = tiny.model.generate(torch.tensor([PROMPT]), max_new_tokens=10, do_sample=False)
+    expected = [int(t) for t in out[0, len(PROMPT) :]]
+    tokenizer = AutoTokenizer.from_pretrained(tiny.folder)
+    expected_text = str(tokenizer.decode(PROMPT + expected))[len(tokenizer.decode(PROMPT)) :]
+
+    def settled() -> bool:
+        states = {peer: node["verification"]["state"] for peer, node in _nodes(gateway).items()}
+        return states.get(liar.peer_id) in ("failed", "distrusted") and all(
+            states.get(node.peer_id) == "verified" for node in honest
+        )
+
+    wait_until(settled, within=60)
+    client = gateway.openai()
+    for _ in range(3):
+        result = client.completions.create(
+            model=gateway.model, prompt=PROMPT, max_tokens=10, temperature=0, extra_body={"ignore_eos": True}
+        )
+        assert result.choices[0].text == expected_text
+    nodes = _nodes(gateway)
+    liar_state = nodes[liar.peer_id]["verification"]
+    assert not liar_state["routed"] and "garbage" in liar_state["reason"], liar_state
+    assert not nodes[liar.peer_id]["banned"]  # never routed, so never had a user step to fail
+    for node in honest:
+        assert nodes[node.peer_id]["verification"]["routed"]
+    with gateway.http() as http:
+        checks = {(c["kind"], c["result"]): c["count"] for c in http.get("/v1/swarm").json()["checks"]}
+        metrics = http.get("/metrics").text
+    assert checks.get(("spot", "agreed"), 0) > 0 and ("spot", "disputed") not in checks, checks
+    # The liar is caught at its own challenge (failed) or, seen first, at a newcomer's (outvoted).
+    assert re.search(r'swarmgate_verification_checks_total\{kind="challenge",result="(failed|outvoted)"\} 1', metrics)
+
+
+@pytest.mark.timeout(600)  # the liar's 0.5 s a step keeps the stream going while two nodes start under load
+def test_a_liar_caught_mid_stream_hands_the_stream_to_verified_nodes(
+    local_swarm: LocalSwarm, tiny_with_tokenizer: GetTinyModel
+) -> None:
+    """The liar (``lazy``: it returns its input) is the first node of its blocks, so it is routed as unverified and
+    a stream starts through it. Two honest nodes join mid-stream: the first one's challenge disagrees with the
+    liar, the second breaks the tie, the liar is outvoted, and at its next step the stream moves to a verified node
+    (its inputs replayed). From there on, every token is the honest model's greedy pick given the stream so far."""
+    tiny = tiny_with_tokenizer("llama")
+    try:
+        local_swarm.start_dht()
+        liar = local_swarm.start_node(
+            tiny.folder, "0:6", "--faulty-outputs", "lazy", "--added-latency", "0.5", name="liar"
+        )
+        local_swarm.wait_serving(liar)
+        gateway = start_gateway(local_swarm, tiny.folder, "--failover-wait", "300")
+        wait_until(lambda: _nodes(gateway)[liar.peer_id]["verification"]["state"] == "unverified", within=60)
+        body = {"model": gateway.model, "prompt": PROMPT, "max_tokens": 200, "temperature": 0, "stream": True}
+        text, finish, honest = "", None, []
+        with gateway.http() as http, http.stream("POST", "/v1/completions", json={**body, "ignore_eos": True}) as r:
+            for event in sse_events(r):
+                if event.data == "[DONE]":
+                    break
+                choice = json.loads(event.data)["choices"][0]
+                text += choice["text"]
+                finish = choice["finish_reason"] or finish
+                if not honest:  # the stream runs through the liar: now the honest nodes come
+                    honest = [local_swarm.start_node(tiny.folder, "0:6", name=f"honest-{i}") for i in range(2)]
+        for node in honest:
+            local_swarm.wait_serving(node)
+        assert finish == "length"
+        ids = [int(token) for token in re.findall(r"t(\d+)", text)]
+        assert len(ids) == 200
+        with torch.no_grad():
+            logits = tiny.model(torch.tensor([PROMPT + ids])).logits[0]
+        picks = [int(p) for p in logits[len(PROMPT) - 1 : -1].argmax(dim=-1)]
+        wrong = [i for i, (got, want) in enumerate(zip(ids, picks, strict=True)) if got != want]
+        assert wrong, "the liar served no token: the test did not test a catch"
+        assert wrong[-1] < len(ids) - 20, f"tokens still wrong at {wrong[-5:]}: the stream never left the liar"
+        nodes = _nodes(gateway)
+        assert nodes[liar.peer_id]["verification"]["state"] == "distrusted", nodes[liar.peer_id]
+        assert all(nodes[node.peer_id]["verification"]["state"] == "verified" for node in honest)
+        assert swarm_counters(gateway)["failovers"] >= 1
+    finally:
+        stop_gracefully(local_swarm)
+
+
+def swarm_counters(gateway: Gateway) -> dict[str, int]:
+    with gateway.http() as http:
+        counters: dict[str, int] = http.get("/v1/swarm").json()["counters"]
+        return counters

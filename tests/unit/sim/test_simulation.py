@@ -1,0 +1,56 @@
+"""The simulator: reproducible for a seed, driven by the real plan_route, and a quick scenario end to end."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from gateway.swarm import routing
+from gateway.swarm.routing import Hop, RouteRequest, RoutingMode
+from gateway.swarm.view import SwarmView
+from sim import report
+from sim.hardware import LLAMA_70B
+from sim.scenario import Result, Scenario, run
+
+SMALL = replace(Scenario("small", model=LLAMA_70B, nodes=30).quick(), duration=200.0, measure_from=150.0)
+
+
+def fingerprint(result: Result) -> tuple[object, ...]:
+    m = result.metrics
+    return (tuple(m.throughput), tuple(m.bound), m.finished, m.refused, m.failovers, m.moves)
+
+
+def test_a_seed_gives_the_same_run_and_another_seed_another() -> None:
+    first, again = run(SMALL), run(SMALL)
+    assert fingerprint(first) == fingerprint(again)
+    assert sum(first.metrics.throughput) > 0
+    assert fingerprint(run(replace(SMALL, seed=2))) != fingerprint(first)
+
+
+def test_the_simulator_routes_with_the_real_plan_route(monkeypatch: pytest.MonkeyPatch) -> None:
+    baseline = run(SMALL)
+    calls: list[int] = []
+    real = routing.plan_route
+
+    def longest_hops_first(view: SwarmView, request: RouteRequest, mode: RoutingMode) -> list[Hop]:
+        calls.append(1)
+        return real(view, request, RoutingMode.MAX_THROUGHPUT)  # a different policy: a different swarm
+
+    monkeypatch.setattr("sim.world.plan_route", longest_hops_first)
+    changed = run(SMALL)
+    assert len(calls) == len(changed.route_times) > 0
+    assert fingerprint(changed) != fingerprint(baseline)
+
+
+def test_a_quick_scenario_with_nodes_leaving_end_to_end(tmp_path: Path) -> None:
+    result = run(replace(SMALL, name="leave", event="leave", event_at=170.0))
+    summary = result.summary
+    assert summary["throughput"] > 0 and 0 < summary["ratio"] <= 1.0
+    assert summary["failovers"] > 0  # the crashed nodes' sessions moved
+    assert "recovered_after" in summary
+    path = report.write([result], {30: result.route_times}, tmp_path, "test")
+    text = path.read_text()
+    assert "| leave | 30 |" in text and "Route choice" in text and "DHT traffic" in text
+    assert (tmp_path / "sim-leave-30.png").stat().st_size > 0
