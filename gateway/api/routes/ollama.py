@@ -25,7 +25,8 @@ from gateway.api.serving.ollama import OllamaServing
 from gateway.api.serving.ollama_models import OllamaModels
 from gateway.api.serving.ollama_output import NdjsonStream
 
-router = APIRouter(tags=["ollama"])
+# Not in the OpenAPI document, which is the OpenAI-shaped API (its errors, its fuzzing): docs/ollama.md is this one's.
+router = APIRouter(tags=["ollama"], include_in_schema=False)
 
 M = TypeVar("M", bound=BaseModel)
 
