@@ -57,6 +57,18 @@ class WholeSwarm:
 
     model_name: str
 
+    embedding_pooling = "last"
+    embedding_width = 4
+
+    async def embed(self, inputs: Sequence[Sequence[int]], adapter: str | None = None) -> list[list[float]]:
+        """A unit vector per input from its token ids (a bag of ids mod 4): enough for the HTTP layer's tests."""
+        vectors = []
+        for ids in inputs:
+            counts = [float(sum(1 for token in ids if token % 4 == axis)) for axis in range(4)]
+            length = sum(c * c for c in counts) ** 0.5 or 1.0
+            vectors.append([c / length for c in counts])
+        return vectors
+
     async def missing_blocks(self) -> list[int]:
         return []
 

@@ -25,8 +25,7 @@ from gateway.api.serving.ollama import OllamaServing
 from gateway.api.serving.ollama_models import OllamaModels
 from gateway.api.serving.ollama_output import NdjsonStream
 
-# Outside /openapi.json: that spec documents our /v1 APIs (and is fuzzed against them); Ollama's API is what
-# Ollama's reference says, checked with the official `ollama` client (tests/unit/gateway/api/serving/test_ollama.py).
+# Not in the OpenAPI document, which is the OpenAI-shaped API (its errors, its fuzzing): docs/ollama.md is this one's.
 router = APIRouter(tags=["ollama"], include_in_schema=False)
 
 M = TypeVar("M", bound=BaseModel)

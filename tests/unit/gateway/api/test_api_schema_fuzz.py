@@ -20,7 +20,6 @@ from schemathesis.core.failures import Failure
 
 from gateway.api.serving.common import ServingConfig
 from gateway.app import create_app
-from gateway.generation import ModelFacts
 from tests.helpers.scripted_engine import ALPHABET, CharCodec, ScriptedEngine
 
 EXAMPLES = 30  # per operation and phase: the module takes about 20 s on the 2-core CI machine
@@ -47,20 +46,8 @@ class FuzzedCodec(CharCodec):
 
 
 class FuzzedEngine(ScriptedEngine):
-    """The scripted engine, and the model facts and embeddings the Ollama and embeddings routes ask for (their
-    values are not what this test checks: shapes and statuses are)."""
-
-    embedding_pooling = "last"
-    embedding_width = 4
-
     async def swarm_report(self) -> dict[str, Any]:
         return {"model": self.model_name, "blocks": [], "nodes": []}
-
-    async def embed(self, inputs: Sequence[Sequence[int]], adapter: str | None = None) -> list[list[float]]:
-        return [[0.5, 0.5, 0.5, 0.5] for _ in inputs]
-
-    async def model_facts(self) -> ModelFacts:
-        return ModelFacts("llama", "gguf", 0, 0, "F32", 0.0, {"hidden_size": 4})
 
 
 ENGINE = FuzzedEngine(codec=FuzzedCodec(), context_length=256)
