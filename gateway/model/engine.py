@@ -45,7 +45,8 @@ from gateway.model.head import ModelHead
 from gateway.model.head_adapters import load_head_adapters
 from gateway.model.head_batcher import HeadBatcher
 from gateway.model.sampling import Sampler, top_logprobs
-from gateway.model.speculation import DecodePlan, Drafter, PromptLookup, SpecTuner
+from gateway.model.speculation import DecodePlan, Drafter, SpecTuner
+from gateway.model.suffix_drafts import OutputStore, SuffixDrafts
 from gateway.model.tokens import HFTokenCodec
 from gateway.settings import EngineSettings
 from gateway.swarm.chain_session import ChainSession
@@ -97,6 +98,7 @@ class GenerationEngine:
         self._grammars_lock = asyncio.Lock()
         self._generations = 0  # in flight, from their prefill on: speculation drafts only while alone
         self.draft_model: DraftModel | None = None  # with ``--speculative draft``
+        self.outputs = OutputStore()  # recent outputs of every generation here: suffix drafts read them
 
     @classmethod
     async def create(cls, settings: EngineSettings) -> GenerationEngine:
@@ -215,13 +217,16 @@ class GenerationEngine:
         if request.grammar is not None:  # compiled before any node is asked for room: a bad schema costs nothing
             constraint = await asyncio.to_thread((await self.grammars()).constraint, request.grammar)
         sampler = Sampler(request.sampling, self.head.vocab_size, request.prompt_ids, constraint)
-        plan = DecodePlan(request, self._drafter(request), None if constraint is None else constraint.forced)
+        drafter = self._drafter(request)
+        plan = DecodePlan(request, drafter, None if constraint is None else constraint.forced)
         generation = Generation(request, self._services(request), sampler, plan)
         self._generations += 1  # from the prefill on: speculation drafts only while alone
         try:
             async with contextlib.aclosing(generation.run()) as events:
                 async for event in events:
                     yield event
+            if isinstance(drafter, SuffixDrafts):
+                drafter.publish()  # later generations of the model draft from this output too
         finally:
             self._generations -= 1
             self.heads.forget(sampler)
@@ -324,7 +329,7 @@ class GenerationEngine:
         tuner = SpecTuner(self.settings.speculative_max_k, self.settings.speculative_min_rtt)
         if self.draft_model is not None:
             return self.draft_model.session(request.prompt_ids, tuner)
-        return PromptLookup(request.prompt_ids, tuner)
+        return SuffixDrafts(request.prompt_ids, tuner, self.outputs)
 
     def _chain_rtts(self, chain: ChainSession) -> tuple[float, float]:
         """Seconds of round trips (a verify step's, relayed hop by hop; a decode step's, pushed node to node when the
