@@ -24,6 +24,7 @@ from gateway.model.decode_loop import pick_token, verify_round
 from gateway.model.grammar import Constraint, GrammarCompiler
 from gateway.model.sampling import Sampler
 from gateway.model.speculation import DecodePlan
+from gateway.model.suffix_drafts import SuffixDrafts
 from tests.tiny_models import _COMMON
 from tests.unit.gateway.model.test_speculative_engine import LocalEngine, local_engine, run
 from tests.unit.swarm_node.test_span_exactness import build_chain
@@ -65,7 +66,8 @@ async def _both(
                 engine._grammars.close()
 
 
-async def test_greedy_with_forced_drafts_equals_greedy_without(folder: Path) -> None:
+async def test_greedy_with_forced_drafts_equals_greedy_without(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(SuffixDrafts, "propose", lambda self, k, after=(): [])  # only forced tokens are drafted
     metrics = GatewayMetrics()
     current_metrics.set(metrics)
     request = GenerationRequest(PROMPT, 48, SamplingParams(temperature=0.0), logprobs=2, grammar=GRAMMAR)
