@@ -65,7 +65,8 @@ class EngineSettings(P2PSettings):
     )
     speculative: Literal["off", "ngram", "draft"] = Field(
         "ngram",
-        description="speculative decoding: off; ngram (drafts from prompt lookup); draft (drafts from --draft-model);"
+        description="speculative decoding: off; ngram (drafts from suffix matches over the prompt, the output and"
+        " recent outputs, and a grammar's forced tokens); draft (drafts from --draft-model);"
         " k drafts are verified in one step of k+1 positions, k adaptive (from the acceptance rate and the chain's"
         " round trip; none below --speculative-min-rtt)",
     )

@@ -61,14 +61,15 @@ class DraftSession:
         self.context.append(token_id)
 
     @torch.inference_mode()
-    def propose(self, k: int) -> list[int]:
-        """Up to ``k`` greedy draft tokens after the text so far."""
-        if k <= 0 or not self.context:
+    def propose(self, k: int, after: Sequence[int] = ()) -> list[int]:
+        """Up to ``k`` greedy draft tokens after the text so far and then ``after`` (the grammar's forced tokens)."""
+        context = [*self.context, *after]
+        if k <= 0 or not context:
             return []
-        keep = min(common_prefix(self._read, self.context), len(self.context) - 1)  # at least one token to read
+        keep = min(common_prefix(self._read, context), len(context) - 1)  # at least one token to read
         if keep < len(self._read):
             self._forget(len(self._read) - keep)
-        token = self._next(self.context[keep:])
+        token = self._next(context[keep:])
         drafts = [token]
         while len(drafts) < k:
             token = self._next([token])

@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any
 
@@ -36,10 +35,10 @@ from gateway.generation import (
     GeneratedToken,
     GenerationRequest,
     ModelFacts,
-    PromptCached,
     PromptScores,
     TopLogprobs,
 )
+from gateway.model.decode_loop import Generation, Services
 from gateway.model.draft_model import DraftModel
 from gateway.model.embeddings import Pooling, embed_inputs, pooling_for
 from gateway.model.facts import model_facts
@@ -49,7 +48,8 @@ from gateway.model.head import ModelHead
 from gateway.model.head_adapters import load_head_adapters
 from gateway.model.head_batcher import HeadBatcher
 from gateway.model.sampling import Sampler, top_logprobs
-from gateway.model.speculation import DecodePlan, Drafter, PromptLookup, SpecTuner, Verified, verify_drafts
+from gateway.model.speculation import DecodePlan, Drafter, SpecTuner
+from gateway.model.suffix_drafts import OutputStore, SuffixDrafts
 from gateway.model.tokens import HFTokenCodec
 from gateway.settings import EngineSettings
 from gateway.swarm.chain_session import ChainSession
@@ -104,6 +104,7 @@ class GenerationEngine:
         self._generations = 0  # in flight, from their prefill on: speculation drafts only while alone
         self.draft_model: DraftModel | None = None  # with ``--speculative draft``
         self._facts: ModelFacts | None = None  # what /api/show says, read once
+        self.outputs = OutputStore()  # recent outputs of every generation here: suffix drafts read them
 
     @classmethod
     async def create(cls, settings: EngineSettings) -> GenerationEngine:
@@ -235,67 +236,40 @@ class GenerationEngine:
         if request.grammar is not None:  # compiled before any node is asked for room: a bad schema costs nothing
             constraint = await asyncio.to_thread((await self.grammars()).constraint, request.grammar)
         sampler = Sampler(request.sampling, self.head.vocab_size, request.prompt_ids, constraint)
-        plan = DecodePlan(request, self._drafter(request))
-        self._generations += 1
+        drafter = self._drafter(request)
+        plan = DecodePlan(request, drafter, None if constraint is None else constraint.forced)
+        generation = Generation(request, self._services(request), sampler, plan)
+        self._generations += 1  # from the prefill on: speculation drafts only while alone
         try:
-            chain, output, cached = await self._prefill(request)  # output: [1, T, D] for the prompt's uncached tokens
-        except BaseException:
-            self._generations -= 1
-            raise
-        held: list[int] | None = None  # once the generation ended well: the ids the nodes' caches hold
-        stored = len(request.prompt_ids)  # tokens the nodes hold: ``held`` and any drafts rejected after it
-        try:
-            if cached:
-                yield PromptCached(cached)
-            if request.prompt_logprobs is not None:
-                yield await asyncio.to_thread(
-                    self._prompt_scores, output, request.prompt_ids, request.prompt_logprobs, request.adapter
-                )
-            fed = list(request.prompt_ids)  # the tokens the nodes hold, the last step's drafts included
-            drafts: list[int] = []  # the last step's drafts: the tail of ``fed``, verified by this round
-            while request.max_new_tokens > 0:
-                # Other generations here now: decoding, or still prefilling (streams started together must not
-                # draft in their first rounds: a verify step would leave the batch they are about to form).
-                others = self._generations - 1
-                relay_rtt, plain_rtt = self._chain_rtts(chain)
-                k = plan.next_k(relay_rtt, others, plain_rtt)  # drafts to propose after this round
-                verify = functools.partial(
-                    self._verify,
-                    drafts=drafts,
-                    sampler=sampler,
-                    num_logprobs=request.logprobs,
-                    plan=plan,
-                    k=0 if plan.threaded else k,
-                    adapter=request.adapter,
-                )
-                round_ = await self.heads.score(
-                    output[:, -len(drafts) - 1 :], verify, sampler, request.adapter, positions=True
-                )
-                if plan.threaded and k > 0 and not round_.done:  # a draft model: k forwards in a thread of its own
-                    round_ = await asyncio.to_thread(self._redraft, round_, plan, k, request.adapter)
-                if constraint is not None:
-                    constraint.prefetch()  # the next mask computes while the nodes run this token
-                for token in round_.tokens:
-                    yield token
-                plan.verified(len(drafts), round_.accepted)
-                del fed[len(fed) - len(drafts) + round_.accepted :]  # the rejected drafts: the next step rewinds them
-                if round_.done:
-                    break  # the last token is never fed: nothing would read its output
-                started = time.monotonic()
-                output = await chain.step(round_.hidden, len(fed))  # [1, 1 + k, D]: the last token and new drafts
-                plan.stepped(time.monotonic() - started, relay_rtt if round_.drafts else plain_rtt)
-                fed += [round_.tokens[-1].token_id, *round_.drafts]
-                drafts, stored = round_.drafts, len(fed)
-            held = fed
+            async with contextlib.aclosing(generation.run()) as events:
+                async for event in events:
+                    yield event
+            if isinstance(drafter, SuffixDrafts):
+                drafter.publish()  # later generations of the model draft from this output too
         finally:
             self._generations -= 1
             self.heads.forget(sampler)
-            if held is not None and request.reuse_scope is not None and stored > len(held):
-                held = await self._truncated(chain, held)
-            if held is not None and request.reuse_scope is not None:
-                await self.kept.keep(_kept_scope(request), held, chain)
-            else:
-                await chain.close()
+
+    def _services(self, request: GenerationRequest) -> Services:
+        """What one generation uses of the engine, bound to its request."""
+        keep = None
+        if request.reuse_scope is not None:
+            keep = functools.partial(self.kept.keep, _kept_scope(request))
+        return Services(
+            heads=self.heads,
+            prefill=functools.partial(self._prefill, request),
+            embed=functools.partial(self._embed, adapter=request.adapter),
+            prompt_scores=functools.partial(
+                self._prompt_scores,
+                prompt_ids=request.prompt_ids,
+                k=request.prompt_logprobs or 0,
+                adapter=request.adapter,
+            ),
+            round_trips=self._chain_rtts,
+            others=lambda: self._generations - 1,
+            keep=keep,
+            stop_ids=self.stop_ids,
+        )
 
     async def grammars(self) -> GrammarCompiler:
         async with self._grammars_lock:
@@ -400,7 +374,7 @@ class GenerationEngine:
         tuner = SpecTuner(self.settings.speculative_max_k, self.settings.speculative_min_rtt)
         if self.draft_model is not None:
             return self.draft_model.session(request.prompt_ids, tuner)
-        return PromptLookup(request.prompt_ids, tuner)
+        return SuffixDrafts(request.prompt_ids, tuner, self.outputs)
 
     def _chain_rtts(self, chain: ChainSession) -> tuple[float, float]:
         """Seconds of round trips (a verify step's, relayed hop by hop; a decode step's, pushed node to node when the
@@ -409,54 +383,6 @@ class GenerationEngine:
         relay = sum(rtts.get(hop.peer_id, 0.0) for hop in chain.hops)  # a node not yet measured counts 0
         hops = len(chain.hops)
         return relay, relay * (hops + 1) / (2 * hops) if chain.pushes_decode else relay
-
-    async def _truncated(self, chain: ChainSession, held: list[int]) -> list[int] | None:
-        """The nodes rolled back to ``held`` (rejected drafts past it dropped), or None with the chain closed."""
-        try:
-            await chain.truncate(len(held))
-        except Exception as error:
-            logger.info("closing a chain that could not roll back its drafts: %s", error)
-            await chain.close()
-            return None
-        return held
-
-    def _verify(
-        self,
-        logits: torch.Tensor,
-        drafts: list[int],
-        sampler: Sampler,
-        num_logprobs: int | None,
-        plan: DecodePlan,
-        k: int,
-        adapter: str | None = None,
-    ) -> Verified:
-        """logits [1 + len(drafts), V]: the output after the last emitted token and after each draft -> the tokens
-        the model's own sampling emits (a draft is kept while the sample equals it), the next drafts and the next
-        step's input embeddings [1, 1 + k', D].
-
-        Run by the head batcher's worker thread: embedding there saves each session a hop to a thread per step."""
-        pick = functools.partial(self._token, sampler=sampler, num_logprobs=num_logprobs)
-        tokens, accepted = verify_drafts(logits, drafts, pick, plan)
-        if plan.done:
-            return Verified(tokens, accepted, True)
-        following = plan.propose(k)
-        hidden = self._embed([tokens[-1].token_id, *following], adapter)
-        return Verified(tokens, accepted, False, following, hidden)
-
-    def _redraft(self, round_: Verified, plan: DecodePlan, k: int, adapter: str | None) -> Verified:
-        """``round_`` with up to ``k`` drafts after its tokens, and the next step's input embeddings for them."""
-        following = plan.propose(k)
-        hidden = self._embed([round_.tokens[-1].token_id, *following], adapter)
-        return Verified(round_.tokens, round_.accepted, False, following, hidden)
-
-    def _token(self, logits: torch.Tensor, sampler: Sampler, num_logprobs: int | None) -> GeneratedToken:
-        """The next token from one position's logits [V], with the model's own logprobs when asked."""
-        token = sampler.next_token(logits)
-        eos = token in self.stop_ids
-        if num_logprobs is None:
-            return GeneratedToken(token, eos)
-        logprobs = torch.log_softmax(logits, dim=-1)  # [V]
-        return GeneratedToken(token, eos, float(logprobs[token]), top_logprobs(logprobs, num_logprobs))
 
     def _prompt_scores(
         self, output: torch.Tensor, prompt_ids: list[int], k: int, adapter: str | None = None

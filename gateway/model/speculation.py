@@ -46,6 +46,7 @@ MAX_NGRAM = 4  # longest suffix looked up in the text so far
 MIN_NGRAM = 2  # a single repeated token predicts too little to pay for its positions
 POSITION_COST = 0.1  # an extra verified position, as a fraction of a decode step's compute (decode is memory-bound)
 ACCEPTANCE_PRIOR = 0.6  # a fresh generation's guess (prompt lookup drafts only where the text repeats)
+FORCED_PRIOR = 0.9  # the same for the grammar's forced tokens: the model rarely spells forced bytes otherwise
 EWMA = 0.3  # weight of the newest round in the acceptance and compute estimates
 MIN_GAIN = 1.1  # draft only when a round is expected to beat plain decoding by this factor
 
@@ -116,6 +117,12 @@ class SpecTuner:
     acceptance: float = ACCEPTANCE_PRIOR
     compute: float = 0.0  # seconds a step takes beyond the round trip
     draft_cost: float = 0.0  # seconds drafting one token takes (a draft model's forward; ~0 for prompt lookup)
+    forced_acceptance: float = FORCED_PRIOR  # per forced token (``Constraint.forced``): its own estimate
+
+    def forcing_pays(self, rtt: float, plain_rtt: float | None = None) -> bool:
+        """Whether a verify step carrying the grammar's forced tokens beats a plain decode step: the cost model for
+        one such draft (more pay more), at any round trip — they cost no drafting and are nearly always kept."""
+        return choose_k(self.forced_acceptance, rtt, self.compute, 1, 0.0, 0.0, plain_rtt) > 0
 
     def next_k(self, rtt: float, limit: int, plain_rtt: float | None = None) -> int:
         k = choose_k(self.acceptance, rtt, self.compute, self.k_max, self.min_rtt, self.draft_cost, plain_rtt)
@@ -125,9 +132,13 @@ class SpecTuner:
         if drafted > 0:
             self.draft_cost += EWMA * (seconds / drafted - self.draft_cost)
 
-    def record_round(self, drafted: int, accepted: int) -> None:
-        if drafted > 0:
-            self.acceptance += EWMA * (accepted / drafted - self.acceptance)
+    def record_round(self, drafted: int, accepted: int, forced: int = 0) -> None:
+        """``drafted`` drafts, the first ``forced`` of them the grammar's: each kind's acceptance on its own (the
+        drafter's drafts count only when every forced one before them was kept, else they went unjudged)."""
+        if forced > 0:
+            self.forced_acceptance += EWMA * (min(accepted, forced) / forced - self.forced_acceptance)
+        if drafted > forced and accepted >= forced:
+            self.acceptance += EWMA * ((accepted - forced) / (drafted - forced) - self.acceptance)
 
     def record_step(self, seconds: float, rtt: float) -> None:
         self.compute += EWMA * (max(0.0, seconds - rtt) - self.compute)
@@ -141,7 +152,9 @@ class Drafter(Protocol):
 
     def emitted(self, token_id: int) -> None: ...
 
-    def propose(self, k: int) -> list[int]: ...
+    def propose(self, k: int, after: Sequence[int] = ()) -> list[int]:
+        """Up to ``k`` drafts after the text so far and then ``after`` (drafts already chosen: the forced ones)."""
+        ...
 
 
 class PromptLookup:
@@ -156,29 +169,36 @@ class PromptLookup:
     def emitted(self, token_id: int) -> None:
         self.context.append(token_id)
 
-    def propose(self, k: int) -> list[int]:
-        return propose_ngram(self.context, k)
+    def propose(self, k: int, after: Sequence[int] = ()) -> list[int]:
+        return propose_ngram([*self.context, *after] if after else self.context, k)
 
 
 @dataclass
 class Verified:
     """One round at the head: the tokens emitted, how many of the round's drafts they kept, whether the generation
-    is over; if not, the next step's drafts and its input embeddings [1, 1 + len(drafts), D]."""
+    is over; if not, the next step's drafts (the first ``forced`` of them the grammar's) and its input embeddings
+    [1, 1 + len(drafts), D]."""
 
     tokens: list[GeneratedToken]
     accepted: int
     done: bool
     drafts: list[int] = field(default_factory=list)
     hidden: torch.Tensor | None = None
+    forced: int = 0
 
 
 class DecodePlan:
-    """When one generation stops and what it drafts next (nothing without a drafter)."""
+    """When one generation stops and what it drafts next (nothing without a drafter): the grammar's forced tokens
+    (``forced``, a constrained request's ``Constraint.forced``) first, then the drafter's after them."""
 
-    def __init__(self, request: GenerationRequest, drafter: Drafter | None) -> None:
+    def __init__(
+        self, request: GenerationRequest, drafter: Drafter | None, forced: Callable[[], list[int]] | None = None
+    ) -> None:
         self._max_new = request.max_new_tokens
         self._ignore_eos = request.ignore_eos
         self._drafter = drafter
+        self._forced = forced
+        self._forcing = False  # this round proposes the forced tokens (``next_k`` decides)
         self.count = 0  # tokens emitted
         self.done = False
 
@@ -192,27 +212,33 @@ class DecodePlan:
         """Drafts worth verifying in the next step, by the drafter's estimates; none while ``others`` generations
         decode through this gateway: their decode steps share one forward and one message per node, which a verify
         step of several positions would leave (and the batchers' rhythm would wait for it)."""
+        self._forcing = False
         if self._drafter is None or others > 0:
             return 0
+        self._forcing = self._forced is not None and self._drafter.tuner.forcing_pays(rtt, plain_rtt)
         return self._drafter.tuner.next_k(rtt, self._max_new - self.count, plain_rtt)
 
     @property
     def threaded(self) -> bool:
         return self._drafter is not None and self._drafter.threaded
 
-    def propose(self, k: int) -> list[int]:
-        """Up to ``k`` drafts after the tokens so far; never one that could only be emitted past max_new_tokens."""
+    def propose(self, k: int) -> tuple[list[int], int]:
+        """The tokens the grammar forces next (when this round forces), then up to ``k`` drafts after them; never
+        one that could only be emitted past max_new_tokens -> (the drafts, how many of them are forced)."""
         room = self._max_new - self.count - 1  # the token just emitted is fed with them; the last needs no feeding
-        if self._drafter is None or min(k, room) <= 0:
-            return []
+        if self._drafter is None or room <= 0:
+            return [], 0
+        forced = self._forced()[:room] if self._forcing and self._forced is not None else []
+        if min(k, room - len(forced)) <= 0:
+            return forced, len(forced)
         started = time.perf_counter()
-        drafts = self._drafter.propose(min(k, room))
+        drafts = self._drafter.propose(min(k, room - len(forced)), forced)
         self._drafter.tuner.record_draft(time.perf_counter() - started, len(drafts))
-        return drafts
+        return forced + drafts, len(forced)
 
-    def verified(self, drafted: int, accepted: int) -> None:
+    def verified(self, drafted: int, accepted: int, forced: int = 0) -> None:
         if self._drafter is not None and drafted > 0:
-            self._drafter.tuner.record_round(drafted, accepted)
+            self._drafter.tuner.record_round(drafted, accepted, forced)
             spec_verified(drafted, accepted)
 
     def stepped(self, seconds: float, rtt: float) -> None:

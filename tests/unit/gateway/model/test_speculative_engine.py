@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from scipy.stats import chisquare
 
 from gateway.generation import GeneratedToken, GenerationRequest, SamplingParams
 from gateway.metrics import GatewayMetrics, current_metrics
+from gateway.model.decode_loop import pick_token, verify_round
 from gateway.model.engine import GenerationEngine
 from gateway.model.files import load_tokenizer
 from gateway.model.sampling import Sampler
@@ -88,8 +90,8 @@ class OracleDrafts(PromptLookup):
         self._emitted_from = len(prompt_ids)
         self._reference = reference
 
-    def propose(self, k: int) -> list[int]:
-        done = len(self.context) - self._emitted_from
+    def propose(self, k: int, after: Sequence[int] = ()) -> list[int]:
+        done = len(self.context) + len(after) - self._emitted_from
         drafts = self._reference[done : done + k]
         return [(t + 1) % VOCAB if (done + i) % 5 == 4 else t for i, t in enumerate(drafts)]
 
@@ -238,8 +240,8 @@ def test_the_acceptance_rule_keeps_the_models_distribution(tiny_model: GetTinyMo
     counts = torch.zeros(2, VOCAB, dtype=torch.float64)  # [first token (not the draft) | second token after it]
     for seed in range(20_000):
         sampler = Sampler(params.with_seed(seed), VOCAB, prompt)
-        verify = functools.partial(engine._verify, drafts=[draft], num_logprobs=None, k=0)
-        tokens = verify(both, sampler=sampler, plan=DecodePlan(request, None)).tokens
+        pick = functools.partial(pick_token, sampler=sampler, stop_ids=engine.stop_ids, num_logprobs=None)
+        tokens = verify_round(both, [draft], pick, DecodePlan(request, None), 0, engine._embed).tokens
         if tokens[0].token_id != draft:
             assert len(tokens) == 1
             counts[0, tokens[0].token_id] += 1

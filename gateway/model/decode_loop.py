@@ -1,0 +1,213 @@
+"""One generation's decode loop, in small named steps (as gpt-fast's ``prefill`` / ``decode_one_token``):
+
+    prefill      the chain takes the prompt; its last block's output [1, T, D] comes back
+    round        score → verify → emit: the head scores the last step's positions, the request's sampler picks each
+                 in order (keeping drafts while they equal its picks), and the next step's drafts are proposed
+    advance      the chain takes the last token and the new drafts: one traversal, [1, 1 + k, D] back
+    finish       the nodes' caches rolled back to the tokens kept, the chain kept for the conversation's next turn
+                 or closed
+
+``held`` is the one count of what the nodes hold: the token ids in their caches, in order, the last step's drafts
+included (until a round says how many of them stay). The engine owns the processes and the swarm; it hands each
+generation its services (``Services``) once, so no step threads the request's adapter or the engine through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable, Collection
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from gateway.generation import EngineEvent, GeneratedToken, GenerationRequest, PromptCached, PromptScores
+from gateway.model.head_batcher import HeadBatcher
+from gateway.model.sampling import Sampler, top_logprobs
+from gateway.model.speculation import DecodePlan, Verified, verify_drafts
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Chain", "Generation", "Services", "pick_token", "verify_round"]
+
+
+class Chain(Protocol):
+    """What a generation needs of its ``ChainSession``."""
+
+    async def step(self, hidden: torch.Tensor, position: int) -> torch.Tensor: ...
+
+    async def truncate(self, length: int) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Services:
+    """What the engine lends one generation, bound to its request (its adapter, its scope) where they need it."""
+
+    heads: HeadBatcher  # every session's LM head and sampling, batched
+    prefill: Callable[[], Awaitable[tuple[Chain, torch.Tensor, int]]]  # -> chain, output [1, T, D], tokens cached
+    embed: Callable[[list[int]], torch.Tensor]  # ids [T] -> the first block's input [1, T, D]
+    prompt_scores: Callable[[torch.Tensor], PromptScores]  # prefill output -> the prompt tokens' logprobs
+    # seconds of the chain's round trips (the chain ``prefill`` returned): a verify step's (relayed), a decode step's
+    round_trips: Callable[[Any], tuple[float, float]]
+    others: Callable[[], int]  # other generations in flight on this gateway
+    keep: Callable[[list[int], Chain], Awaitable[None]] | None  # park the chain for the conversation's next turn
+    stop_ids: Collection[int]
+
+
+def pick_token(
+    logits: torch.Tensor, sampler: Sampler, stop_ids: Collection[int], num_logprobs: int | None
+) -> GeneratedToken:
+    """The next token from one position's logits [V], with the model's own logprobs when asked."""
+    token = sampler.next_token(logits)
+    eos = token in stop_ids
+    if num_logprobs is None:
+        return GeneratedToken(token, eos)
+    logprobs = torch.log_softmax(logits, dim=-1)  # [V]
+    return GeneratedToken(token, eos, float(logprobs[token]), top_logprobs(logprobs, num_logprobs))
+
+
+def verify_round(
+    logits: torch.Tensor,
+    drafts: list[int],
+    pick: Callable[[torch.Tensor], GeneratedToken],
+    plan: DecodePlan,
+    k: int,
+    embed: Callable[[list[int]], torch.Tensor],
+) -> Verified:
+    """logits [1 + len(drafts), V]: the output after the last emitted token and after each draft -> the tokens the
+    model's own sampling emits (a draft is kept while the sample equals it), up to ``k`` next drafts and the next
+    step's input embeddings [1, 1 + k', D].
+
+    Run by the head batcher's worker thread: embedding there saves each session a hop to a thread per step."""
+    tokens, accepted = verify_drafts(logits, drafts, pick, plan)
+    if plan.done:
+        return Verified(tokens, accepted, True)
+    return with_drafts(Verified(tokens, accepted, False), plan, k, embed)
+
+
+def with_drafts(round_: Verified, plan: DecodePlan, k: int, embed: Callable[[list[int]], torch.Tensor]) -> Verified:
+    """``round_`` with up to ``k`` drafts after its tokens, and the next step's input embeddings for them."""
+    following, forced = plan.propose(k)
+    hidden = embed([round_.tokens[-1].token_id, *following])
+    return Verified(round_.tokens, round_.accepted, False, following, hidden, forced)
+
+
+class Generation:
+    """One request from its prefill to its last token: ``run`` yields its events."""
+
+    def __init__(self, request: GenerationRequest, services: Services, sampler: Sampler, plan: DecodePlan) -> None:
+        self.request = request
+        self.services = services
+        self.sampler = sampler
+        self.plan = plan
+        self.held = list(request.prompt_ids)  # the ids the nodes' caches hold, the last step's drafts included
+        self.drafts: list[int] = []  # the last step's drafts: the tail of ``held``, verified by the next round
+        self.forced = 0  # how many of ``drafts`` (the first) are the grammar's forced tokens
+        self.rejected = 0  # of ``held``'s tail: the drafts the last round rejected (the next step rewinds them)
+        self._pick = functools.partial(
+            pick_token, sampler=sampler, stop_ids=services.stop_ids, num_logprobs=request.logprobs
+        )
+        self._chain: Chain | None = None
+        self._output = torch.empty(0)  # the last step's output [1, T, D]
+        self._ended_well = False
+
+    async def run(self) -> AsyncGenerator[EngineEvent, None]:
+        try:
+            async for event in self.prefill():
+                yield event
+            while self.request.max_new_tokens > 0:
+                round_ = await self.round()
+                for token in round_.tokens:
+                    yield token
+                if round_.done:
+                    break  # the last token is never fed: nothing would read its output
+                await self.advance(round_)
+            self._ended_well = True
+        finally:
+            await self.finish()
+
+    async def prefill(self) -> AsyncGenerator[EngineEvent, None]:
+        """The chain takes the prompt (what a kept conversation held of it is not sent again)."""
+        self._chain, self._output, cached = await self.services.prefill()
+        if cached:
+            yield PromptCached(cached)
+        if self.request.prompt_logprobs is not None:
+            yield await asyncio.to_thread(self.services.prompt_scores, self._output)
+
+    async def round(self) -> Verified:
+        """Score the last step's positions, keep the drafts the sampler agrees with, propose the next drafts."""
+        k = self._next_k()
+        verify = functools.partial(
+            verify_round,
+            drafts=self.drafts,
+            pick=self._pick,
+            plan=self.plan,
+            k=0 if self.plan.threaded else k,
+            embed=self.services.embed,
+        )
+        scored = self._output[:, -len(self.drafts) - 1 :]
+        round_: Verified = await self.services.heads.score(
+            scored, verify, self.sampler, self.request.adapter, positions=True
+        )
+        if self.plan.threaded and k > 0 and not round_.done:  # a draft model: k forwards in a thread of its own
+            round_ = await asyncio.to_thread(with_drafts, round_, self.plan, k, self.services.embed)
+        if self.sampler.constraint is not None:
+            self.sampler.constraint.prefetch()  # the next mask computes while the nodes run this token
+        self.plan.verified(len(self.drafts), round_.accepted, self.forced)
+        self.rejected = len(self.drafts) - round_.accepted
+        return round_
+
+    async def advance(self, round_: Verified) -> None:
+        """One traversal of the chain: the round's last token and its drafts, at the first position not kept."""
+        relay_rtt, plain_rtt = self._round_trips()
+        del self.held[len(self.held) - self.rejected :]
+        started = time.monotonic()
+        self._output = await self._step(round_.hidden, len(self.held))  # [1, 1 + k, D]
+        self.plan.stepped(time.monotonic() - started, relay_rtt if round_.drafts else plain_rtt)
+        self.held += [round_.tokens[-1].token_id, *round_.drafts]
+        self.drafts, self.forced, self.rejected = round_.drafts, round_.forced, 0
+
+    async def finish(self) -> None:
+        """A generation that ended well keeps its chain for the conversation's next turn (rolled back to the tokens
+        it kept); any other closes it."""
+        chain, keep = self._chain, self.services.keep
+        if chain is None:
+            return
+        if not self._ended_well or keep is None:
+            await chain.close()
+            return
+        kept = self.held[: len(self.held) - self.rejected]
+        if self.rejected and not await _rolled_back(chain, len(kept)):
+            return
+        await keep(kept, chain)
+
+    def _next_k(self) -> int:
+        """Drafts to propose after this round. Other generations here now count: decoding, or still prefilling
+        (streams started together must not draft in their first rounds: a verify step would leave the batch they
+        are about to form)."""
+        relay_rtt, plain_rtt = self._round_trips()
+        return self.plan.next_k(relay_rtt, self.services.others(), plain_rtt)
+
+    def _round_trips(self) -> tuple[float, float]:
+        assert self._chain is not None
+        return self.services.round_trips(self._chain)
+
+    async def _step(self, hidden: torch.Tensor | None, position: int) -> torch.Tensor:
+        assert self._chain is not None and hidden is not None
+        return await self._chain.step(hidden, position)
+
+
+async def _rolled_back(chain: Chain, length: int) -> bool:
+    """The nodes rolled back to ``length`` tokens (rejected drafts past it dropped); False with the chain closed."""
+    try:
+        await chain.truncate(length)
+    except Exception as error:
+        logger.info("closing a chain that could not roll back its drafts: %s", error)
+        await chain.close()
+        return False
+    return True

@@ -1,0 +1,147 @@
+"""Suffix drafts (SuffixDecoding's idea): the continuation of the text's longest suffix that occurred before, in this
+generation's prompt and output or in recent outputs of every generation of the same model on this gateway, chosen
+by frequency.
+
+    context ... a b c  ─longest earlier match of its suffix (2 to MAX_MATCH tokens)→ the places it occurred
+    draft: token by token, the continuation most of those places agree on, while its share stays over MIN_SCORE
+
+Prompt lookup is the special case of one document with no store (``PromptLookup``). Written here, not taken from
+Snowflake's ``arctic-inference`` (which has a C++ suffix tree): on PyPI it ships a source distribution for this
+platform whose build pulls a C++ toolchain and torch (``pip install`` did not finish in minutes on this machine), and
+it is a vLLM plugin first; matching by a bigram index and a backward compare is a few dozen lines of Python and
+microseconds per proposal at our context lengths.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from gateway.model.speculation import SpecTuner
+
+__all__ = ["OutputStore", "SuffixDrafts"]
+
+MAX_MATCH = 8  # longest suffix compared
+MIN_MATCH = 2  # a single repeated token predicts too little
+MIN_SCORE = 0.3  # stop drafting when under this share of the matching places agree (the product along the draft)
+STORE_TOKENS = 65536  # recent outputs kept for every generation of the model, oldest dropped first
+
+Place = tuple[Sequence[int], int]  # a document and the position right after a match in it
+
+
+class BigramIndex:
+    """Where each pair of adjacent tokens ends, per document: the seeds of a suffix match."""
+
+    def __init__(self) -> None:
+        self.ends: dict[tuple[int, int], list[tuple[int, int]]] = {}  # (a, b) -> [(document, end)]
+        self.documents: dict[int, Sequence[int]] = {}
+
+    def add(self, document: int, tokens: Sequence[int], start: int = 0) -> None:
+        """Index ``tokens`` (a document's, kept by reference) from position ``start`` on."""
+        self.documents[document] = tokens
+        for end in range(max(start, 1) + 1, len(tokens) + 1):
+            self.ends.setdefault((tokens[end - 2], tokens[end - 1]), []).append((document, end))
+
+    def places(self, context: Sequence[int]) -> list[tuple[int, Place]]:
+        """(match length, place) of every earlier occurrence of the context's last two tokens, by match length."""
+        found = []
+        for document, end in self.ends.get((context[-2], context[-1]), ()):
+            tokens = self.documents.get(document)
+            if tokens is None or (tokens is context and end == len(context)) or end >= len(tokens):
+                continue  # dropped, the suffix itself, or nothing after it
+            found.append((_match_length(tokens, end, context), (tokens, end)))
+        return found
+
+
+def _match_length(tokens: Sequence[int], end: int, context: Sequence[int]) -> int:
+    length = 0
+    while length < min(MAX_MATCH, end, len(context)) and tokens[end - 1 - length] == context[-1 - length]:
+        length += 1
+    return length
+
+
+def draft_from(places: list[Place], k: int) -> list[int]:
+    """Up to ``k`` tokens that most of ``places`` continue with, token by token, while the share agreeing (the
+    product along the draft) stays over ``MIN_SCORE``; ties go to the latest place."""
+    drafts: list[int] = []
+    score = 1.0
+    while places and len(drafts) < k:
+        counts = Counter(tokens[end] for tokens, end in reversed(places))
+        token, count = counts.most_common(1)[0]
+        score *= count / len(places)
+        if score < MIN_SCORE:
+            break
+        drafts.append(token)
+        places = [(tokens, end + 1) for tokens, end in places if tokens[end] == token and end + 1 < len(tokens)]
+    return drafts
+
+
+@dataclass
+class OutputStore:
+    """Recent outputs of every generation of one model on this gateway (agents repeat code and text across turns
+    and sessions). Written by the event loop as generations end, read by the head batcher's thread."""
+
+    max_tokens: int = STORE_TOKENS
+    index: BigramIndex = field(default_factory=BigramIndex)
+    _order: list[int] = field(default_factory=list)
+    _tokens: int = 0
+    _entries: int = 0  # index entries, dropped outputs' included
+    _serial: int = 0
+
+    def add(self, output: Sequence[int]) -> None:
+        if len(output) < MIN_MATCH + 1:
+            return
+        self._serial += 1
+        self.index.add(self._serial, list(output))
+        self._order.append(self._serial)
+        self._tokens += len(output)
+        self._entries += len(output) - 1
+        while self._tokens > self.max_tokens and len(self._order) > 1:
+            self._tokens -= len(self.index.documents.pop(self._order.pop(0)))
+        if self._entries > 2 * self._tokens:
+            self._reindex()  # dropped outputs' entries are skipped on lookup; purge them now and then
+
+    def _reindex(self) -> None:
+        fresh = BigramIndex()
+        for document in self._order:
+            fresh.add(document, self.index.documents[document])
+        self.index, self._entries = fresh, self._tokens - len(self._order)
+
+
+class SuffixDrafts:
+    """One generation's drafter: suffix matches over its prompt and output, and over the store's outputs."""
+
+    threaded = False  # microseconds: done in the head batcher's thread, beside the sampling
+
+    def __init__(self, prompt_ids: Sequence[int], tuner: SpecTuner, store: OutputStore | None = None) -> None:
+        self.context = list(prompt_ids)
+        self.tuner = tuner
+        self._prompt = len(self.context)
+        self._store = store
+        self._own: BigramIndex | None = None  # built on the first proposal (in the head batcher's thread)
+
+    def emitted(self, token_id: int) -> None:
+        self.context.append(token_id)
+        if self._own is not None:
+            self._own.add(0, self.context, len(self.context) - 1)
+
+    def propose(self, k: int, after: Sequence[int] = ()) -> list[int]:
+        context = [*self.context, *after] if after else self.context
+        if k <= 0 or len(context) < MIN_MATCH:
+            return []
+        if self._own is None:
+            self._own = BigramIndex()
+            self._own.add(0, self.context)
+        found = self._own.places(context)
+        if self._store is not None:
+            found += self._store.index.places(context)
+        longest = max((length for length, _ in found), default=0)
+        if longest < MIN_MATCH:
+            return []
+        return draft_from([place for length, place in found if length == longest], k)
+
+    def publish(self) -> None:
+        """The output so far goes into the store, for later generations of the model."""
+        if self._store is not None:
+            self._store.add(self.context[self._prompt :])

@@ -1,0 +1,142 @@
+"""The grammar's forced tokens as speculative drafts (``Constraint.forced``), over an in-process chain: a tiny random
+llama with SmolLM2's real tokenizer (49,152 tokens), so llguidance compiles real JSON schemas against it.
+
+Checked: greedy output with forced drafts equals greedy without, logprobs included, while steps of several positions
+carry them and the random model both keeps and rejects them (it spells forced bytes otherwise now and then); seeded
+sampling gives the same tokens; and the acceptance rule keeps the masked distribution (chi-square over the first two
+tokens of a JSON object, the second drawn after a forced draft from the same verify pass).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from scipy.stats import chisquare
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+
+from gateway.generation import GeneratedToken, GenerationRequest, Grammar, SamplingParams
+from gateway.metrics import GatewayMetrics, current_metrics
+from gateway.model.decode_loop import pick_token, verify_round
+from gateway.model.grammar import Constraint, GrammarCompiler
+from gateway.model.sampling import Sampler
+from gateway.model.speculation import DecodePlan
+from gateway.model.suffix_drafts import SuffixDrafts
+from tests.tiny_models import _COMMON
+from tests.unit.gateway.model.test_speculative_engine import LocalEngine, local_engine, run
+from tests.unit.swarm_node.test_span_exactness import build_chain
+
+V = 49152
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "email": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "email", "age"],
+    "additionalProperties": False,
+}
+GRAMMAR = Grammar("json_schema", json.dumps(SCHEMA))
+PROMPT = [1, 504, 2503, 314, 253, 1378, 28, 2]
+
+
+@pytest.fixture(scope="module")
+def folder(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random llama whose vocabulary is SmolLM2's, saved with SmolLM2's tokenizer."""
+    path = tmp_path_factory.mktemp("tiny-smol-vocab")
+    torch.manual_seed(3)
+    config = LlamaConfig(**{**_COMMON, "vocab_size": V, "initializer_range": 0.05}, tie_word_embeddings=True)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval().save_pretrained(path)
+    AutoTokenizer.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name).save_pretrained(path)
+    return path
+
+
+async def _both(
+    folder: Path, request: GenerationRequest
+) -> tuple[list[GeneratedToken], list[GeneratedToken], LocalEngine]:
+    """The request without speculation, then with it (forced drafts on): both outputs and the second engine."""
+    chain = build_chain(folder, (3,))
+    engines = [local_engine(folder, chain, "off"), local_engine(folder, chain, "ngram")]
+    try:
+        return await run(engines[0], request), await run(engines[1], request), engines[1]
+    finally:
+        for engine in engines:
+            await engine.heads.close()
+            if engine._grammars is not None:
+                engine._grammars.close()
+
+
+async def test_greedy_with_forced_drafts_equals_greedy_without(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(SuffixDrafts, "propose", lambda self, k, after=(): [])  # only forced tokens are drafted
+    metrics = GatewayMetrics()
+    current_metrics.set(metrics)
+    request = GenerationRequest(PROMPT, 48, SamplingParams(temperature=0.0), logprobs=2, grammar=GRAMMAR)
+    plain, spec, engine = await _both(folder, request)
+    assert [t.token_id for t in spec] == [t.token_id for t in plain]
+    for got, want in zip(spec, plain, strict=True):  # forced tokens' logprobs come from their verify pass
+        assert got.logprob == pytest.approx(want.logprob, abs=1e-4)
+        assert [i for i, _ in got.top] == [i for i, _ in want.top]
+    assert max(tokens for _, tokens in engine.chains[0].steps[1:]) > 1  # forced tokens rode as drafts
+    assert metrics.spec_accepted._value.get() > 0
+
+
+async def test_seeded_sampling_with_forced_drafts_gives_the_same_tokens(folder: Path) -> None:
+    params = SamplingParams(temperature=0.8, seed=5, frequency_penalty=0.2)
+    request = GenerationRequest(PROMPT, 48, params, grammar=GRAMMAR)
+    plain, spec, engine = await _both(folder, request)
+    assert [t.token_id for t in spec] == [t.token_id for t in plain]
+    assert max(tokens for _, tokens in engine.chains[0].steps[1:]) > 1
+
+
+def test_forced_drafts_keep_the_masked_distribution(folder: Path) -> None:
+    """The grammar forces ``{"name":"`` first, spelled ``{"`` ``name`` ``":"``: the first two are the only tokens
+    the mask allows, but after them the mask allows ``"``, ``":`` and ``":"``. With ``{"name`` emitted and ``":"``
+    drafted: x0 ~ p0 under the mask; when x0 is the draft, x1 ~ p1 under the mask after it, from the same verify
+    pass. 2,000 seeded rounds against those exact probabilities (chi-square)."""
+    chain = build_chain(folder, (3,))
+    compiler = GrammarCompiler(AutoTokenizer.from_pretrained(str(folder)), V, [2])
+
+    template = compiler.constraint(GRAMMAR)
+    head = template.forced()  # waits for the first mask, which holds the matcher
+    template.advance(head[0])
+    template.advance(head[1])
+
+    def after_name() -> Constraint:  # a fresh constraint that has taken ``{"`` and ``name``
+        return Constraint(template._matcher.deep_copy(), V, compiler._pool, compiler._tokenizer)
+
+    def embed(token_ids: list[int]) -> torch.Tensor:
+        return chain.head.embed(torch.tensor([token_ids]))
+
+    try:
+        forced = compiler.constraint(GRAMMAR).forced()
+        assert len(forced) == 3
+        draft = forced[2]
+        with torch.inference_mode():
+            hidden = chain.forward(embed([*PROMPT, *forced]), [chain.new_session()], [0])
+            logits = chain.head.logits(hidden)[0, -2:]  # [2, V]: after ``name``, after ``":"``
+        temperature, samples = 2.0, 2000  # hot: the model's other spellings get mass
+        first, second = after_name(), after_name()
+        p0 = torch.softmax(first.apply(logits[0]) / temperature, -1).double()
+        second.advance(draft)
+        p1 = torch.softmax(second.apply(logits[1]) / temperature, -1).double()
+        assert 0.05 < float(p0[draft]) < 0.95  # both branches of the rule get exercised
+        params = SamplingParams(temperature=temperature)
+        request = GenerationRequest(PROMPT, 10, params)
+        counts = torch.zeros(2, V, dtype=torch.float64)
+        for seed in range(samples):
+            sampler = Sampler(params.with_seed(seed), V, PROMPT, after_name())
+            pick = functools.partial(pick_token, sampler=sampler, stop_ids={2}, num_logprobs=None)
+            tokens = verify_round(logits, [draft], pick, DecodePlan(request, None), 0, embed).tokens
+            if tokens[0].token_id != draft:
+                assert len(tokens) == 1
+                counts[0, tokens[0].token_id] += 1
+            else:
+                counts[1, tokens[1].token_id] += 1
+    finally:
+        compiler.close()
+    expected = torch.stack([p0 * (torch.arange(V) != draft), p0[draft] * p1]) * samples
+    big = expected >= 5
+    observed = torch.cat([counts[big], counts[~big].sum().view(1)])
+    wanted = torch.cat([expected[big], expected[~big].sum().view(1)])
+    wanted = wanted * observed.sum() / wanted.sum()
+    assert float(chisquare(observed.numpy(), wanted.numpy()).pvalue) > 1e-3
