@@ -20,6 +20,7 @@ import functools
 import logging
 import signal
 from pathlib import Path
+from typing import Any
 
 import torch
 from hivemind import DHT
@@ -47,7 +48,7 @@ from swarm_node.handlers import NodeStatus, SpanHandlers
 from swarm_node.layer_api import cache_keyword
 from swarm_node.metrics import NodeGauges, NodeMetrics
 from swarm_node.quantize import block_transform, resolve_quant
-from swarm_node.reachability_probe import settle_reachability
+from swarm_node.reachability_probe import Reach, settle_reachability
 from swarm_node.self_test import SelfTestFailed, run_self_test
 from swarm_node.settings import NodeSettings
 from swarm_node.span import build_span
@@ -93,24 +94,11 @@ class SpanServer:
         cache_keyword(family.decoder_layer, family.layer_call)  # refuse a transformers whose layers we cannot drive
         self.quant = resolve_quant(settings.quant, self.device)
         span = settings.span()
-        if span is not None and span[1] > self.num_model_blocks:
-            raise ValueError(f"--blocks {settings.blocks} lies beyond the model's {self.num_model_blocks} blocks")
-        # Neither --blocks nor --num-blocks: as many blocks as this node's memory holds, where the swarm needs them.
-        self.num_blocks = span[1] - span[0] if span else settings.num_blocks or self._auto_num_blocks()
-        if self.num_blocks > self.num_model_blocks:
-            raise ValueError(f"--num-blocks {self.num_blocks} exceeds the model's {self.num_model_blocks} blocks")
+        self.num_blocks = self._checked_num_blocks(span)
         self.speed_key = speed_key(self.source.name, self.device, self.dtype, self.quant)
         self.cache_path = Path(settings.throughput_cache).expanduser()
         self.speed: BlockSpeed | None = load_cached(self.cache_path, self.speed_key)
-        self.status = NodeStatus(
-            self.source.name,
-            shared.__version__,
-            self._max_session_length(),
-            added_latency=settings.added_latency,
-            faulty_outputs=settings.faulty_outputs,
-            session_idle_timeout=settings.session_idle_timeout,
-            share_limits=settings.share_limits(),
-        )
+        self.status = self._new_status()
         cache_tokens = settings.cache_tokens or default_cache_tokens(
             self.config, self.num_blocks, self.device, self.dtype, self.quant
         )
@@ -125,6 +113,27 @@ class SpanServer:
         self.dht: DHT | None = None
         self.handlers: SpanHandlers | None = None
         self.metrics = NodeMetrics(self._gauges()) if settings.metrics_port is not None else None
+
+    def _checked_num_blocks(self, span: tuple[int, int] | None) -> int:
+        """The blocks this node hosts: --blocks, --num-blocks, or (neither) as many as its memory holds."""
+        if span is not None and span[1] > self.num_model_blocks:
+            raise ValueError(f"--blocks {self.settings.blocks} lies beyond the model's {self.num_model_blocks} blocks")
+        num_blocks = span[1] - span[0] if span else self.settings.num_blocks or self._auto_num_blocks()
+        if num_blocks > self.num_model_blocks:
+            raise ValueError(f"--num-blocks {num_blocks} exceeds the model's {self.num_model_blocks} blocks")
+        return num_blocks
+
+    def _new_status(self) -> NodeStatus:
+        settings = self.settings
+        return NodeStatus(
+            self.source.name,
+            shared.__version__,
+            self._max_session_length(),
+            added_latency=settings.added_latency,
+            faulty_outputs=settings.faulty_outputs,
+            session_idle_timeout=settings.session_idle_timeout,
+            share_limits=settings.share_limits(),
+        )
 
     def _auto_num_blocks(self) -> int:
         count = auto_num_blocks(self.config, self.device, self.dtype, self.quant, self.settings.cache_tokens)
@@ -169,41 +178,16 @@ class SpanServer:
         # reach us, before torch spins up thread pools and before any thread starts, which a fork must not copy.
         dht_kwargs = self.settings.dht_kwargs()
         self.dht = start_dht(**dht_kwargs)
-        backend: SpanBackend | None = None
-        exporter = None
+        self._backend: SpanBackend | None = None
+        self._exporter: Any = None
         try:
-            reach = await settle_reachability(self.dht, self.settings, dht_kwargs)
-            self.dht, self.reachability = reach.dht, reach.verdict
-            if self.settings.num_threads:
-                torch.set_num_threads(self.settings.num_threads)
-            if self.metrics is not None and self.settings.metrics_port is not None:
-                exporter = self.metrics.serve(self.settings.metrics_host, self.settings.metrics_port, self.readiness)
-            p2p = await self.dht.replicate_p2p()
-            if self.reachability is Reachability.DIRECT:
-                await DialBackService(p2p).register()  # we can tell joining nodes whether they can be dialled
-            self.status.peer_id = self.dht.peer_id.to_base58()
-            secret = self.settings.secret()
-            if secret is not None:
-                self.status.guard = ReplayGuard(secret)
-            self.auth = CallAuth(secret, self.status.peer_id)
-            if self.settings.span() is None:
-                self.start = await self._choose_start(self.num_blocks)
-                self.end = self.start + self.num_blocks
-            backend = await self._load(self.start, self.end)
-            await self._self_test(backend)  # before the first record: a span that fails it is never announced
-            await self._announce()  # JOINING: others joining now see this span as taken
-            self.handlers = SpanHandlers(backend, self.pool, self.status)
-            await self.handlers.register(p2p)
-            self.speed = await block_speed(backend, self.cache_path, self.speed_key)
+            reach, p2p = await self._join(self.dht, dht_kwargs)
+            await self._start_serving(p2p)
             reach = await reach.settled()
             self.reachability, self.relay_addrs = reach.verdict, reach.relay_addrs
             self.status.state = NodeState.ONLINE
-            logger.info("serving blocks %d:%d as %s", self.start, self.end, self.dht.peer_id)
-            refresh = functools.partial(self._refresh, p2p)
-            jobs = [Periodic("announce", self.settings.announce_period, refresh, "DHT announcement failed", True)]
-            jobs += reach.renewals  # already running: start() leaves them be, stop() ends them with the rest
-            if self.settings.span() is None:
-                jobs.append(Periodic("rebalance", self.settings.balance_period, self._maybe_move, "rebalancing failed"))
+            logger.info("serving blocks %d:%d as %s", self.start, self.end, self.status.peer_id)
+            jobs = self._jobs(p2p, reach)
             for job in jobs:
                 job.start()
             await stop.wait()
@@ -211,19 +195,60 @@ class SpanServer:
             await self._drain()
             await asyncio.gather(*(job.stop() for job in jobs))
         finally:
-            self.status.state = NodeState.OFFLINE
-            # A node that never announced leaves no record behind; a DHT that did not take the DRAINING record will
-            # not take this one either.
-            if self.announced is not None and self.dht_answers:
-                await self._announce_leaving(OFFLINE_RECORD_TTL)
-            if self.handlers is not None:
-                self.handlers.shutdown()
-            elif backend is not None:
-                backend.shutdown()
-            stop_dht(self.dht)
-            if exporter is not None:
-                exporter.shutdown()
-            logger.info("node stopped")
+            await self._shut_down()
+
+    async def _join(self, dht: DHT, dht_kwargs: dict[str, Any]) -> tuple[Reach, P2P]:
+        """How peers reach us (settling on in the background when a relay is involved), our P2P and identity."""
+        reach = await settle_reachability(dht, self.settings, dht_kwargs)
+        self.dht, self.reachability = reach.dht, reach.verdict
+        if self.settings.num_threads:
+            torch.set_num_threads(self.settings.num_threads)
+        if self.metrics is not None and self.settings.metrics_port is not None:
+            self._exporter = self.metrics.serve(self.settings.metrics_host, self.settings.metrics_port, self.readiness)
+        p2p = await self.dht.replicate_p2p()
+        if self.reachability is Reachability.DIRECT:
+            await DialBackService(p2p).register()  # we can tell joining nodes whether they can be dialled
+        self.status.peer_id = self.dht.peer_id.to_base58()
+        secret = self.settings.secret()
+        if secret is not None:
+            self.status.guard = ReplayGuard(secret)
+        self.auth = CallAuth(secret, self.status.peer_id)
+        return reach, p2p
+
+    async def _start_serving(self, p2p: P2P) -> None:
+        """Choose the span, load and self-test it, announce it (JOINING), answer RPCs, measure our speed."""
+        if self.settings.span() is None:
+            self.start = await self._choose_start(self.num_blocks)
+            self.end = self.start + self.num_blocks
+        backend = self._backend = await self._load(self.start, self.end)
+        await self._self_test(backend)  # before the first record: a span that fails it is never announced
+        await self._announce()  # JOINING: others joining now see this span as taken
+        self.handlers = SpanHandlers(backend, self.pool, self.status)
+        await self.handlers.register(p2p)
+        self.speed = await block_speed(backend, self.cache_path, self.speed_key)
+
+    def _jobs(self, p2p: P2P, reach: Reach) -> list[Periodic]:
+        refresh = functools.partial(self._refresh, p2p)
+        jobs = [Periodic("announce", self.settings.announce_period, refresh, "DHT announcement failed", True)]
+        jobs += reach.renewals  # already running: start() leaves them be, stop() ends them with the rest
+        if self.settings.span() is None:
+            jobs.append(Periodic("rebalance", self.settings.balance_period, self._maybe_move, "rebalancing failed"))
+        return jobs
+
+    async def _shut_down(self) -> None:
+        self.status.state = NodeState.OFFLINE
+        # A node that never announced leaves no record behind; a DHT that did not take the DRAINING record will
+        # not take this one either.
+        if self.announced is not None and self.dht_answers:
+            await self._announce_leaving(OFFLINE_RECORD_TTL)
+        if self.handlers is not None:
+            self.handlers.shutdown()
+        elif self._backend is not None:
+            self._backend.shutdown()
+        stop_dht(self.dht)
+        if self._exporter is not None:
+            self._exporter.shutdown()
+        logger.info("node stopped")
 
     async def _load(self, start: int, end: int) -> SpanBackend:
         logger.info("loading blocks %d:%d of %s", start, end, self.source.name)
