@@ -5,6 +5,9 @@ OpenAI's output items and stream events.
 A stored response (``store``, the default) is kept in Redis with the conversation it ended: ``previous_response_id``
 prepends that conversation, and the chat path's kept conversations (``reuse_scope``) let the nodes keep its cache,
 so a follow-up prefills only its new tokens. Cancel goes through the sessions' cancel channel (any replica).
+``background`` runs a streamed session that no connection holds (resumed from the session's event log); a
+``conversation``'s items are the context and receive the turn (``responses_conversation``); WebSocket mode passes
+the socket's own ``Kept`` responses (``responses_socket``).
 """
 
 from __future__ import annotations
