@@ -45,6 +45,7 @@ from gateway.api.serving.responses_translate import (
     assistant_message,
     chat_request,
     check_supported,
+    namespaced,
 )
 from gateway.generation import PromptScores, SamplingParams
 from gateway.state.responses_store import Kept, ResponseStore, StoredResponse
@@ -184,7 +185,7 @@ class ResponsesServing:
         record = RequestRecord(response.id, "responses", 1, len(prompt_ids))
         if conversation is not None:
             response.conversation = ConversationRef(id=conversation)
-        writer = ResponseWriter(response)
+        writer = ResponseWriter(response, namespaced(body.tools or []))
         turn = _Turn(body, caller, translated, history, writer, record, plan.parser(), local, conversation)
         return turn, specs
 
