@@ -54,6 +54,8 @@ def test_the_response_object_has_every_required_field_with_the_values_applied(re
         assert data["completed_at"] is not None and data["output"][-1]["phase"] == "final_answer"
 
 
+# The openai client opens its socket with websockets' connect() outside a context manager (its own choice).
+@pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning")
 def test_websocket_mode_runs_sequential_responses_with_previous_response_id(replicas: list[Gateway]) -> None:
     a, _ = replicas
     with a.openai().responses.connect() as connection:
@@ -134,16 +136,14 @@ def test_compact_returns_a_compaction_item_the_next_request_continues_from(repli
     a, _ = replicas
     client = a.openai()
     first = client.responses.create(model=a.model, input="I am planning a trip to Rome in May.", temperature=0)
-    compacted = client.responses.compact(model=a.model, previous_response_id=first.id)
+    raw = client.responses.with_raw_response.compact(model=a.model, previous_response_id=first.id)
+    compacted = raw.parse()
     assert compacted.object == "response.compaction" and compacted.usage.output_tokens > 0
-    kinds = [item.type for item in compacted.output]
-    assert kinds == ["message", "compaction"]
+    carried = json.loads(raw.text)["output"]  # as sent (the client's models read a user message as an output one)
+    assert [item["type"] for item in carried] == ["message", "compaction"]
     follow = client.responses.create(
         model=a.model,
-        input=[
-            *[item.model_dump(exclude_none=True) for item in compacted.output],
-            {"role": "user", "content": "Where?"},
-        ],
+        input=[*carried, {"role": "user", "content": "Where?"}],
         temperature=0,
     )
     assert follow.status in ("completed", "incomplete") and follow.usage is not None

@@ -10,7 +10,7 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from gateway.api.protocol.common import INTEGRAL, RequestModel, ResponseModel
 
@@ -149,6 +149,13 @@ class FunctionCall(ResponseModel):
     arguments: str = ""
     status: ItemStatus = "in_progress"
     namespace: str | None = None  # the namespace tool the function belongs to
+
+    @model_serializer(mode="wrap")
+    def _without_namespace(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if data.get("namespace") is None:  # a plain function's call has no namespace field at all (as OpenAI's)
+            data.pop("namespace", None)
+        return data
 
     @property
     def flat_name(self) -> str:
