@@ -10,7 +10,7 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from gateway.api.protocol.common import INTEGRAL, RequestModel, ResponseModel
 
@@ -42,16 +42,18 @@ class InputItem(RequestModel):
     call_id: str | None = None  # function_call, function_call_output
     name: str | None = None  # function_call
     arguments: str | None = None  # function_call
+    namespace: str | None = None  # function_call of a tool inside a namespace tool
     output: str | list[InputContent] | None = None  # function_call_output
     encrypted_content: str | None = None  # compaction (what /v1/responses/compact returned)
 
 
 class FunctionTool(RequestModel):
-    type: str  # only "function" is served; built-in tools (web_search, file_search, ...) are refused
+    type: str  # "function", or "namespace" of functions; built-in tools (web_search, file_search, ...) are refused
     name: str | None = None
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+    tools: list[FunctionTool] | None = None  # a namespace's own tools
 
 
 class NamedToolChoice(RequestModel):
@@ -146,6 +148,19 @@ class FunctionCall(ResponseModel):
     name: str
     arguments: str = ""
     status: ItemStatus = "in_progress"
+    namespace: str | None = None  # the namespace tool the function belongs to
+
+    @model_serializer(mode="wrap")
+    def _without_namespace(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if data.get("namespace") is None:  # a plain function's call has no namespace field at all (as OpenAI's)
+            data.pop("namespace", None)
+        return data
+
+    @property
+    def flat_name(self) -> str:
+        """The name the model knows it by: a namespace's functions are ``namespace.name``."""
+        return self.name if self.namespace is None else f"{self.namespace}.{self.name}"
 
 
 class ReasoningText(ResponseModel):

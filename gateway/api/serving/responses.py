@@ -5,6 +5,9 @@ OpenAI's output items and stream events.
 A stored response (``store``, the default) is kept in Redis with the conversation it ended: ``previous_response_id``
 prepends that conversation, and the chat path's kept conversations (``reuse_scope``) let the nodes keep its cache,
 so a follow-up prefills only its new tokens. Cancel goes through the sessions' cancel channel (any replica).
+``background`` runs a streamed session that no connection holds (resumed from the session's event log); a
+``conversation``'s items are the context and receive the turn (``responses_conversation``); WebSocket mode passes
+the socket's own ``Kept`` responses (``responses_socket``).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from gateway.api.serving.responses_translate import (
     assistant_message,
     chat_request,
     check_supported,
+    namespaced,
 )
 from gateway.generation import PromptScores, SamplingParams
 from gateway.state.responses_store import Kept, ResponseStore, StoredResponse
@@ -181,7 +185,7 @@ class ResponsesServing:
         record = RequestRecord(response.id, "responses", 1, len(prompt_ids))
         if conversation is not None:
             response.conversation = ConversationRef(id=conversation)
-        writer = ResponseWriter(response)
+        writer = ResponseWriter(response, namespaced(body.tools or []))
         turn = _Turn(body, caller, translated, history, writer, record, plan.parser(), local, conversation)
         return turn, specs
 

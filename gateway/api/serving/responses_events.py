@@ -39,8 +39,9 @@ Event = dict[str, Any]
 
 
 class ResponseWriter:
-    def __init__(self, response: ResponseObject) -> None:
+    def __init__(self, response: ResponseObject, namespaced: dict[str, tuple[str, str]] | None = None) -> None:
         self.response = response
+        self.namespaced = namespaced or {}  # "namespace.name" -> (namespace, name): a namespace tool's functions
         self._sequence = 0
         self._open: OutputItem | None = None  # the item being written (its .done events not sent yet)
         self._held = ""  # whitespace not yet written: it opens no message by itself
@@ -71,7 +72,10 @@ class ResponseWriter:
     def function_call(self, name: str, call_id: str | None = None) -> list[Event]:
         self._held = ""
         events = self._close("completed", phase="commentary")
-        call = FunctionCall(name=name) if call_id is None else FunctionCall(name=name, call_id=call_id)
+        namespace, name = self.namespaced.get(name, (None, name))
+        call = FunctionCall(name=name, namespace=namespace)
+        if call_id is not None:
+            call.call_id = call_id
         events += self._add(call)
         return events
 

@@ -14,7 +14,14 @@ from pydantic import ValidationError
 
 from gateway.api.errors import InvalidRequest
 from gateway.api.protocol.chat import ChatCompletionRequest, ChatMessage
-from gateway.api.protocol.responses import FunctionCall, InputContent, InputItem, NamedToolChoice, ResponsesRequest
+from gateway.api.protocol.responses import (
+    FunctionCall,
+    FunctionTool,
+    InputContent,
+    InputItem,
+    NamedToolChoice,
+    ResponsesRequest,
+)
 from gateway.api.serving.compaction_summary import PREFACE, opened
 
 Message = dict[str, Any]
@@ -53,13 +60,35 @@ def check_supported(body: ResponsesRequest, reasons: bool = False) -> None:
     for param, is_refused in refused.items():
         if is_refused:
             raise unsupported(param)
-    for tool in body.tools or []:
+    for tool in functions(body.tools or []):
         if tool.type != "function" or not tool.name:
             raise InvalidRequest(
-                f"Tools of type {tool.type!r} are not supported; only named 'function' tools are.",
+                f"Tools of type {tool.type!r} are not supported; only named 'function' tools (and namespaces of "
+                "them) are.",
                 "unsupported_value",
                 "tools",
             )
+
+
+def functions(tools: list[FunctionTool]) -> list[FunctionTool]:
+    """The request's function tools, a namespace's as ``namespace.name`` (how the model sees and calls them)."""
+    flat: list[FunctionTool] = []
+    for tool in tools:
+        if tool.type == "namespace" and tool.name:
+            flat += [inner.model_copy(update={"name": f"{tool.name}.{inner.name}"}) for inner in tool.tools or []]
+        else:
+            flat.append(tool)
+    return flat
+
+
+def namespaced(tools: list[FunctionTool]) -> dict[str, tuple[str, str]]:
+    """``namespace.name`` -> (namespace, name) for every function inside a namespace tool."""
+    return {
+        f"{tool.name}.{inner.name}": (tool.name, inner.name or "")
+        for tool in tools
+        if tool.type == "namespace" and tool.name
+        for inner in tool.tools or []
+    }
 
 
 def chat_request(body: ResponsesRequest, history: list[Message], reasons: bool = False) -> Translated:
@@ -139,7 +168,7 @@ def assistant_message(text: str, calls: list[FunctionCall]) -> Message:
     """A response's output as the chat message its next turn replays."""
     message: Message = {"role": "assistant", "content": text}
     if calls:
-        message["tool_calls"] = [_tool_call(call.call_id, call.name, call.arguments) for call in calls]
+        message["tool_calls"] = [_tool_call(call.call_id, call.flat_name, call.arguments) for call in calls]
     return message
 
 
@@ -175,7 +204,8 @@ def _add_call(messages: list[Message], item: InputItem) -> None:
     """A function call joins the assistant message before it (text, then calls; parallel calls share a message)."""
     if not item.name:
         raise InvalidRequest("A function_call item needs a name.", "invalid_value", "input")
-    call = _tool_call(_call_id(item), item.name, item.arguments or "{}")
+    name = item.name if item.namespace is None else f"{item.namespace}.{item.name}"
+    call = _tool_call(_call_id(item), name, item.arguments or "{}")
     if messages and messages[-1]["role"] == "assistant":
         messages[-1].setdefault("tool_calls", []).append(call)
     else:
@@ -214,7 +244,7 @@ def _tool_fields(body: ResponsesRequest) -> dict[str, Any]:
                 if value is not None
             },
         }
-        for tool in body.tools
+        for tool in functions(body.tools)
     ]
     return {"tools": tools, "tool_choice": choice, "parallel_tool_calls": body.parallel_tool_calls}
 

@@ -151,3 +151,31 @@ async def test_each_responses_event_is_named_for_its_type() -> None:
         data = json.loads(next(line[6:] for line in lines if line.startswith("data: ")))
         assert event == data["type"]
     assert len(blocks) >= 8
+
+
+NAMESPACE = {
+    "type": "namespace",
+    "name": "agents",
+    "description": "Sub-agents",
+    "tools": [{"type": "function", "name": "spawn", "parameters": {"type": "object"}}],
+}
+SPAWN = '<tool_call>\n{"name": "agents.spawn", "arguments": {"task": "x"}}\n</tool_call>'
+
+
+async def test_a_namespace_tools_functions_are_called_by_name_and_namespace() -> None:
+    engine = AsciiEngine(SPAWN)
+    async with client_for(engine) as client:
+        called = (await client.post("/v1/responses", json=body(tools=[NAMESPACE]))).json()
+        (call,) = called["output"]
+        assert (call["type"], call["name"], call["namespace"]) == ("function_call", "spawn", "agents")
+        assert json.loads(call["arguments"]) == {"task": "x"}
+        assert called["tools"] == [NAMESPACE]  # echoed as sent
+        replay = {**call, "status": "completed"}
+        result = {"type": "function_call_output", "call_id": call["call_id"], "output": "spawned"}
+        follow = body(input=[replay, result], tools=[NAMESPACE])
+        assert (await client.post("/v1/responses", json=follow)).status_code == 200
+        prompt = engine.codec.decode(engine.requests[-1].prompt_ids)
+        assert '"name": "agents.spawn"' in prompt and prompt.index("agents.spawn") < prompt.index("spawned")
+        inner_custom = {**NAMESPACE, "tools": [{"type": "custom", "name": "apply_patch"}]}
+        refused = await client.post("/v1/responses", json=body(tools=[inner_custom]))
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "tools"
