@@ -122,8 +122,8 @@ class SpanHandlers:
         )
         if self.push_links is None:
             self.push_links = PushLinks(p2p)
-        await p2p.add_protobuf_handler(FORWARD_HANDLER, self.forward, runtime_pb2.ExpertRequest)
-        await p2p.add_protobuf_handler(INFO_HANDLER, self.info, runtime_pb2.ExpertRequest)
+        for handler, what, work in ((FORWARD_HANDLER, "forward", self._forward), (INFO_HANDLER, "info", self._info)):
+            await p2p.add_protobuf_handler(handler, self._unary(what, work), runtime_pb2.ExpertRequest)
         self._expiry.start()
 
     def shutdown(self) -> None:
@@ -288,9 +288,14 @@ class SpanHandlers:
         self.tokens_processed += new_tokens
         return output
 
-    async def forward(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
-        await self._emulate_distance()
-        return await _replying("forward", lambda: self._forward(request, context))
+    def _unary(self, what: str, work: _UnaryWork) -> _UnaryWork:
+        """A unary RPC's handler: ``work``'s reply, any error as its ``ErrorReply`` (``_replying``)."""
+
+        async def handle(request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
+            await self._emulate_distance()
+            return await _replying(what, functools.partial(work, request, context))
+
+        return handle
 
     async def _forward(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
         message, tensors = decode_unary(request, ForwardRequest)
@@ -304,10 +309,6 @@ class SpanHandlers:
             output = await self.backend.forward(hidden, blocks)
         self.tokens_processed += hidden.shape[0] * hidden.shape[1]
         return encode_response(ForwardResult(), (output,))
-
-    async def info(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
-        await self._emulate_distance()
-        return await _replying("info", lambda: self._info(request, context))
 
     async def _info(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
         message, _ = decode_unary(request, InfoRequest)
@@ -358,6 +359,7 @@ def _mark_rows(stage: str, rows: list[BatchRow]) -> None:
         step_trace.mark(stage, row.session_id, row.position)
 
 
+_UnaryWork = Callable[[runtime_pb2.ExpertRequest, P2PContext], Awaitable[runtime_pb2.ExpertResponse]]
 _Reply = TypeVar("_Reply", runtime_pb2.ExpertResponse, runtime_pb2.ExpertResponse | None)
 
 

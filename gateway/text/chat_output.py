@@ -23,6 +23,9 @@ class OutputDelta:
     def __bool__(self) -> bool:
         return bool(self.reasoning or self.content or self.calls)
 
+    def __add__(self, later: OutputDelta) -> OutputDelta:
+        return OutputDelta(self.reasoning + later.reasoning, self.content + later.content, self.calls + later.calls)
+
 
 @dataclass
 class ChatOutputParser:
@@ -43,6 +46,11 @@ class ChatOutputParser:
     def finish(self) -> OutputDelta:
         reasoning, rest = self.reasoning.finish() if self.reasoning else ("", "")
         return self._tools(reasoning, rest, final=True)
+
+    def feed_piece(self, text: str, last: bool) -> OutputDelta:
+        """``feed``, and on a choice's last piece ``finish`` too (what the parser held back comes out)."""
+        delta = self.feed(text)
+        return delta + self.finish() if last else delta
 
     @property
     def tool_calls(self) -> list[ToolCall]:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
@@ -29,3 +31,11 @@ def sse_events(response: httpx.Response) -> Iterator[Event]:
             data.append(line[5:].removeprefix(" "))
     if data:
         yield Event(event_id, "\n".join(data))
+
+
+def completion_choices(response: httpx.Response) -> Iterator[dict[str, Any]]:
+    """A streamed completion's first-choice chunks, up to its ``[DONE]``."""
+    for event in sse_events(response):
+        if event.data == "[DONE]":
+            return
+        yield json.loads(event.data)["choices"][0]

@@ -22,7 +22,7 @@ from transformers import AutoTokenizer
 
 from tests.helpers.gateway import Gateway, start_gateway, stop_gracefully
 from tests.helpers.processes import LocalSwarm
-from tests.helpers.sse import sse_events
+from tests.helpers.sse import completion_choices
 from tests.tiny_models import GetTinyModel, TinyModel
 
 pytestmark = pytest.mark.timeout(600)
@@ -70,10 +70,7 @@ def test_the_sole_replica_killed_mid_stream_waits_for_its_replacement_and_keeps_
         # httpx, not the openai client: while the session waits the gateway sends SSE keep-alive comments, which
         # openai-python 1.x misreads as an empty event once an event carried an id (its last id is not reset).
         with gateway.http() as http, http.stream("POST", "/v1/completions", json={**body, "ignore_eos": True}) as r:
-            for event in sse_events(r):
-                if event.data == "[DONE]":
-                    break
-                choice = json.loads(event.data)["choices"][0]
+            for choice in completion_choices(r):
                 text += choice["text"]
                 finish = choice["finish_reason"] or finish
                 events += 1

@@ -8,7 +8,6 @@ honest nodes join, and the stream it carried goes on through them.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -20,7 +19,7 @@ from transformers import AutoTokenizer
 from tests.helpers.gateway import Gateway, start_gateway, stop_gracefully
 from tests.helpers.polling import wait_until
 from tests.helpers.processes import LocalSwarm, ManagedProcess
-from tests.helpers.sse import sse_events
+from tests.helpers.sse import completion_choices
 from tests.tiny_models import GetTinyModel, TinyModel
 
 pytestmark = pytest.mark.timeout(300)
@@ -109,10 +108,7 @@ def test_a_liar_caught_mid_stream_hands_the_stream_to_verified_nodes(
         body = {"model": gateway.model, "prompt": PROMPT, "max_tokens": 200, "temperature": 0, "stream": True}
         text, finish, honest = "", None, []
         with gateway.http() as http, http.stream("POST", "/v1/completions", json={**body, "ignore_eos": True}) as r:
-            for event in sse_events(r):
-                if event.data == "[DONE]":
-                    break
-                choice = json.loads(event.data)["choices"][0]
+            for choice in completion_choices(r):
                 text += choice["text"]
                 finish = choice["finish_reason"] or finish
                 if not honest:  # the stream runs through the liar: now the honest nodes come

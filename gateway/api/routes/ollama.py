@@ -21,6 +21,7 @@ from gateway.api.protocol.ollama import (
     LegacyEmbeddingsRequest,
     ShowRequest,
 )
+from gateway.api.serving.common import RequestContext
 from gateway.api.serving.ollama import OllamaServing
 from gateway.api.serving.ollama_models import OllamaModels
 from gateway.api.serving.ollama_output import NdjsonStream
@@ -58,37 +59,28 @@ async def _answered(work: Callable[[], Awaitable[Any]]) -> Response:
     return JSONResponse(result)
 
 
-@router.post("/api/chat")
-async def chat(request: Request, context: ContextDep) -> Response:
-    async def work() -> Any:
-        return await _serving(request)[0].chat_answer(await _parsed(request, ChatRequest), context)
-
-    return await _answered(work)
+Answer = Callable[[M, RequestContext], Awaitable[Any]]
 
 
-@router.post("/api/generate")
-async def generate(request: Request, context: ContextDep) -> Response:
-    async def work() -> Any:
-        return await _serving(request)[0].generate_answer(await _parsed(request, GenerateRequest), context)
+def _posted(
+    body_type: type[M], answer: Callable[[OllamaServing, OllamaModels], Answer[M]]
+) -> Callable[[Request, RequestContext], Awaitable[Response]]:
+    """The endpoint of a POST route: its body parsed here (Ollama's error shape), answered by the serving method
+    ``answer`` picks."""
 
-    return await _answered(work)
+    async def endpoint(request: Request, context: ContextDep) -> Response:
+        async def work() -> Any:
+            return await answer(*_serving(request))(await _parsed(request, body_type), context)
+
+        return await _answered(work)
+
+    return endpoint
 
 
-@router.post("/api/embed")
-async def embed(request: Request, context: ContextDep) -> Response:
-    async def work() -> Any:
-        return await _serving(request)[1].embed(await _parsed(request, EmbedRequest), context)
-
-    return await _answered(work)
-
-
-@router.post("/api/embeddings")
-async def embeddings(request: Request, context: ContextDep) -> Response:
-    async def work() -> Any:
-        body = await _parsed(request, LegacyEmbeddingsRequest)
-        return await _serving(request)[1].legacy_embeddings(body, context)
-
-    return await _answered(work)
+router.post("/api/chat")(_posted(ChatRequest, lambda chat, _: chat.chat_answer))
+router.post("/api/generate")(_posted(GenerateRequest, lambda chat, _: chat.generate_answer))
+router.post("/api/embed")(_posted(EmbedRequest, lambda _, models: models.embed))
+router.post("/api/embeddings")(_posted(LegacyEmbeddingsRequest, lambda _, models: models.legacy_embeddings))
 
 
 @router.get("/api/tags")
@@ -110,8 +102,5 @@ async def ps(request: Request) -> Response:
 
 
 @router.get("/api/version")
-async def version(request: Request) -> Response:
-    async def work() -> Any:
-        return OllamaModels.version()
-
-    return await _answered(work)
+async def version() -> Response:
+    return JSONResponse(OllamaModels.version())

@@ -200,9 +200,7 @@ class ChatServing(ServingBase):
                     yield self._chunk(body, record, event.index, Delta(role="assistant", content=""))
                 piece = event.payload
                 parser = parsers[event.index]
-                out = parser.feed(piece.text)
-                if piece.finish_reason is not None:
-                    out = _joined(out, parser.finish())
+                out = parser.feed_piece(piece.text, last=piece.finish_reason is not None)
                 if out.calls:
                     called.add(event.index)
                 if out or (piece.tokens and body.logprobs):  # text held back (a tool call's markup): nothing yet
@@ -261,10 +259,6 @@ def _reasoning_name(name: str) -> ReasoningParserName:
     if name not in ("auto", "none", "qwen3", "deepseek_r1"):
         raise ValueError(f"unknown reasoning parser {name!r}")
     return name  # type: ignore[return-value]  # checked just above
-
-
-def _joined(first: OutputDelta, second: OutputDelta) -> OutputDelta:
-    return OutputDelta(first.reasoning + second.reasoning, first.content + second.content, first.calls + second.calls)
 
 
 def _delta(out: OutputDelta) -> Delta:

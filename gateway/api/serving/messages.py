@@ -38,8 +38,8 @@ from gateway.api.serving.choices import ChoiceEvent, ChoiceSpec
 from gateway.api.serving.common import RequestContext, Stream
 from gateway.api.serving.messages_events import Event, MessageWriter
 from gateway.api.serving.messages_translate import Translated, chat_request
+from gateway.api.serving.parsed_choices import parsed_pieces
 from gateway.api.sse import DONE
-from gateway.generation import PromptScores
 from gateway.text.assembler import FinishReason
 from gateway.text.chat_output import ChatOutputParser, OutputDelta
 from gateway.text.reasoning import starts_inside
@@ -94,7 +94,7 @@ class MessagesServing:
             stream = await self.chat.run_streamed(record, specs, context, lambda events: self._events(turn, events))
             return Stream(stream.id, anthropic_events(stream.events))
         result = (await self.chat.run_collected(record, specs, context))[0]
-        write(turn, _joined(turn.parser.feed(result.text), turn.parser.finish()))
+        write(turn, turn.parser.feed_piece(result.text, last=True))
         turn.writer.finish(*turn.stop_reason(result.finish_reason, result.stop), turn.usage())
         return turn.writer.response()
 
@@ -135,19 +135,10 @@ class MessagesServing:
         async with record.tracking(), contextlib.aclosing(events):  # type: ignore[type-var]
             for event in writer.started():
                 yield _data(event)
-            async for choice in events:
-                if isinstance(choice.payload, PromptScores):
-                    continue
-                piece = choice.payload
-                out = turn.parser.feed(piece.text)
-                if piece.finish_reason is not None:
-                    out = _joined(out, turn.parser.finish())
-                for event in write(turn, out):
+            async for piece in parsed_pieces(events, turn.parser, record):
+                for event in write(turn, piece.delta):
                     yield _data(event)
                 if piece.finish_reason is not None:
-                    record.completion_tokens += choice.generated
-                    record.cached_tokens += choice.cached_tokens
-                    record.finish_reason = piece.finish_reason
                     for event in writer.finish(*turn.stop_reason(piece.finish_reason, piece.stop), turn.usage()):
                         yield _data(event)
 
@@ -186,10 +177,6 @@ async def anthropic_events(events: AsyncIterator[ServerSentEvent | bytes]) -> As
 def _tool_use_id(call_id: str) -> str:
     """Anthropic's ids read ``toolu_...``; the chat path's ``call_...``."""
     return "toolu_" + call_id.removeprefix("call_")
-
-
-def _joined(first: OutputDelta, second: OutputDelta) -> OutputDelta:
-    return OutputDelta(first.reasoning + second.reasoning, first.content + second.content, first.calls + second.calls)
 
 
 def _data(event: Event) -> str:

@@ -37,6 +37,7 @@ from gateway.api.serving.chat import ChatServing
 from gateway.api.serving.choices import ChoiceEvent, ChoiceSpec
 from gateway.api.serving.common import RequestContext, Stream
 from gateway.api.serving.conversations import ConversationServing
+from gateway.api.serving.parsed_choices import parsed_pieces
 from gateway.api.serving.responses_conversation import context_of, conversation_id, record_turn
 from gateway.api.serving.responses_events import Event, ResponseWriter
 from gateway.api.serving.responses_translate import (
@@ -47,7 +48,7 @@ from gateway.api.serving.responses_translate import (
     check_supported,
     namespaced,
 )
-from gateway.generation import PromptScores, SamplingParams
+from gateway.generation import SamplingParams
 from gateway.state.responses_store import Kept, ResponseStore, StoredResponse
 from gateway.text.assembler import FinishReason
 from gateway.text.chat_output import ChatOutputParser, OutputDelta
@@ -110,7 +111,7 @@ class ResponsesServing:
             await asyncio.shield(self._end_badly(turn, exc))
             raise
         result = results[0]
-        write(turn.writer, joined(turn.parser.feed(result.text), turn.parser.finish()))
+        write(turn.writer, turn.parser.feed_piece(result.text, last=True))
         turn.writer.finish(result.finish_reason, self._usage(turn.record))
         await self._save(turn)
         return turn.response
@@ -229,19 +230,10 @@ class ResponsesServing:
             try:
                 for event in writer.started():
                     yield _data(event)
-                async for choice in events:
-                    if isinstance(choice.payload, PromptScores):
-                        continue
-                    piece = choice.payload
-                    out = turn.parser.feed(piece.text)
-                    if piece.finish_reason is not None:
-                        out = joined(out, turn.parser.finish())
-                    for event in write(writer, out):
+                async for piece in parsed_pieces(events, turn.parser, record):
+                    for event in write(writer, piece.delta):
                         yield _data(event)
-                    if piece.finish_reason is not None:
-                        record.completion_tokens += choice.generated
-                        record.cached_tokens += choice.cached_tokens
-                        record.finish_reason = finish = piece.finish_reason
+                    finish = piece.finish_reason or finish
                 final = writer.finish(finish, self._usage(record))
                 await self._save(turn)
             except Exception as exc:
@@ -334,10 +326,6 @@ def write(writer: ResponseWriter, out: OutputDelta) -> list[Event]:
         if call.arguments:
             events += writer.arguments(call.arguments)
     return events
-
-
-def joined(first: OutputDelta, second: OutputDelta) -> OutputDelta:
-    return OutputDelta(first.reasoning + second.reasoning, first.content + second.content, first.calls + second.calls)
 
 
 @contextlib.contextmanager
