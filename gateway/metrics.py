@@ -68,30 +68,17 @@ class GatewayMetrics:
         self.generation_tokens = Counter(
             "swarmgate_generation_tokens", "tokens generated (every choice, EOS included)", registry=r
         )
-        self.ttft = Histogram(
-            "swarmgate_time_to_first_token_seconds",
-            "arrival to the first generated token",
-            buckets=TTFT_BUCKETS,
-            registry=r,
+        self.ttft = _histogram(
+            r, "swarmgate_time_to_first_token_seconds", "arrival to the first generated token", TTFT_BUCKETS
         )
-        self.itl = Histogram(
-            "swarmgate_inter_token_latency_seconds",
-            "between consecutive tokens of one choice",
-            buckets=ITL_BUCKETS,
-            registry=r,
+        self.itl = _histogram(
+            r, "swarmgate_inter_token_latency_seconds", "between consecutive tokens of one choice", ITL_BUCKETS
         )
-        self.e2e = Histogram(
-            "swarmgate_e2e_request_latency_seconds",
-            "arrival to the end of requests that finished",
-            buckets=E2E_BUCKETS,
-            registry=r,
+        self.e2e = _histogram(
+            r, "swarmgate_e2e_request_latency_seconds", "arrival to the end of requests that finished", E2E_BUCKETS
         )
-        self.queue = Histogram(
-            "swarmgate_request_queue_time_seconds",
-            "arrival until the first chain of node sessions is open (routing + waiting for node cache room)",
-            buckets=QUEUE_BUCKETS,
-            registry=r,
-        )
+        queued = "arrival until the first chain of node sessions is open (routing + waiting for node cache room)"
+        self.queue = _histogram(r, "swarmgate_request_queue_time_seconds", queued, QUEUE_BUCKETS)
 
     def _speculation_metrics(self, r: CollectorRegistry) -> None:
         """Drafted and accepted tokens of speculative decoding."""
@@ -101,12 +88,13 @@ class GatewayMetrics:
         self.spec_accepted = Counter(
             "swarmgate_spec_accepted_tokens", "draft tokens the model's own sampling agreed with", registry=r
         )
-        self.spec_acceptance = Histogram(
-            "swarmgate_spec_acceptance_rate",
-            "accepted / drafted tokens of each verify step",
-            buckets=ACCEPTANCE_BUCKETS,
-            registry=r,
+        self.spec_acceptance = _histogram(
+            r, "swarmgate_spec_acceptance_rate", "accepted / drafted tokens of each verify step", ACCEPTANCE_BUCKETS
         )
+
+
+def _histogram(r: CollectorRegistry, name: str, help_text: str, buckets: tuple[float, ...]) -> Histogram:
+    return Histogram(name, help_text, buckets=buckets, registry=r)
 
 
 class RequestTimer:

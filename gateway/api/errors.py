@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -145,6 +146,15 @@ def as_api_error(exc: BaseException) -> APIError:
 
 # pydantic error types -> OpenAI-style string codes
 _VALIDATION_CODES = {"missing": "missing_required_parameter", "json_invalid": "invalid_json"}
+
+
+def first_complaint(exc: ValidationError, fallback: str) -> tuple[str, str]:
+    """Pydantic's first complaint about a request built from another API's (Responses, Messages): the message and
+    the top-level field it is about (``fallback`` when it names none)."""
+    first = exc.errors()[0]
+    where = ".".join(str(part) for part in first["loc"])
+    top = str(first["loc"][0]) if first["loc"] else fallback
+    return f"Invalid request: {first['msg']} (at {where}).", top
 
 
 def validation_error(exc: RequestValidationError) -> InvalidRequest:

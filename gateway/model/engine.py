@@ -54,6 +54,7 @@ from gateway.model.tokens import HFTokenCodec
 from gateway.settings import EngineSettings
 from gateway.swarm.chain_session import ChainSession
 from gateway.swarm.conversations import Taken
+from gateway.swarm.failover import FailoverPolicy
 from gateway.swarm.kept_chains import KeptChains, Parked
 from gateway.swarm.monitor import SwarmMonitor
 from gateway.swarm.report import swarm_report
@@ -313,7 +314,7 @@ class GenerationEngine:
             max_length,
             self.settings.step_timeout,
             links=self._links,
-            failover_wait=self.settings.failover_wait,
+            failover=FailoverPolicy(wait=self.settings.failover_wait),
             push=self.settings.push,
             push_min_rtt=self.settings.push_min_rtt,
             adapter=adapter,

@@ -18,7 +18,7 @@ import torch
 from hivemind.p2p import P2P
 
 from gateway.metrics import chain_opened
-from gateway.swarm.failover import DEFAULT_FAILOVER_WAIT, Failover, FailoverPolicy
+from gateway.swarm.failover import Failover, FailoverPolicy
 from gateway.swarm.node_session import NodeSession
 from gateway.swarm.push_step import push_step
 from gateway.swarm.router import Router
@@ -31,12 +31,14 @@ __all__ = ["ChainSession", "NodeSession", "Segment"]
 
 logger = logging.getLogger(__name__)
 
+DEFAULT_POLICY = FailoverPolicy()
+
 
 class ChainSession:
     """A session through every block: hidden states go in at block 0 and come out after the last block.
 
-    After ``max_failovers`` node failures (capacity refusals and waits do not count) the last error is raised.
-    """
+    After ``failover.max_failovers`` node failures (capacity refusals and waits do not count) the last error is
+    raised."""
 
     def __init__(
         self,
@@ -44,9 +46,8 @@ class ChainSession:
         router: Router,
         max_length: int,
         step_timeout: float,
-        max_failovers: int = 5,
         links: StepLinks | None = None,
-        failover_wait: float = DEFAULT_FAILOVER_WAIT,
+        failover: FailoverPolicy = DEFAULT_POLICY,
         push: bool = False,
         push_min_rtt: float = 0.0,
         adapter: str | None = None,
@@ -61,8 +62,7 @@ class ChainSession:
         self._timeout = step_timeout
         self._segments: list[Segment] = []
         self._stored = 0  # tokens the nodes hold: a step below it rewinds them, which only a relayed step may do
-        policy = FailoverPolicy(max_failovers, failover_wait)
-        self._failover = Failover(router, policy, self._new_session, lambda: self._max_length, adapter)
+        self._failover = Failover(router, failover, self._new_session, lambda: self._max_length, adapter)
         self.closed = False
 
     @property

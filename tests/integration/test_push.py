@@ -16,6 +16,7 @@ from hivemind.p2p import P2P
 from gateway.model.head import ModelHead, build_head
 from gateway.swarm import chain_session
 from gateway.swarm.chain_session import ChainSession
+from gateway.swarm.failover import FailoverPolicy
 from gateway.swarm.monitor import SwarmMonitor
 from gateway.swarm.node_session import NodeSession
 from gateway.swarm.push_step import push_step
@@ -126,7 +127,14 @@ class PushClient:
 
     def chain(self, push: bool = True, push_min_rtt: float = 0.0) -> ChainSession:
         return ChainSession(
-            self.p2p, self.router, 64, 3.0, links=self.links, push=push, failover_wait=30, push_min_rtt=push_min_rtt
+            self.p2p,
+            self.router,
+            64,
+            3.0,
+            links=self.links,
+            push=push,
+            failover=FailoverPolicy(wait=30),
+            push_min_rtt=push_min_rtt,
         )
 
     def greedy(self, chain: ChainSession, new_tokens: int) -> AsyncIterator[int]:

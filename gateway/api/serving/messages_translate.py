@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from gateway.api.errors import InvalidRequest
+from gateway.api.errors import InvalidRequest, first_complaint
 from gateway.api.protocol.chat import ChatCompletionRequest
 from gateway.api.protocol.common import UnsupportedParameter
 from gateway.api.protocol.messages import ContentBlock, CountTokensRequest, InputMessage, MessagesRequest, Tool
@@ -77,10 +77,7 @@ def chat_request(body: CountTokensRequest) -> Translated:
     try:
         chat = ChatCompletionRequest.model_validate(fields)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
-        top = str(first["loc"][0]) if first["loc"] else "messages"
-        raise invalid(f"Invalid request: {first['msg']} (at {where}).", top) from None
+        raise invalid(*first_complaint(exc, "messages")) from None
     if prefill and fields.get("tool_choice") not in (None, "auto", "none"):
         raise invalid("A final assistant message (prefill) cannot be combined with a required tool call.", "messages")
     return Translated(chat, prefill)

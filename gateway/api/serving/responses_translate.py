@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gateway.api.errors import InvalidRequest
+from gateway.api.errors import InvalidRequest, first_complaint
 from gateway.api.protocol.chat import ChatCompletionRequest, ChatMessage
 from gateway.api.protocol.responses import (
     FunctionCall,
@@ -103,11 +103,9 @@ def chat_request(body: ResponsesRequest, history: list[Message], reasons: bool =
     try:
         chat = ChatCompletionRequest.model_validate(fields)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
-        top = str(first["loc"][0]) if first["loc"] else "input"
+        message, top = first_complaint(exc, "input")
         param = {"response_format": "text.format", "tools": "tools", "tool_choice": "tool_choice"}.get(top, "input")
-        raise InvalidRequest(f"Invalid request: {first['msg']} (at {where}).", "invalid_value", param) from None
+        raise InvalidRequest(message, "invalid_value", param) from None
     return Translated(chat, turn)
 
 
