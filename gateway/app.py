@@ -21,10 +21,10 @@ import uvicorn
 from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
-from gateway.api.anthropic_errors import AnthropicErrorMiddleware
 from gateway.api.auth import Authenticator, authenticate
 from gateway.api.body_limit import BodyLimitMiddleware
 from gateway.api.dependencies import Services
+from gateway.api.error_shapes import ErrorShapeMiddleware
 from gateway.api.errors import install_error_handlers
 from gateway.api.metrics_http import install_metrics
 from gateway.api.openapi_docs import install_openapi
@@ -117,7 +117,7 @@ def _services(engine: Engine, config: ServingConfig, sessions: SessionTracker) -
 
 def _install_middleware(app: FastAPI, engine: Engine, config: ServingConfig, allowed_origins: Sequence[str]) -> None:
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_request_bytes)
-    app.add_middleware(AnthropicErrorMiddleware)  # around every error of /v1/messages (413 and 401 included)
+    app.add_middleware(ErrorShapeMiddleware)  # Anthropic's and Ollama's bodies on their paths (401 and 413 too)
     install_metrics(app, engine)
     if allowed_origins:  # outermost, so that errors (401, 413, ...) carry the CORS headers a browser needs to read them
         app.add_middleware(

@@ -24,8 +24,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
 PATH = "/v1/messages"
 
 _BY_STATUS = {
@@ -78,38 +76,6 @@ def _message(body: bytes, status: int) -> str:
     return f"{param}: {message}" if param and f"'{param}'" not in message else message
 
 
-class AnthropicErrorMiddleware:
-    """Rewrites every error response (status >= 400) on ``/v1/messages`` paths into Anthropic's body and status."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not is_messages_path(scope["path"]):
-            await self.app(scope, receive, send)
-            return
-        start: Message | None = None
-        body = b""
-
-        async def rewriting_send(message: Message) -> None:
-            nonlocal start, body
-            if message["type"] == "http.response.start" and message["status"] >= 400:
-                start = message  # held until the body is complete
-                return
-            if start is None or message["type"] != "http.response.body":
-                await send(message)
-                return
-            body += message.get("body", b"")
-            if not message.get("more_body", False):
-                await _send_rewritten(start, body, send)
-
-        await self.app(scope, receive, rewriting_send)
-
-
-async def _send_rewritten(start: Message, body: bytes, send: Send) -> None:
-    status = start["status"]
-    payload = json.dumps(anthropic_body(status, _message(body, status))).encode()
-    kept = [(k, v) for k, v in start.get("headers", []) if k.lower() not in (b"content-length", b"content-type")]
-    headers = [*kept, (b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
-    await send({"type": "http.response.start", "status": anthropic_status(status), "headers": headers})
-    await send({"type": "http.response.body", "body": payload})
+def anthropic_error(status: int, body: bytes) -> tuple[int, dict[str, Any]]:
+    """Our error response (status, OpenAI's body) as Anthropic's (``ErrorShapeMiddleware``'s rewrite)."""
+    return anthropic_status(status), anthropic_body(status, _message(body, status))

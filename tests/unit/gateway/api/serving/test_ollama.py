@@ -161,3 +161,31 @@ async def test_think_splits_the_reasoning_into_thinking() -> None:
     assert engine.codec.rendered[-1][2] == {"enable_thinking": True}
     generated = await ollama_client(engine).generate(model="m", prompt="2+2?", think=True)
     assert (generated.thinking, generated.response) == ("hmm", "It is 4.")
+
+
+async def test_errors_answered_before_the_route_runs_are_in_ollamas_shape_too() -> None:
+    """A refused API key (auth runs before the route) and an unknown /api path: ``{"error": "..."}``, never
+    OpenAI's envelope, with the status kept; the official client raises its ResponseError with that status."""
+    from gateway.api.auth import Authenticator
+
+    app = create_app(
+        ChatEngine(), ServingConfig("scripted"), authenticator=Authenticator(["sk-right"], None, enabled=True)
+    )
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+        wrong = await client.post(
+            "/api/chat",
+            json={"model": "scripted", "messages": [{"role": "user", "content": "hi"}]},
+            headers={"Authorization": "Bearer sk-wrong"},
+        )
+        assert wrong.status_code == 401
+        body = wrong.json()
+        assert isinstance(body["error"], str) and body["error"] and set(body) == {"error"}
+        missing = await client.get("/api/nothing-here", headers={"Authorization": "Bearer sk-right"})
+        assert missing.status_code == 404 and isinstance(missing.json()["error"], str)
+        openai_path = await client.get("/v1/models", headers={"Authorization": "Bearer sk-wrong"})
+        assert openai_path.status_code == 401 and openai_path.json()["error"]["code"] == "invalid_api_key"
+    official = ollama.AsyncClient(host="http://gateway", transport=transport, headers={"Authorization": "Bearer x"})
+    with pytest.raises(ollama.ResponseError) as refused:
+        await official.chat(model="scripted", messages=[{"role": "user", "content": "hi"}], stream=False)
+    assert refused.value.status_code == 401
