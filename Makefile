@@ -34,7 +34,7 @@ $(BROWSER_STAMP): scripts/install-browser.sh
 
 # Two workers, each test module whole on one of them (module-scoped swarms are started once per module).
 test: $(STAMP) $(TOOLS_STAMP) $(BROWSER_STAMP)
-	$(BIN)/python -m pytest -n 2 --dist loadfile tests/
+	$(BIN)/python -m pytest -n 2 --dist loadfile --durations=15 tests/
 
 # The span, exactness and KV-write tests on the lowest versions pyproject.toml allows (ci/constraints-lowest.txt),
 # in a venv of their own (.venv-lowest): the range's lower bound is tested, not hoped for. A few minutes.
