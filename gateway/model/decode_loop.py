@@ -43,6 +43,8 @@ class Chain(Protocol):
 
     async def truncate(self, length: int) -> None: ...
 
+    async def close(self) -> None: ...
+
 
 class TreeChain(Chain, Protocol):
     """A chain whose nodes verify trees (``ChainSession``): steps carry a tree, and keep one branch of the last."""
@@ -52,8 +54,6 @@ class TreeChain(Chain, Protocol):
     ) -> torch.Tensor: ...
 
     async def truncate(self, length: int, branch: list[int] | None = None) -> None: ...
-
-    async def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
