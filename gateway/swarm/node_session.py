@@ -4,8 +4,9 @@ Requests go through a queue the stream reads; every reply is awaited under the s
 (a dead or frozen node fails the wait in about a second, see liveness.py); transport failures and the node's own
 errors come out typed (``shared.rpc_client``). Decode steps (one token) go through the gateway's ``StepLinks``
 instead when it has them, batched with other sessions' steps to the same node; with push, the node sends a decode
-step's output on to the next node itself (``next``), and a later node's step is awaited with ``pushed``. Closing is
-idempotent and always releases the node's cache room.
+step's output on to the next node itself (``next``), and a later node's step is awaited with ``pushed``. Every step's
+output is used only once its receipt verifies against the step key the node certified at open (``shared.receipts``;
+``last_receipt`` keeps the latest for spot checks). Closing is idempotent and always releases the node's cache room.
 """
 
 from __future__ import annotations

@@ -13,6 +13,10 @@ step on a session's own stream.
 
 With node-to-node push a row may name the rest of its chain (the node pushes its output on), and the later nodes get
 ``pushed`` rows (no hidden states): each is answered with the input and output of its step once the push has run it.
+
+Every reply signs its rows together (``shared.receipts``): it is checked once, against the step key the rows'
+sessions were opened with, before any row is resolved; a reply that does not verify fails all its rows with
+``BadReceipt``.
 """
 
 from __future__ import annotations

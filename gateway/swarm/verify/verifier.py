@@ -194,7 +194,7 @@ class Verifier:
                 forward_outputs(self._p2p, candidate.peer_id, blocks, inputs, timeout, self._auth),
             )
             verdict = judge(challenge, reference, candidate, got, want)
-        except MalformedReply as error:
+        except (MalformedReply, BadReceipt) as error:  # garbage, or a session reply it did not sign
             verdict, detail = None, f"answered a session with garbage: {error}"
         if verdict is not None and verdict.agrees:
             self.book.confirmed(reference.peer_id)
