@@ -16,7 +16,8 @@ from gateway.swarm.bans import BanList
 from gateway.swarm.report import swarm_report
 from gateway.swarm.routing import Hop
 from gateway.swarm.verify.compare import Comparison
-from gateway.swarm.verify.spot_checks import SpotCheck, _settle, side_of
+from gateway.swarm.verify.spot_checks import SpotCheck, _settle, replicas_of, side_of
+from gateway.swarm.verify.trust import TrustBook
 from gateway.swarm.verify.verifier import Verifier, VerifySettings
 from gateway.swarm.view import SwarmView
 from shared.identity import new_identity
@@ -87,10 +88,23 @@ def test_a_lost_spot_check_names_the_node_by_the_receipt_of_the_step_checked() -
     step = StepStatement.of("s9", 12, (0, 6), inputs, output)
     public = verified_step_key(key.certificate, peer)
     (receipt,) = check_receipts(public, peer, [step], key.sign([step]))
-    check = SpotCheck(Hop(peer, 0, 6), [(12, inputs)], output, receipt)
+    check = SpotCheck(Hop(peer, 0, 6), [(12, inputs)], output, receipt=receipt)
     _settle(verifier.book, check, Comparison(0.2, 0.9, False), "another replica's forward", self_check=False)
     view = SwarmView(6, {peer: _record(peer)})
     evidence = swarm_report("m", view, {}, BanList(), verifier=verifier)["nodes"][0]["verification"]["evidence"]
     assert evidence == receipt.evidence()
     assert (evidence["signer"], evidence["session"], evidence["position"]) == (peer, "s9", 12)
     assert evidence["output_sha256"] == step.output_digest.hex()
+
+
+def test_a_step_under_an_adapter_is_checked_only_on_replicas_that_serve_that_adapter() -> None:
+    base, with_one = _record("base"), _record("with-one").model_copy(update={"adapters": ["one"]})
+    view = SwarmView(6, {s.peer_id: s for s in (_record("checked"), base, with_one)})
+    book = TrustBook()
+    for peer in view.servers:
+        book.see(peer, (0, 6))
+        book.passed(peer, "passed its challenge")
+    hop = Hop("checked", 0, 6)
+    assert {s.peer_id for s in replicas_of(view, book, hop)} == {"base", "with-one"}
+    assert [s.peer_id for s in replicas_of(view, book, hop, "one")] == ["with-one"]  # the base model would disagree
+    assert replicas_of(view, book, hop, "two") == []  # none: the node re-runs the step itself, with its adapter
