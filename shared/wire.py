@@ -52,7 +52,8 @@ from shared.errors import BadRequest, RemoteError, error_from_code
 from shared.receipts import StepKeyCertificate
 
 # 2: ResizeSession; 3: the batch handler; 4: node-to-node push; 5: TruncateSession;
-# 6: receipts (SessionOpened.step_key, StepResult.receipt, BatchStepResult.receipt: shared.receipts)
+# 6: receipts (SessionOpened.step_key, StepResult.receipt, BatchStepResult.receipt: shared.receipts), tree steps
+# (Step.tree, Step.branch, TruncateSession.branch) and ForwardRequest.adapter: a node of 5 would refuse each of them
 PROTOCOL_VERSION = 6
 
 INFERENCE_HANDLER = "swarmgate.inference"
