@@ -13,6 +13,7 @@ included), both modes' tokens compared (they must be the same). Workloads:
 * mixed: 8 streams at once, two of each (aggregate tokens/s).
 
     .venv/bin/python -m bench.wan_tokens --rtts 0,50 --repeats 1
+    .venv/bin/python -m bench.wan_tokens --rtts 50 --workloads mixed   # only the 8 concurrent streams
 """
 
 from __future__ import annotations
@@ -146,10 +147,17 @@ async def timed(run: Callable[[], Awaitable[int]], counter: Traversals, streams:
 
 
 async def measure(
-    engines: dict[str, GenerationEngine], prompts: dict[str, list[int]], counter: Traversals, rtt: float, repeats: int
+    engines: dict[str, GenerationEngine],
+    prompts: dict[str, list[int]],
+    counter: Traversals,
+    rtt: float,
+    repeats: int,
+    workloads: frozenset[str] = frozenset([*WORKLOADS, "mixed"]),
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for name, (_, grammar) in WORKLOADS.items():
+        if name not in workloads:
+            continue
         got: dict[str, list[tuple[float, float, list[int]]]] = {mode: [] for mode in engines}
         for _ in range(repeats):
             for mode, engine in engines.items():
@@ -159,7 +167,7 @@ async def measure(
         same = len({tuple(runs[0][2]) for runs in got.values()}) == 1
         for mode, runs in got.items():
             rows.append(_row(name, mode, rtt, [r[0] for r in runs], [r[1] for r in runs], len(runs[0][2]), same))
-    for mode, engine in engines.items():
+    for mode, engine in engines.items() if "mixed" in workloads else ():
         speeds, per = [], []
         for _ in range(repeats):
             speed, tpt, tokens = await timed(lambda e=engine: _mixed(e, prompts), counter, 8)
@@ -234,7 +242,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> list[dict[str, Any]]:
             for engine in engines.values():
                 for _ in range(4):
                     await asyncio.gather(*(engine.router._probe_one(p) for p in list(engine.router.rtts)))  # noqa: SLF001
-            rows += await measure(engines, prompts, counter, rtt, args.repeats)
+            rows += await measure(engines, prompts, counter, rtt, args.repeats, args.workloads)
         return rows
     finally:
         for engine in engines.values():
@@ -268,7 +276,10 @@ def main() -> None:
     parser.add_argument("--rtts", default="0,50,100", help="round-trip times in ms (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=1, help="runs per measurement, median (default: 1)")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    names = ",".join([*WORKLOADS, "mixed"])
+    parser.add_argument("--workloads", default=names, help="comma-separated, of %(default)s (default: all)")
     args = parser.parse_args()
+    args.workloads = frozenset(args.workloads.split(","))
     args.rtts = [int(ms) / 1000 for ms in args.rtts.split(",")]
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="swarmgate-wan-tokens-") as tmp:
