@@ -225,8 +225,8 @@ class BatchCache:
     def position_ids(self, device: torch.device) -> torch.Tensor:
         """[B, T] absolute positions of the new tokens ([1, sum of lengths] packed)."""
         if self.packed:
-            rows = [torch.arange(start, start + length) for start, length in zip(self.starts, self.lengths, strict=True)]
-            return torch.cat(rows).view(1, -1).to(device)
+            spans = zip(self.starts, self.lengths, strict=True)
+            return torch.cat([torch.arange(start, start + length) for start, length in spans]).view(1, -1).to(device)
         starts = torch.tensor(self.starts, device=device).view(-1, 1)
         return starts + torch.arange(self.new_tokens, device=device).view(1, -1)
 
