@@ -178,6 +178,8 @@ class SpanHandlers:
         if message.pushed:
             if tensors:
                 raise BadRequest("a pushed batch step carries no hidden states")
+            if any(row.tokens != 1 for row in message.rows):
+                raise BadRequest("a pushed row is a decode step of one token")
             outcome = await wait_rows(message.rows, sessions, message.wait, self.hidden_size)
             outputs: tuple[torch.Tensor, ...] = (self._corrupt(outcome.outputs), outcome.inputs)
         else:
@@ -205,7 +207,7 @@ class SpanHandlers:
             raise NodeInternalError("the node is not serving yet")
 
         async def step(session: Session, row: torch.Tensor, position: int) -> torch.Tensor:
-            return await self._step(session, Step(position=position), [row])
+            return await self._step(session, Step(position=position), [row], decode=True)
 
         return await run_rows(rows, hidden, sessions, step, self.push_links, pushed)
 
@@ -269,7 +271,10 @@ class SpanHandlers:
             session.slots.clear()  # the latest decode step may be among the forgotten tokens
             kv.length = length
 
-    async def _step(self, session: Session, message: Step, tensors: list[torch.Tensor]) -> torch.Tensor:
+    async def _step(
+        self, session: Session, message: Step, tensors: list[torch.Tensor], decode: bool = False
+    ) -> torch.Tensor:
+        """``decode``: a row of a batch step, batched with other sessions' decode steps (``SpanBackend.serve_step``)."""
         if not isinstance(message, Step):
             raise BadRequest(f"unexpected message {message.type!r} in an open session")
         hidden = check_hidden(tensors, self.hidden_size, batch=1)
@@ -284,7 +289,7 @@ class SpanHandlers:
                     f"positions up to {message.position + new_tokens} exceed max_length {kv.max_length}"
                 )
             with self.fair.step(session.owner):
-                output = await self.backend.serve_step(kv, hidden, message.position)
+                output = await self.backend.serve_step(kv, hidden, message.position, decode)
         self.tokens_processed += new_tokens
         return output
 

@@ -36,15 +36,26 @@ from swarm_node.sessions import Session
 
 logger = logging.getLogger(__name__)
 
-# Runs one session's step: (session, hidden [1, 1, D], position) -> output [1, 1, D].
+# Runs one session's step: (session, hidden [1, T, D], position) -> output [1, T, D].
 StepFn = Callable[[Session, torch.Tensor, int], Awaitable[torch.Tensor]]
 
 
 @dataclass
 class RowsOutcome:
-    outputs: torch.Tensor  # [B, 1, D]; a failed row is zeros
-    inputs: torch.Tensor  # [B, 1, D]: what each row ran on
+    outputs: torch.Tensor  # [B, T, D], each row right-padded to the longest; a failed row is zeros
+    inputs: torch.Tensor  # [B, T, D]: what each row ran on
     errors: list[ErrorReply | None]
+
+
+def padded(rows: list[torch.Tensor]) -> torch.Tensor:
+    """Rows [1, T_b, D] -> [B, max T_b, D], each right-padded with zeros (a batch step's layout)."""
+    width = max(row.shape[1] for row in rows)
+    if all(row.shape[1] == width for row in rows):
+        return torch.cat(rows)
+    out = rows[0].new_zeros(len(rows), width, rows[0].shape[2])
+    for index, row in enumerate(rows):
+        out[index, : row.shape[1]] = row[0]
+    return out
 
 
 class PushLinks:
@@ -57,7 +68,7 @@ class PushLinks:
         self.sent = 0  # push messages sent (tests)
 
     def send(self, peer_id: str, rows: list[BatchRow], hidden: torch.Tensor) -> None:
-        """Queue a push of ``hidden`` [B, 1, D] to ``peer_id`` (rows name its sessions); never waits."""
+        """Queue a push of ``hidden`` [B, T, D] to ``peer_id`` (rows name its sessions); never waits."""
         outbox = self._outboxes.get(peer_id)
         if outbox is None or self._tasks[peer_id].done():
             outbox = self._outboxes[peer_id] = asyncio.Queue()
@@ -101,9 +112,9 @@ async def run_rows(
     links: PushLinks,
     pushed: bool = False,
 ) -> RowsOutcome:
-    """Run each row (hidden [B, 1, D]) through its session's step slot, once however often it arrives; then push
-    every row this call started onward, one message per next node. ``pushed``: the rows came from the previous node,
-    which may never rewind a session."""
+    """Run each row (hidden [B, T, D], row b's first ``rows[b].tokens`` real) through its session's step slot, once
+    however often it arrives; then push every row this call started onward, one message per next node. ``pushed``:
+    the rows came from the previous node, which may never rewind a session."""
 
     async def one(b: int, session: Session | RemoteError) -> tuple[torch.Tensor, bool]:
         if isinstance(session, RemoteError):
@@ -116,7 +127,7 @@ async def run_rows(
             return output
 
         pushed_at = session.kv.length if pushed else None
-        slot, fresh = session.slots.offer(hidden[b : b + 1], rows[b].position, run, pushed_at)
+        slot, fresh = session.slots.offer(hidden[b : b + 1, : rows[b].tokens], rows[b].position, run, pushed_at)
         return await asyncio.shield(slot.output), fresh
 
     results = await asyncio.gather(*(one(b, s) for b, s in enumerate(sessions)), return_exceptions=True)
@@ -125,12 +136,17 @@ async def run_rows(
     for b, result in enumerate(results):
         if isinstance(result, tuple) and result[1] and rows[b].next:
             following = rows[b].next
-            row = BatchRow(session_id=following[0].session_id, position=rows[b].position, next=following[1:])
+            row = BatchRow(
+                session_id=following[0].session_id,
+                position=rows[b].position,
+                next=following[1:],
+                tokens=rows[b].tokens,
+            )
             onward.setdefault(following[0].peer_id, []).append((row, result[0]))
     for peer_id, batch in onward.items():
         for row, _ in batch:
             step_trace.mark("node-push-out", row.session_id, row.position)
-        links.send(peer_id, [row for row, _ in batch], torch.cat([output for _, output in batch]))
+        links.send(peer_id, [row for row, _ in batch], padded([output for _, output in batch]))
     return outcome
 
 
@@ -171,4 +187,4 @@ def _outcome(
             result = NodeInternalError("internal error on the node")
         errors.append(ErrorReply.of(result))
         outputs.append(torch.zeros_like(like[b : b + 1]))
-    return RowsOutcome(torch.cat(outputs), inputs, errors)
+    return RowsOutcome(padded(outputs), inputs, errors)
