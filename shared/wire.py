@@ -31,6 +31,7 @@ Any request may be answered by ``ErrorReply`` with a typed code (``shared.errors
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 import torch
@@ -261,6 +262,17 @@ _ServerMessages = (
 )
 ServerMessage = Annotated[_ServerMessages, Field(discriminator="type")]
 _SERVER_MESSAGE: TypeAdapter[_ServerMessages] = TypeAdapter(ServerMessage)
+
+
+def right_padded(rows: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Rows [1, T_b, D] -> [B, max T_b, D], each right-padded with zeros: a batch step's hidden states."""
+    width = max(row.shape[1] for row in rows)
+    if all(row.shape[1] == width for row in rows):
+        return torch.cat(list(rows))
+    out = rows[0].new_zeros(len(rows), width, rows[0].shape[2])
+    for index, row in enumerate(rows):
+        out[index, : row.shape[1]] = row[0]
+    return out
 
 
 def encode_request(message: BaseModel, tensors: tuple[torch.Tensor, ...] = ()) -> runtime_pb2.ExpertRequest:

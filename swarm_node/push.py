@@ -31,6 +31,7 @@ from shared.wire import (
     PushStep,
     decode_server_message,
     encode_request,
+    right_padded,
 )
 from swarm_node.sessions import Session
 
@@ -45,17 +46,6 @@ class RowsOutcome:
     outputs: torch.Tensor  # [B, T, D], each row right-padded to the longest; a failed row is zeros
     inputs: torch.Tensor  # [B, T, D]: what each row ran on
     errors: list[ErrorReply | None]
-
-
-def padded(rows: list[torch.Tensor]) -> torch.Tensor:
-    """Rows [1, T_b, D] -> [B, max T_b, D], each right-padded with zeros (a batch step's layout)."""
-    width = max(row.shape[1] for row in rows)
-    if all(row.shape[1] == width for row in rows):
-        return torch.cat(rows)
-    out = rows[0].new_zeros(len(rows), width, rows[0].shape[2])
-    for index, row in enumerate(rows):
-        out[index, : row.shape[1]] = row[0]
-    return out
 
 
 class PushLinks:
@@ -146,7 +136,7 @@ async def run_rows(
     for peer_id, batch in onward.items():
         for row, _ in batch:
             step_trace.mark("node-push-out", row.session_id, row.position)
-        links.send(peer_id, [row for row, _ in batch], padded([output for _, output in batch]))
+        links.send(peer_id, [row for row, _ in batch], right_padded([output for _, output in batch]))
     return outcome
 
 
@@ -187,4 +177,4 @@ def _outcome(
             result = NodeInternalError("internal error on the node")
         errors.append(ErrorReply.of(result))
         outputs.append(torch.zeros_like(like[b : b + 1]))
-    return RowsOutcome(padded(outputs), inputs, errors)
+    return RowsOutcome(right_padded(outputs), inputs, errors)

@@ -187,9 +187,9 @@ class Generation:
         await keep(kept, chain)
 
     def _next_k(self) -> int:
-        """Drafts to propose after this round. Other generations here now count: decoding, or still prefilling
-        (streams started together must not draft in their first rounds: a verify step would leave the batch they
-        are about to form)."""
+        """Drafts to propose after this round. Other generations here now count (decoding, or still prefilling:
+        streams started together are about to form a batch): a verify step rides in their batched node forwards,
+        and its extra positions delay their rows too."""
         relay_rtt, plain_rtt = self._round_trips()
         return self.plan.next_k(relay_rtt, self.services.others(), plain_rtt)
 

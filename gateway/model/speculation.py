@@ -12,9 +12,13 @@ prompt lookup's are), sampling x ~ p and accepting iff x == d *is* the speculati
 accepted with probability p(d) = min(1, p(d)/q(d)), and a rejection's x is distributed as p without d, renormalized
 — the residual max(p - q, 0) normalized.
 
-How many to draft (``choose_k``) is a small cost model: a verify round costs the chain's round trip plus compute
-that grows a little per position, and yields (1 - a^(k+1)) / (1 - a) tokens at a per-draft acceptance a. Below
-``min_rtt`` (loopback) nothing is drafted: there the extra positions cost more than the round trips they save.
+How many to draft (``choose_k``) is a small cost model, decided per round and per generation: a verify round costs
+the chain's round trip plus compute that grows a little per position, and yields (1 - a^(k+1)) / (1 - a) tokens at a
+per-draft acceptance a. Under load the verify step rides in the same batched node forwards as the other
+generations' decode steps (a node's batch carries rows of different lengths), so its k extra positions also delay
+those B other rows by the same extra compute each: the round is charged (1 + B) times its extra positions, not "off
+while another generation runs". Below ``min_rtt`` (loopback) nothing is drafted: there the extra positions cost
+more than the round trips they save.
 """
 
 from __future__ import annotations
@@ -44,7 +48,11 @@ __all__ = [
 
 MAX_NGRAM = 4  # longest suffix looked up in the text so far
 MIN_NGRAM = 2  # a single repeated token predicts too little to pay for its positions
-POSITION_COST = 0.1  # an extra verified position, as a fraction of a decode step's compute (decode is memory-bound)
+# An extra verified position, as a fraction of a decode forward's compute. Decode is memory-bound on accelerators
+# (a few extra rows ride the weight reads almost free); on CPU it is not: ``python -m bench.row_cost`` (SmolLM2,
+# one node's 15 blocks, float32, one thread, 2 busy CPUs) measured ROW_COST_CPU per extra position against a forward
+# of 1 to 8 decode rows. The default stays the accelerator's figure; a node's own measurement would replace it.
+POSITION_COST = 0.1
 ACCEPTANCE_PRIOR = 0.6  # a fresh generation's guess (prompt lookup drafts only where the text repeats)
 FORCED_PRIOR = 0.9  # the same for the grammar's forced tokens: the model rarely spells forced bytes otherwise
 EWMA = 0.3  # weight of the newest round in the acceptance and compute estimates
@@ -90,18 +98,21 @@ def choose_k(
     draft_cost: float = 0.0,
     plain_rtt: float | None = None,
     position_cost: float = POSITION_COST,
+    batch_rows: int = 0,
 ) -> int:
     """Drafts for the next round: the k in 0..k_max with the least expected time per token, where a round costs
-    ``rtt + compute * (1 + position_cost * k) + draft_cost * k`` (seconds; ``draft_cost``: drafting one token, a
-    draft model's forward) against ``plain_rtt + compute`` for a plain decode step (default ``rtt``; less when
-    decode steps are pushed node to node and verify steps are relayed). 0 below ``min_rtt`` or when drafting gains
-    under ``MIN_GAIN``."""
+    ``rtt + compute * (1 + (1 + batch_rows) * position_cost * k) + draft_cost * k`` (seconds; ``draft_cost``:
+    drafting one token, a draft model's forward; ``batch_rows``: other generations' rows in the same batched node
+    forwards, each delayed by the k extra positions too) against ``plain_rtt + compute`` for a plain decode step
+    (default ``rtt``; less when decode steps are pushed node to node and verify steps are relayed). 0 below
+    ``min_rtt`` or when drafting gains under ``MIN_GAIN``."""
     if k_max <= 0 or rtt < min_rtt:
         return 0
     plain = (rtt if plain_rtt is None else plain_rtt) + compute
+    extra = (1 + max(0, batch_rows)) * position_cost  # the batch's compute per extra position, as a fraction
     best_k, best = 0, plain
     for k in range(1, k_max + 1):
-        cost = rtt + compute * (1.0 + position_cost * k) + draft_cost * k
+        cost = rtt + compute * (1.0 + extra * k) + draft_cost * k
         per_token = cost / expected_tokens(acceptance, k)
         if per_token < best:
             best_k, best = k, per_token
@@ -119,13 +130,24 @@ class SpecTuner:
     draft_cost: float = 0.0  # seconds drafting one token takes (a draft model's forward; ~0 for prompt lookup)
     forced_acceptance: float = FORCED_PRIOR  # per forced token (``Constraint.forced``): its own estimate
 
-    def forcing_pays(self, rtt: float, plain_rtt: float | None = None) -> bool:
+    def forcing_pays(self, rtt: float, plain_rtt: float | None = None, batch_rows: int = 0) -> bool:
         """Whether a verify step carrying the grammar's forced tokens beats a plain decode step: the cost model for
         one such draft (more pay more), at any round trip — they cost no drafting and are nearly always kept."""
-        return choose_k(self.forced_acceptance, rtt, self.compute, 1, 0.0, 0.0, plain_rtt) > 0
+        forced = self.forced_acceptance
+        return choose_k(forced, rtt, self.compute, 1, 0.0, 0.0, plain_rtt, batch_rows=batch_rows) > 0
 
-    def next_k(self, rtt: float, limit: int, plain_rtt: float | None = None) -> int:
-        k = choose_k(self.acceptance, rtt, self.compute, self.k_max, self.min_rtt, self.draft_cost, plain_rtt)
+    def next_k(self, rtt: float, limit: int, plain_rtt: float | None = None, batch_rows: int = 0) -> int:
+        """Drafts for the next round (``choose_k`` on this generation's estimates), at most ``limit``."""
+        k = choose_k(
+            self.acceptance,
+            rtt,
+            self.compute,
+            self.k_max,
+            self.min_rtt,
+            self.draft_cost,
+            plain_rtt,
+            batch_rows=batch_rows,
+        )
         return min(k, max(0, limit))
 
     def record_draft(self, seconds: float, drafted: int) -> None:
@@ -209,14 +231,15 @@ class DecodePlan:
         self.done = self.count >= self._max_new or (token.eos and not self._ignore_eos)
 
     def next_k(self, rtt: float, others: int, plain_rtt: float | None = None) -> int:
-        """Drafts worth verifying in the next step, by the drafter's estimates; none while ``others`` generations
-        decode through this gateway: their decode steps share one forward and one message per node, which a verify
-        step of several positions would leave (and the batchers' rhythm would wait for it)."""
+        """Drafts worth verifying in the next step, by the drafter's estimates, this round: ``others`` generations
+        decode through this gateway now, their rows in the same node forwards as the verify step (``choose_k``
+        charges its extra positions to them too)."""
         self._forcing = False
-        if self._drafter is None or others > 0:
+        if self._drafter is None:
             return 0
-        self._forcing = self._forced is not None and self._drafter.tuner.forcing_pays(rtt, plain_rtt)
-        return self._drafter.tuner.next_k(rtt, self._max_new - self.count, plain_rtt)
+        tuner = self._drafter.tuner
+        self._forcing = self._forced is not None and tuner.forcing_pays(rtt, plain_rtt, others)
+        return tuner.next_k(rtt, self._max_new - self.count, plain_rtt, others)
 
     @property
     def threaded(self) -> bool:

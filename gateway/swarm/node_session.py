@@ -52,6 +52,7 @@ class NodeSession:
         self._links = links
         self._liveness = liveness
         self._session_id: str | None = None  # the node's name for it, once opened
+        self._stepped = False  # a step went out: later steps of a few tokens (verify steps) go by the step links
         self._auth = auth
         self.max_length = max_length
         self.pusher: str | None = None  # the node before this one, named at open: it may push steps here
@@ -94,8 +95,12 @@ class NodeSession:
 
     async def step(self, hidden: torch.Tensor, position: int, next: list[wire.NextHop] | None = None) -> torch.Tensor:
         """hidden: [1, T, D] at positions position... -> the hop's output [1, T, D]; a decode step's output is also
-        pushed along ``next`` (the rest of the chain)."""
-        if hidden.shape[1] == 1 and self._links is not None and self._session_id is not None:
+        pushed along ``next`` (the rest of the chain). A later step of a few tokens (a speculative verify step) goes
+        by the step links too, in one message and one forward with other sessions' decode steps; the session's first
+        step (its prompt, or a replacement's replay) and longer ones go on its own stream."""
+        first, self._stepped = not self._stepped, True
+        row = hidden.shape[1] == 1 or (not first and hidden.shape[1] <= wire.MAX_ROW_TOKENS)
+        if row and self._links is not None and self._session_id is not None:
             if self.closed:
                 raise NodeUnreachable(f"session on {self.hop.peer_id} is closed")
             output = await self._links.step(self.hop.peer_id, self._session_id, hidden, position, next or ())

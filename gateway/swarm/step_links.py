@@ -11,6 +11,9 @@ A row's failure is its own (the node names it); a broken or stalled stream — o
 watch (liveness.py) while rows wait on it — fails every row it carries, each of which then fails over like a failed
 step on a session's own stream.
 
+A row may carry several positions: a speculative verify step (the last token and its drafts, ``BatchRow.tokens``)
+travels in the same message as the other sessions' decode steps and runs in the same forward on the node.
+
 With node-to-node push a row may name the rest of its chain (the node pushes its output on), and the later nodes get
 ``pushed`` rows (no hidden states): each is answered with the input and output of its step once the push has run it.
 """
@@ -41,6 +44,7 @@ from shared.wire import (
     BatchStepResult,
     NextHop,
     encode_request,
+    right_padded,
 )
 
 
@@ -48,14 +52,14 @@ from shared.wire import (
 class _Row:
     session_id: str
     position: int
-    hidden: torch.Tensor | None  # [1, 1, D]; None: pushed to the node by the previous one
+    hidden: torch.Tensor | None  # [1, T, D]; None: pushed to the node by the previous one (T = 1)
     next: tuple[NextHop, ...] = ()  # where the node pushes the output on
     wait: float = 0.0  # a pushed row: seconds the node waits for the push
     stream: _Stream | None = None  # the stream it was sent on
     future: asyncio.Future[_Output] = field(init=False)  # (input, output); the batcher's, set when queued
 
 
-_Output = tuple[torch.Tensor, torch.Tensor]  # a row's (input, output), each [1, 1, D]
+_Output = tuple[torch.Tensor, torch.Tensor]  # a row's (input, output), each [1, T, D]
 
 
 class _Stream:
@@ -73,10 +77,12 @@ class _Stream:
 
     def send(self, rows: list[_Row]) -> None:
         """Rows all pushed (no hidden states) or all with their hidden states."""
-        batch_rows = [BatchRow(session_id=r.session_id, position=r.position, next=list(r.next)) for r in rows]
+        batch_rows = [
+            BatchRow(session_id=r.session_id, position=r.position, next=list(r.next), tokens=_tokens(r)) for r in rows
+        ]
         inputs = [row.hidden for row in rows if row.hidden is not None]
         if len(inputs) == len(rows):
-            request = encode_request(BatchStep(rows=batch_rows), (torch.cat(inputs),))
+            request = encode_request(BatchStep(rows=batch_rows), (right_padded(inputs),))
         else:
             request = encode_request(BatchStep(rows=batch_rows, pushed=True, wait=max(r.wait for r in rows)))
         self._sent.append(rows)
@@ -124,6 +130,10 @@ class _Stream:
                     row.future.set_exception(error)
 
 
+def _tokens(row: _Row) -> int:
+    return 1 if row.hidden is None else row.hidden.shape[1]
+
+
 def _answer(rows: list[_Row], response: runtime_pb2.ExpertResponse, peer_id: str) -> None:
     """Resolve each row from its reply: (its input, its output row), or its own error."""
     pushed = rows[0].hidden is None
@@ -138,7 +148,7 @@ def _answer(rows: list[_Row], response: runtime_pb2.ExpertResponse, peer_id: str
         isinstance(reply, BatchStepResult)
         and len(reply.errors) == len(rows)
         and len(tensors) == (2 if pushed else 1)
-        and all(t.ndim == 3 and t.shape[0] == len(rows) for t in tensors)
+        and all(t.ndim == 3 and t.shape[0] == len(rows) and t.shape[1] >= max(map(_tokens, rows)) for t in tensors)
     ):
         failure = MalformedReply(f"node {peer_id} sent a malformed batch reply")
     for index, row in enumerate(rows):
@@ -150,8 +160,8 @@ def _answer(rows: list[_Row], response: runtime_pb2.ExpertResponse, peer_id: str
         elif isinstance(reply, BatchStepResult) and (error := reply.errors[index]) is not None:
             row.future.set_exception(error.to_exception())
         else:
-            output = tensors[0][index : index + 1]
-            row.future.set_result((tensors[1][index : index + 1] if row.hidden is None else row.hidden, output))
+            output = tensors[0][index : index + 1, : _tokens(row)]
+            row.future.set_result((tensors[1][index : index + 1, :1] if row.hidden is None else row.hidden, output))
 
 
 class StepLinks:
@@ -171,8 +181,9 @@ class StepLinks:
     async def step(
         self, peer_id: str, session_id: str, hidden: torch.Tensor, position: int, next: Sequence[NextHop] = ()
     ) -> torch.Tensor:
-        """One decode step of the node's session ``session_id``: hidden [1, 1, D] at ``position`` -> its output row
-        (checked by the caller); the node pushes the output on to ``next[0]`` too. Raises the node's typed error for
+        """One step of the node's session ``session_id``: hidden [1, T, D] at ``position`` (a decode step, T = 1, or a
+        verify step of at most ``MAX_ROW_TOKENS``) -> its output rows (checked by the caller); the node pushes the
+        output on to ``next[0]`` too. Raises the node's typed error for
         this row, or ``NodeUnreachable``/``StepTimeout`` (then every row on its stream fails too: replies come in
         order, everything behind a lost one is lost)."""
         row = _Row(session_id, position, hidden, tuple(next))
