@@ -1,4 +1,4 @@
-"""What a verify row costs a batched decode forward (issue 26 part 4): the constant behind ``speculation.POSITION_COST``.
+"""What a verify row costs a batched decode forward (issue 26 part 4): the constant behind ``POSITION_COST``.
 
 One node's span of SmolLM2 (blocks 0:15 of 30, float32 on the CPU, as ``bench/wan_tokens.py``'s nodes serve it), B
 sessions each holding CONTEXT tokens. Per B: the median seconds of one packed forward of B decode rows (one token
