@@ -62,6 +62,7 @@ class DecodeBatcher(Batcher[_Step, torch.Tensor]):
             max_items=policy.max_batch,
             group=lambda step: step.kv.blocks,  # a sub-range of the span is a forward of its own
         )
+        self.mixed = 0  # forwards whose rows brought different numbers of tokens (verify rows beside decode rows)
 
     async def step(self, kv: SessionKV, hidden: torch.Tensor, position: int) -> torch.Tensor:
         """hidden: [1, T, D] of one session at positions ``position``... -> [1, T, D], computed in some batch."""
@@ -74,6 +75,7 @@ class DecodeBatcher(Batcher[_Step, torch.Tensor]):
             hidden, ragged = torch.cat([step.hidden for step in steps]), None  # [B, 1, D]
         else:  # right-padded [B, T, D]; the span computes only the real tokens
             hidden, ragged = steps[0].hidden.new_zeros(len(steps), max(lengths), steps[0].hidden.shape[2]), lengths
+            self.mixed += min(lengths) < max(lengths)
             for row, step in enumerate(steps):
                 hidden[row, : lengths[row]] = step.hidden[0]
         output = await self._run_batch([s.kv for s in steps], hidden, [s.position for s in steps], ragged)

@@ -15,10 +15,10 @@ accepted with probability p(d) = min(1, p(d)/q(d)), and a rejection's x is distr
 How many to draft (``choose_k``) is a small cost model, decided per round and per generation: a verify round costs
 the chain's round trip plus compute that grows a little per position, and yields (1 - a^(k+1)) / (1 - a) tokens at a
 per-draft acceptance a. Under load the verify step rides in the same batched node forwards as the other
-generations' decode steps (a node's batch carries rows of different lengths), so its k extra positions also delay
-those B other rows by the same extra compute each: the round is charged (1 + B) times its extra positions, not "off
-while another generation runs". Below ``min_rtt`` (loopback) nothing is drafted: there the extra positions cost
-more than the round trips they save.
+generations' decode steps (a node's batch carries rows of different lengths): its k extra positions cost the
+batched forward a fraction of a row each, which the round pays for every row that waits on it (its own and the B
+others'), not "off while another generation runs". Below ``min_rtt`` (loopback) nothing is drafted: there the
+extra positions cost more than the round trips they save.
 """
 
 from __future__ import annotations
@@ -48,11 +48,14 @@ __all__ = [
 
 MAX_NGRAM = 4  # longest suffix looked up in the text so far
 MIN_NGRAM = 2  # a single repeated token predicts too little to pay for its positions
-# An extra verified position, as a fraction of a decode forward's compute. Decode is memory-bound on accelerators
-# (a few extra rows ride the weight reads almost free); on CPU it is not: ``python -m bench.row_cost`` (SmolLM2,
-# one node's 15 blocks, float32, one thread, 2 busy CPUs) measured ROW_COST_CPU per extra position against a forward
-# of 1 to 8 decode rows. The default stays the accelerator's figure; a node's own measurement would replace it.
-POSITION_COST = 0.1
+# An extra verified position in a batched forward, as a fraction of one row's share of that forward's compute.
+# Measured with ``python -m bench.row_cost`` (SmolLM2, one node's 15 blocks, float32, one torch thread, 2 CPUs under
+# load 10-38, sessions at 200 tokens): a verify row of k + 1 tokens beside B - 1 decode rows adds 0.24 (B=1, k=4),
+# 0.21 (B=1, k=8), 0.23 (B=4, k=4), 0.13 (B=4, k=8), 0.19 (B=8, k=8) of a row's share per extra position (B=8, k=4
+# drowned in the load's noise). On an accelerator decode is memory-bound and the figure is far smaller; 0.2 is the
+# CPU nodes' (the conservative side). Charged to every row of the forward, a round's extra positions cost
+# position_cost * k * compute in all, however many rows share it: a verify step costs no more under load.
+POSITION_COST = 0.2
 ACCEPTANCE_PRIOR = 0.6  # a fresh generation's guess (prompt lookup drafts only where the text repeats)
 FORCED_PRIOR = 0.9  # the same for the grammar's forced tokens: the model rarely spells forced bytes otherwise
 EWMA = 0.3  # weight of the newest round in the acceptance and compute estimates
@@ -100,19 +103,25 @@ def choose_k(
     position_cost: float = POSITION_COST,
     batch_rows: int = 0,
 ) -> int:
-    """Drafts for the next round: the k in 0..k_max with the least expected time per token, where a round costs
-    ``rtt + compute * (1 + (1 + batch_rows) * position_cost * k) + draft_cost * k`` (seconds; ``draft_cost``:
-    drafting one token, a draft model's forward; ``batch_rows``: other generations' rows in the same batched node
-    forwards, each delayed by the k extra positions too) against ``plain_rtt + compute`` for a plain decode step
-    (default ``rtt``; less when decode steps are pushed node to node and verify steps are relayed). 0 below
-    ``min_rtt`` or when drafting gains under ``MIN_GAIN``."""
+    """Drafts for the next round: the k in 0..k_max with the least expected time per token, against
+    ``plain_rtt + compute`` for a plain decode step (default ``rtt``; less when decode steps are pushed node to node
+    and verify steps are relayed). 0 below ``min_rtt`` or when drafting gains under ``MIN_GAIN``.
+
+    ``compute``: seconds of the chain's forwards per step, as measured now — batched with ``batch_rows`` other
+    generations' rows, each forward's compute shared by 1 + batch_rows rows. A verify round's k extra positions
+    ride in those forwards and cost ``position_cost`` of one row's share each, paid by every row the forward
+    carries (this one waits, and so do the others): the round is charged ``rtt + compute + (1 + batch_rows) *
+    position_cost * row * k + draft_cost * k`` with ``row = compute / (1 + batch_rows)`` (``draft_cost``: drafting
+    one token, a draft model's forward). A verify step under load is as cheap as its extra positions — no forward
+    or message of its own."""
     if k_max <= 0 or rtt < min_rtt:
         return 0
     plain = (rtt if plain_rtt is None else plain_rtt) + compute
-    extra = (1 + max(0, batch_rows)) * position_cost  # the batch's compute per extra position, as a fraction
+    rows = 1 + max(0, batch_rows)
+    row = compute / rows  # one row's share of a batched forward
     best_k, best = 0, plain
     for k in range(1, k_max + 1):
-        cost = rtt + compute * (1.0 + extra * k) + draft_cost * k
+        cost = rtt + compute + rows * position_cost * row * k + draft_cost * k
         per_token = cost / expected_tokens(acceptance, k)
         if per_token < best:
             best_k, best = k, per_token

@@ -58,12 +58,14 @@ def test_under_load_a_round_is_charged_for_the_rows_it_delays_not_switched_off()
     assert plan.next_k(0.1, others=7) > 0  # seven other generations decoding: the verify step rides with them
     assert plan.next_k(0.001, others=0) == 0  # loopback
     assert DecodePlan(GenerationRequest([1, 2], 50), None).next_k(0.1, others=0) == 0  # --speculative off
+    # Seven other rows wait on the extra positions too, but each costs a fraction of a row's share of the batched
+    # forward: given the forward's measured compute, the same drafts pay as alone ...
     alone = choose_k(0.6, rtt=0.1, compute=0.03, k_max=8, min_rtt=0.01)
-    loaded = choose_k(0.6, rtt=0.1, compute=0.03, k_max=8, min_rtt=0.01, batch_rows=7)
-    assert 0 < loaded < alone  # each extra position delays seven other rows too: fewer drafts pay
-    # a compute-bound batch (a long forward, many rows): drafts that are often wrong stop paying
-    assert choose_k(0.3, rtt=0.05, compute=0.1, k_max=8, min_rtt=0.01) > 0
-    assert choose_k(0.3, rtt=0.05, compute=0.1, k_max=8, min_rtt=0.01, batch_rows=31) == 0
+    assert alone > 0 and choose_k(0.6, rtt=0.1, compute=0.03, k_max=8, min_rtt=0.01, batch_rows=7) == alone
+    # ... and a heavier batch (a longer forward) drafts less; drafts that are often wrong stop paying
+    assert 0 < choose_k(0.6, rtt=0.1, compute=0.2, k_max=8, min_rtt=0.01, batch_rows=7) < alone
+    assert choose_k(0.25, rtt=0.05, compute=0.1, k_max=8, min_rtt=0.01, batch_rows=7) > 0
+    assert choose_k(0.25, rtt=0.05, compute=0.4, k_max=8, min_rtt=0.01, batch_rows=7) == 0
 
 
 def test_verify_steps_relayed_must_beat_decode_steps_pushed() -> None:
