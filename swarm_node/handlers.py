@@ -178,8 +178,6 @@ class SpanHandlers:
         if message.pushed:
             if tensors:
                 raise BadRequest("a pushed batch step carries no hidden states")
-            if any(row.tokens != 1 for row in message.rows):
-                raise BadRequest("a pushed row is a decode step of one token")
             outcome = await wait_rows(message.rows, sessions, message.wait, self.hidden_size)
             outputs: tuple[torch.Tensor, ...] = (self._corrupt(outcome.outputs), outcome.inputs)
         else:

@@ -152,11 +152,8 @@ async def wait_rows(
 
     results = await asyncio.gather(*(one(b, s) for b, s in enumerate(sessions)), return_exceptions=True)
     template = next((r[1] for r in results if isinstance(r, tuple)), torch.zeros(1, 1, width))
-    like = template.new_zeros(len(rows), 1, width)
-    inputs = like.clone()
-    for b, result in enumerate(results):
-        if isinstance(result, tuple):
-            inputs[b : b + 1] = result[0]
+    like = template.new_zeros(len(rows), max(row.tokens for row in rows), width)
+    inputs = right_padded([r[0] if isinstance(r, tuple) else like[b : b + 1] for b, r in enumerate(results)])
     return _outcome([(r[1], True) if isinstance(r, tuple) else r for r in results], like, inputs)
 
 

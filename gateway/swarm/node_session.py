@@ -131,7 +131,8 @@ class NodeSession:
         chain's input [1, 1, D], whose shape and dtype every hop keeps."""
         if self.closed or self._links is None or self._session_id is None:
             raise NodeUnreachable(f"session on {self.hop.peer_id} is closed")
-        received, output = await self._links.pushed(self.hop.peer_id, self._session_id, position, self._timeout)
+        links, session_id = self._links, self._session_id
+        received, output = await links.pushed(self.hop.peer_id, session_id, position, self._timeout, like.shape[1])
         return self._checked_output(received, like), self._checked_output(output, like)
 
     async def allow_push(self, pusher: str | None) -> None:

@@ -52,9 +52,10 @@ from shared.wire import (
 class _Row:
     session_id: str
     position: int
-    hidden: torch.Tensor | None  # [1, T, D]; None: pushed to the node by the previous one (T = 1)
+    hidden: torch.Tensor | None  # [1, T, D]; None: pushed to the node by the previous one
     next: tuple[NextHop, ...] = ()  # where the node pushes the output on
     wait: float = 0.0  # a pushed row: seconds the node waits for the push
+    tokens: int = 1  # a pushed row: the positions it carries
     stream: _Stream | None = None  # the stream it was sent on
     future: asyncio.Future[_Output] = field(init=False)  # (input, output); the batcher's, set when queued
 
@@ -131,7 +132,7 @@ class _Stream:
 
 
 def _tokens(row: _Row) -> int:
-    return 1 if row.hidden is None else row.hidden.shape[1]
+    return row.tokens if row.hidden is None else row.hidden.shape[1]
 
 
 def _answer(rows: list[_Row], response: runtime_pb2.ExpertResponse, peer_id: str) -> None:
@@ -161,7 +162,8 @@ def _answer(rows: list[_Row], response: runtime_pb2.ExpertResponse, peer_id: str
             row.future.set_exception(error.to_exception())
         else:
             output = tensors[0][index : index + 1, : _tokens(row)]
-            row.future.set_result((tensors[1][index : index + 1, :1] if row.hidden is None else row.hidden, output))
+            inputs = tensors[1][index : index + 1, : _tokens(row)] if row.hidden is None else row.hidden
+            row.future.set_result((inputs, output))
 
 
 class StepLinks:
@@ -191,11 +193,11 @@ class StepLinks:
         return output
 
     async def pushed(
-        self, peer_id: str, session_id: str, position: int, wait: float
+        self, peer_id: str, session_id: str, position: int, wait: float, tokens: int = 1
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(input, output) of the step at ``position`` that the previous node pushes to ``session_id``; the node
-        answers ``PushMissing`` when no input came within ``wait`` seconds."""
-        row = _Row(session_id, position, None, wait=wait)
+        """(input, output) of the step of ``tokens`` positions at ``position`` that the previous node pushes to
+        ``session_id``; the node answers ``PushMissing`` when no input came within ``wait`` seconds."""
+        row = _Row(session_id, position, None, wait=wait, tokens=tokens)
         return await self._submit(peer_id, row, wait + self._timeout)
 
     async def _submit(self, peer_id: str, row: _Row, seconds: float) -> tuple[torch.Tensor, torch.Tensor]:
