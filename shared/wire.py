@@ -167,6 +167,7 @@ class ForwardRequest(_Message):
     start: int = Field(ge=0)
     end: int = Field(gt=0)
     auth: str | None = None
+    adapter: str | None = None  # the LoRA adapter to run the blocks with, as the checked session did (None: base)
 
 
 class InfoRequest(_Message):

@@ -226,9 +226,7 @@ class SpanHandlers:
         if self.status.state is not NodeState.ONLINE:
             raise NodeDraining(f"node is {self.status.state.value}; it accepts no new sessions")
         check_max_length(message.max_length, self.status.max_session_length)
-        if message.adapter is not None and message.adapter not in self.backend.span.adapters:
-            # Like blocks it does not serve: the router read a record that is out of date, or never listed it.
-            raise WrongSpan(f"this node serves no adapter {message.adapter!r}")
+        self._check_adapter(message.adapter)
         self.fair.check_room(owner, message.max_length, new_session=True)
         with self.fair.waiting(owner):  # while it waits for room, peers over their share take no more
             allocation = await self.pool.allocate(message.max_length, message.alloc_timeout)
@@ -308,8 +306,9 @@ class SpanHandlers:
         hidden = check_hidden(tensors, self.hidden_size, batch=None)
         if hidden.shape[1] > self.status.max_session_length:
             raise PositionOutOfRange(f"{hidden.shape[1]} tokens exceed {self.status.max_session_length}")
+        self._check_adapter(message.adapter)
         async with self.pool.reserve(hidden.shape[0] * hidden.shape[1]):
-            output = await self.backend.forward(hidden, blocks)
+            output = await self.backend.forward(hidden, blocks, message.adapter)
         self.tokens_processed += hidden.shape[0] * hidden.shape[1]
         return encode_response(ForwardResult(), (output,))
 
@@ -317,6 +316,11 @@ class SpanHandlers:
         message, _ = decode_unary(request, InfoRequest)
         self._authorize(message.auth, context)
         return encode_response(self.node_info())
+
+    def _check_adapter(self, adapter: str | None) -> None:
+        if adapter is not None and adapter not in self.backend.span.adapters:
+            # Like blocks it does not serve: the router read a record that is out of date, or never listed it.
+            raise WrongSpan(f"this node serves no adapter {adapter!r}")
 
     def _authorize(self, token: str | None, context: P2PContext) -> None:
         if self.status.guard is not None:

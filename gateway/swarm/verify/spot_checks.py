@@ -38,6 +38,7 @@ class SpotCheck:
     hop: Hop
     history: list[tuple[int, torch.Tensor]]  # (position, input chunk [1, T, D]) as the session sent them
     output: torch.Tensor  # the last chunk's output [1, T, D]
+    adapter: str | None = None  # the LoRA adapter the session ran with: a replica re-runs the step with it too
 
     def inputs(self) -> torch.Tensor:
         return torch.cat([chunk for _, chunk in self.history], dim=1)  # [1, P + T, D]
@@ -49,12 +50,17 @@ class SpotResult:
     outcome: str  # agreed, outvoted, disputed
 
 
-def replicas_of(view: SwarmView, book: TrustBook, hop: Hop) -> list[ServerRecord]:
-    """Routed nodes that serve every block of ``hop`` other than its own, the most precise and reputed first."""
+def replicas_of(view: SwarmView, book: TrustBook, hop: Hop, adapter: str | None = None) -> list[ServerRecord]:
+    """Routed nodes that serve every block of ``hop`` other than its own (with ``adapter``, when the checked session
+    named one: the base model's outputs differ by the adapter's update), the most precise and reputed first."""
     covering = [
         s
         for s in view.online()
-        if s.peer_id != hop.peer_id and s.start <= hop.start and hop.end <= s.end and book.routable(s.peer_id)
+        if s.peer_id != hop.peer_id
+        and s.start <= hop.start
+        and hop.end <= s.end
+        and book.routable(s.peer_id)
+        and (adapter is None or adapter in s.adapters)
     ]
     rank = lambda s: (Precision.parse(s.precision).rank, book.reputation(s.peer_id))  # noqa: E731
     return sorted(covering, key=rank, reverse=True)
@@ -69,10 +75,10 @@ async def run_spot_check(
     steps = check.output.shape[1]
     node = view.servers.get(hop.peer_id)
     mine = Precision.parse(node.precision if node else None)
-    others = replicas_of(view, book, hop)
+    others = replicas_of(view, book, hop, check.adapter)
 
     async def on(peer_id: str) -> torch.Tensor:
-        return (await forward_outputs(p2p, peer_id, blocks, inputs, limit, auth))[:, -steps:]
+        return (await forward_outputs(p2p, peer_id, blocks, inputs, limit, auth, check.adapter))[:, -steps:]
 
     def versus(server: ServerRecord | None, want: torch.Tensor) -> Comparison:
         theirs = Precision.parse(server.precision if server else None)

@@ -252,9 +252,11 @@ class Verifier:
 
     # -- spot checks ---------------------------------------------------------------------------------------------
 
-    def observe(self, hop: Hop, history: list[tuple[int, torch.Tensor]], output: torch.Tensor) -> None:
+    def observe(
+        self, hop: Hop, history: list[tuple[int, torch.Tensor]], output: torch.Tensor, adapter: str | None = None
+    ) -> None:
         """A step ``hop`` served (``history``: every input the session gave it, this step's last; ``output``: this
-        step's [1, T, D]): maybe re-run it elsewhere in the background."""
+        step's [1, T, D]; ``adapter``: the session's LoRA adapter): maybe re-run it elsewhere in the background."""
         if not self.settings.enabled or not history or self.settings.check_rate <= 0:
             return
         step_tokens = history[-1][1].shape[1]
@@ -265,7 +267,7 @@ class Verifier:
         if len(self._checks) >= self.settings.max_checks:
             self.counts["spot", "skipped"] += 1
             return
-        check = SpotCheck(hop, list(history), output)
+        check = SpotCheck(hop, list(history), output, adapter)
         task = asyncio.create_task(self._spot_check(check, self._view))
         self._checks.add(task)
         task.add_done_callback(self._checks.discard)

@@ -13,7 +13,9 @@ from prometheus_client.registry import Collector
 from gateway.metrics import swarm_metrics
 from gateway.swarm.bans import BanList
 from gateway.swarm.report import swarm_report
-from gateway.swarm.verify.spot_checks import side_of
+from gateway.swarm.routing import Hop
+from gateway.swarm.verify.spot_checks import replicas_of, side_of
+from gateway.swarm.verify.trust import TrustBook
 from gateway.swarm.verify.verifier import Verifier, VerifySettings
 from gateway.swarm.view import SwarmView
 from shared.membership import CallAuth
@@ -68,3 +70,16 @@ def test_a_third_replica_decides_only_when_it_can_tell() -> None:
     assert side_of(with_node=True, with_reference=False) == "node"  # the reference is
     assert side_of(with_node=True, with_reference=True) == "none"  # too imprecise to tell: only a dispute
     assert side_of(with_node=False, with_reference=False) == "none"
+
+
+def test_a_step_under_an_adapter_is_checked_only_on_replicas_that_serve_that_adapter() -> None:
+    base, with_one = _record("base"), _record("with-one").model_copy(update={"adapters": ["one"]})
+    view = SwarmView(6, {s.peer_id: s for s in (_record("checked"), base, with_one)})
+    book = TrustBook()
+    for peer in view.servers:
+        book.see(peer, (0, 6))
+        book.passed(peer, "passed its challenge")
+    hop = Hop("checked", 0, 6)
+    assert {s.peer_id for s in replicas_of(view, book, hop)} == {"base", "with-one"}
+    assert [s.peer_id for s in replicas_of(view, book, hop, "one")] == ["with-one"]  # the base model would disagree
+    assert replicas_of(view, book, hop, "two") == []  # none: the node re-runs the step itself, with its adapter
