@@ -52,7 +52,7 @@ class Services:
     prefill: Callable[[], Awaitable[tuple[Chain, torch.Tensor, int]]]  # -> chain, output [1, T, D], tokens cached
     embed: Callable[[list[int]], torch.Tensor]  # ids [T] -> the first block's input [1, T, D]
     prompt_scores: Callable[[torch.Tensor], PromptScores]  # prefill output -> the prompt tokens' logprobs
-    # seconds of the chain's round trips (the chain ``prefill`` returned): a verify step's (relayed), a decode step's
+    # seconds of the chain's round trips (the chain ``prefill`` returned): a verify step's, a decode step's
     round_trips: Callable[[Any], tuple[float, float]]
     others: Callable[[], int]  # other generations in flight on this gateway
     keep: Callable[[list[int], Chain], Awaitable[None]] | None  # park the chain for the conversation's next turn
