@@ -16,6 +16,7 @@ included), both modes' tokens compared (they must be the same). Workloads:
 ``--modes`` run a subset (``mixed`` is the 8 streams).
 
     .venv/bin/python -m bench.wan_tokens --rtts 0,50 --repeats 1
+    .venv/bin/python -m bench.wan_tokens --rtts 50 --workloads mixed   # only the 8 concurrent streams
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ the node keeps serving.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 import torch
@@ -69,6 +70,7 @@ _WIRE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 4}
 MAX_WIRE_ELEMENTS = 1 << 28  # 1 GiB of fp32: refuses absurd declared sizes before allocating
 MAX_BATCH_ROWS = 256  # sessions in one BatchStep
 MAX_NEXT_HOPS = 64  # nodes after this one that a pushed row names
+MAX_ROW_TOKENS = 33  # tokens one row of a BatchStep carries: a speculative verify step's token and its (<= 32) drafts
 
 
 class _Message(BaseModel):
@@ -168,10 +170,14 @@ class BatchRow(_Message):
     session_id: str = Field(min_length=1, max_length=64)  # as SessionOpened named it
     position: int = Field(ge=0)
     next: list[NextHop] = Field(default_factory=list, max_length=MAX_NEXT_HOPS)  # push the output on to next[0]
+    # Positions the row carries from ``position`` on: 1 for a decode step, k + 1 for a verify step of k drafts. The
+    # hidden states are [B, max tokens, D], each row right-padded; its output is the first ``tokens`` of its row.
+    tokens: int = Field(1, ge=1, le=MAX_ROW_TOKENS)
 
 
 class BatchStep(_Message):
-    """One new token for each of several sessions (row b of the hidden states is ``rows[b]``'s)."""
+    """New tokens for each of several sessions (row b of the hidden states is ``rows[b]``'s): one for a decode step,
+    a few for a verify step (``BatchRow.tokens``)."""
 
     type: Literal["batch_step"] = "batch_step"
     rows: list[BatchRow] = Field(min_length=1, max_length=MAX_BATCH_ROWS)
@@ -297,6 +303,17 @@ _ServerMessages = (
 )
 ServerMessage = Annotated[_ServerMessages, Field(discriminator="type")]
 _SERVER_MESSAGE: TypeAdapter[_ServerMessages] = TypeAdapter(ServerMessage)
+
+
+def right_padded(rows: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Rows [1, T_b, D] -> [B, max T_b, D], each right-padded with zeros: a batch step's hidden states."""
+    width = max(row.shape[1] for row in rows)
+    if all(row.shape[1] == width for row in rows):
+        return torch.cat(list(rows))
+    out = rows[0].new_zeros(len(rows), width, rows[0].shape[2])
+    for index, row in enumerate(rows):
+        out[index, : row.shape[1]] = row[0]
+    return out
 
 
 def encode_request(message: BaseModel, tensors: tuple[torch.Tensor, ...] = ()) -> runtime_pb2.ExpertRequest:

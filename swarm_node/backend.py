@@ -1,10 +1,10 @@
 """The span's compute: one worker thread owns the model and runs every torch call, so the event loop never waits.
 
-Steps reach the compute thread in three ways: decode steps (one new token) through the ``DecodeBatcher``, which
-merges concurrent sessions' steps into one forward; prompts of up to ``prefill_chunk`` tokens through the
-``PrefillBatcher``, which merges those queued meanwhile into one right-padded forward; longer prompts alone, in
-chunks of at most ``prefill_chunk`` tokens — each chunk its own job, so decode batches of other sessions run between
-the chunks of a long prompt instead of waiting for all of it.
+Steps reach the compute thread in three ways: decode steps (one new token, or a batch step's verify row of a few)
+through the ``DecodeBatcher``, which merges concurrent sessions' steps into one forward; prompts of up to
+``prefill_chunk`` tokens through the ``PrefillBatcher``, which merges those queued meanwhile into one right-padded
+forward; longer prompts alone, in chunks of at most ``prefill_chunk`` tokens — each chunk its own job, so decode
+batches of other sessions run between the chunks of a long prompt instead of waiting for all of it.
 """
 
 from __future__ import annotations
@@ -73,13 +73,22 @@ class SpanBackend:
         await self._run(lambda: kv.resize(max_length))
 
     async def serve_step(
-        self, kv: SessionKV, hidden: torch.Tensor, position: int, parents: Sequence[int] | None = None
+        self,
+        kv: SessionKV,
+        hidden: torch.Tensor,
+        position: int,
+        parents: Sequence[int] | None = None,
+        *,
+        decode: bool = False,
     ) -> torch.Tensor:
         """A client's step, hidden [1, T, D] at ``position``: batched with others' steps or prompts unless longer than
-        a prefill chunk (then alone, in chunks). A tree step (``parents``) runs alone, in one forward."""
+        a prefill chunk (then alone, in chunks). A tree step (``parents``) runs alone, in one forward. ``decode``: a
+        row of a batch step (a decode step, or a speculative verify step of a few tokens), batched with the other
+        sessions' decode steps whatever its length."""
         if parents is not None:
-            return await self._run(functools.partial(self._forward, hidden, [kv], [position], kv.blocks, None, parents))
-        if hidden.shape[1] == 1:
+            tree = functools.partial(self._forward, hidden, [kv], [position], kv.blocks, parents=parents)
+            return await self._run(tree)
+        if hidden.shape[1] == 1 or (decode and hidden.shape[1] <= self.policy.max_row_tokens):
             return await self.batcher.step(kv, hidden, position)
         if hidden.shape[1] <= self.policy.prefill_chunk:
             return await self.prefills.prefill(kv, hidden, position)
@@ -107,10 +116,13 @@ class SpanBackend:
             outputs.append(await self._run(run))
         return torch.cat(outputs, dim=1)
 
-    async def _decode_batch(self, kvs: list[SessionKV], hidden: torch.Tensor, positions: list[int]) -> torch.Tensor:
+    async def _decode_batch(
+        self, kvs: list[SessionKV], hidden: torch.Tensor, positions: list[int], lengths: list[int] | None
+    ) -> torch.Tensor:
         if self.metrics is not None:
             self.metrics.decode_batch(len(kvs))
-        return await self._run(functools.partial(self._forward, hidden, kvs, positions, kvs[0].blocks))
+        run = functools.partial(self._forward, hidden, kvs, positions, kvs[0].blocks, lengths, packed=True)
+        return await self._run(run)
 
     async def _prefill_batch(
         self, kvs: list[SessionKV], hidden: torch.Tensor, starts: list[int], lengths: list[int]
@@ -125,11 +137,12 @@ class SpanBackend:
         blocks: range,
         lengths: list[int] | None = None,
         parents: Sequence[int] | None = None,
+        packed: bool = False,
     ) -> torch.Tensor:
         began = time.perf_counter()
         wire_dtype = hidden.dtype
-        inputs = hidden.to(self.device, self.dtype)
-        output = self.span(inputs, kvs, starts, blocks, lengths, parents).to("cpu", wire_dtype)
+        device_hidden = hidden.to(self.device, self.dtype)
+        output = self.span(device_hidden, kvs, starts, blocks, lengths, parents, packed=packed).to("cpu", wire_dtype)
         output = lie_about(self.fault, hidden, output)
         if self.metrics is not None:  # hidden: [B, T, D]
             self.metrics.forward(hidden.shape[0], hidden.shape[1], time.perf_counter() - began)

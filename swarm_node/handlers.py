@@ -187,9 +187,13 @@ class SpanHandlers:
         else:
             outcome = await self._run_rows(message.rows, check_batch(message, tensors, self.hidden_size), sessions)
             outputs = (self._corrupt(outcome.outputs),)
-        statements = [
+        statements = [  # each row's own positions: shorter rows are right-padded to the longest
             StepStatement.of(
-                row.session_id, row.position, session.blocks, outcome.inputs[b : b + 1], outputs[0][b : b + 1]
+                row.session_id,
+                row.position,
+                session.blocks,
+                outcome.inputs[b : b + 1, : row.tokens],
+                outputs[0][b : b + 1, : row.tokens],
             )
             for b, (row, session, error) in enumerate(zip(message.rows, sessions, outcome.errors, strict=True))
             if error is None and isinstance(session, Session)
@@ -216,7 +220,7 @@ class SpanHandlers:
             raise NodeInternalError("the node is not serving yet")
 
         async def step(session: Session, row: torch.Tensor, position: int) -> torch.Tensor:
-            return await self._step(session, Step(position=position), [row])
+            return await self._step(session, Step(position=position), [row], decode=True)
 
         return await run_rows(rows, hidden, sessions, step, self.push_links, pushed)
 
@@ -281,7 +285,10 @@ class SpanHandlers:
                 _keep_branch(kv, length, branch)
             kv.length = length
 
-    async def _step(self, session: Session, message: Step, tensors: list[torch.Tensor]) -> torch.Tensor:
+    async def _step(
+        self, session: Session, message: Step, tensors: list[torch.Tensor], decode: bool = False
+    ) -> torch.Tensor:
+        """``decode``: a row of a batch step, batched with other sessions' decode steps (``SpanBackend.serve_step``)."""
         if not isinstance(message, Step):
             raise BadRequest(f"unexpected message {message.type!r} in an open session")
         hidden = check_hidden(tensors, self.hidden_size, batch=1)
@@ -299,7 +306,7 @@ class SpanHandlers:
                     f"positions up to {message.position + new_tokens} exceed max_length {kv.max_length}"
                 )
             with self.fair.step(session.owner):
-                output = await self.backend.serve_step(kv, hidden, message.position, parents)
+                output = await self.backend.serve_step(kv, hidden, message.position, parents, decode=decode)
         self.tokens_processed += new_tokens
         return output
 

@@ -16,6 +16,11 @@ step). Every tree token is stored, provisionally, at its slot ``start + i``, but
 ``start`` and to its own ancestors, at the position its depth gives (``start + depth``): the output of each token is
 what a chain of its ancestors alone would give. ``SessionKV.keep_branch`` keeps one branch afterwards, its keys and
 values moved to consecutive positions — exactly the cache a chain of that branch would have written.
+
+* **packed** (a decode batch whose rows bring different numbers of tokens: decode rows of 1 beside speculative verify
+  rows of k+1). Every row's real tokens lie one after another in one row of the forward ([1, sum of lengths, D]), so
+  the layers compute no padding; attention runs row by row as in the ragged layout, each row's queries causal among
+  themselves and over its own session's cache (``attend``). A tree step is never packed: it runs alone, padded.
 """
 
 from __future__ import annotations
@@ -130,6 +135,7 @@ class BatchCache:
         ragged_decode: bool = True,
         kv_broadcast: int = 1,
         parents: Sequence[int] | None = None,
+        packed: bool = False,
     ) -> None:
         self.sessions = list(sessions)
         self.starts = list(starts)
@@ -139,12 +145,15 @@ class BatchCache:
             raise ValueError(f"row lengths {self.lengths} must be within 1..{new_tokens}")
         self.total = max(starts) + new_tokens  # keys the widest row attends to
         self.windows = dict(windows or {})
+        # ``packed``: the forward's one row holds every row's real tokens in turn (the caller packed them).
+        self.packed = packed
         # Layers that compute attention themselves (Falcon, BLOOM) never call ``attend``: they get the padded layout.
-        self.ragged = ragged_decode and new_tokens == 1
+        self.ragged = packed or (ragged_decode and new_tokens == 1)
+        self.positions = sum(self.lengths) if packed else new_tokens  # positions each layer computes and stores
         self.kv_broadcast = kv_broadcast
         # A tree step (one session): each token's parent, -1 for the last stored token (None: a chain)
         self.parents = None if parents is None or is_chain(parents) else list(parents)
-        if self.parents is not None and (len(self.sessions) != 1 or len(self.parents) != new_tokens):
+        if self.parents is not None and (packed or len(self.sessions) != 1 or len(self.parents) != new_tokens):
             raise ValueError(f"a tree of {len(self.parents)} tokens needs one row of as many, got {self.lengths}")
         self.depths = tree_depths(self.parents) if self.parents is not None else list(range(new_tokens))
         self.ragged = self.ragged and self.parents is None
@@ -166,10 +175,10 @@ class BatchCache:
     def _store_and_read(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        for row, (session, start, length) in enumerate(zip(self.sessions, self.starts, self.lengths, strict=True)):
+        for (row, offset), session, start, length in self._rows():
             layer = layer_idx - session.first_block
-            session.keys[layer, :, start : start + length] = key_states[row, :, :length]
-            session.values[layer, :, start : start + length] = value_states[row, :, :length]
+            session.keys[layer, :, start : start + length] = key_states[row, :, offset : offset + length]
+            session.values[layer, :, start : start + length] = value_states[row, :, offset : offset + length]
         if self.ragged:
             return key_states, value_states  # unused: ``attend`` reads each session's own storage
         if len(self.sessions) == 1:
@@ -191,41 +200,57 @@ class BatchCache:
             values[row, :, :end] = session.values[layer, :, :end]
         return keys, values
 
+    def _rows(self) -> list[tuple[tuple[int, int], SessionKV, int, int]]:
+        """((row of the forward, offset of its first token there), session, start, length) of each session's row."""
+        offsets = [0] * len(self.sessions)
+        if self.packed:
+            offsets = [sum(self.lengths[:row]) for row in range(len(self.sessions))]
+        places = [(0 if self.packed else row, offset) for row, offset in enumerate(offsets)]
+        return list(zip(places, self.sessions, self.starts, self.lengths, strict=True))
+
     def attend(
         self, layer_idx: int, query: torch.Tensor, scaling: float | None, softcap: float | None = None
     ) -> torch.Tensor:
-        """Ragged decode attention: query [B, heads, 1, head_dim] -> [B, 1, heads, head_dim] (the layer's layout).
+        """Ragged attention: query [B, heads, T, head_dim] -> [B, T, heads, head_dim] (the layer's layout), with
+        B rows of one token each, or (packed) one row holding every session's tokens in turn.
 
-        Row b attends to its own session's keys up to its new token (within the block's sliding window). Query heads
-        are grouped by the key/value head they share (GQA), so one SDPA call per row reads each key once.
+        Each session's queries attend to its own keys up to their own positions (within the block's sliding window):
+        causal among the row's new tokens, no padding anywhere. Query heads are grouped by the key/value head they
+        share (GQA), so one SDPA call per session reads each key once.
         """
-        batch, heads, _, head_dim = query.shape
+        batch, heads, tokens, head_dim = query.shape
+        flat = query.permute(1, 0, 2, 3).reshape(heads, batch * tokens, head_dim)  # every row's tokens in turn
         window = self.windows.get(layer_idx)
         outputs = []
-        for row, (session, start) in enumerate(zip(self.sessions, self.starts, strict=True)):
-            layer, end = layer_idx - session.first_block, start + 1
-            begin = max(0, end - window) if window is not None else 0
+        for (row, offset), session, start, length in self._rows():
+            first = row * tokens + offset  # the row's first token in ``flat``
+            layer, end = layer_idx - session.first_block, start + length
+            begin = max(0, start + 1 - window) if window is not None else 0  # the first query's window
             keys = session.keys[layer, :, begin:end]  # [kv_heads, S, head_dim], a view
             values = session.values[layer, :, begin:end]
-            grouped = query[row].reshape(keys.shape[0], heads // keys.shape[0], head_dim)  # [kv_heads, group, hd]
+            kv_heads = keys.shape[0]
+            group = heads // kv_heads
+            grouped = flat[:, first : first + length].reshape(kv_heads, group * length, head_dim)
+            allowed = _allowed(start, length, begin, end, window, group, query.device)  # None: every key
             if softcap is None:
                 out = functional.scaled_dot_product_attention(
-                    grouped.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), scale=scaling
+                    grouped.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), attn_mask=allowed, scale=scaling
                 )
             else:
-                out = _softcapped(grouped, keys, values, None, _scale(scaling, head_dim), softcap)
-            outputs.append(out.reshape(heads, head_dim))
-        return torch.stack(outputs).view(batch, 1, heads, head_dim)
+                mask = None if allowed is None else _additive(allowed, query.dtype)
+                out = _softcapped(grouped, keys, values, mask, _scale(scaling, head_dim), softcap)
+            outputs.append(out.reshape(heads, length, head_dim).transpose(0, 1))  # [length, heads, head_dim]
+        return torch.cat(outputs).view(batch, tokens, heads, head_dim)
 
     def check_written(self, blocks: range) -> None:
         """After the layers ran: each block of ``blocks`` stored exactly this forward's new positions, once.
 
         A layer that was handed the cache under a keyword it does not name swallows it and stores nothing."""
-        wrong = {block: self.written.get(block, 0) for block in blocks if self.written.get(block) != self.new_tokens}
+        wrong = {block: self.written.get(block, 0) for block in blocks if self.written.get(block) != self.positions}
         if wrong:
             raise KVNotWritten(
                 f"blocks {sorted(wrong)} stored {sorted(set(wrong.values()))} positions of keys/values in a forward"
-                f" of {self.new_tokens} (the installed transformers' layers ignored the cache we passed?)"
+                f" of {self.positions} (the installed transformers' layers ignored the cache we passed?)"
             )
 
     def forget(self) -> None:
@@ -253,11 +278,14 @@ class BatchCache:
             allowed = allowed.to(device).view(1, 1, self.new_tokens, self.total)
         if window is not None:
             allowed &= query_pos - key_pos < window
-        mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
-        return mask.masked_fill(~allowed, torch.finfo(dtype).min)
+        return _additive(allowed, dtype)
 
     def position_ids(self, device: torch.device) -> torch.Tensor:
-        """[B, T] absolute positions of the new tokens (a tree's: its start plus each token's depth)."""
+        """[B, T] absolute positions of the new tokens (a tree's: its start plus each token's depth; [1, sum of
+        lengths] packed)."""
+        if self.packed:
+            spans = zip(self.starts, self.lengths, strict=True)
+            return torch.cat([torch.arange(start, start + length) for start, length in spans]).view(1, -1).to(device)
         starts = torch.tensor(self.starts, device=device).view(-1, 1)
         return starts + torch.tensor(self.depths, device=device).view(1, -1)
 
@@ -276,6 +304,25 @@ class BatchCache:
             if parent >= 0:
                 allowed[index] |= allowed[parent]
         return allowed
+
+
+def _allowed(
+    start: int, length: int, begin: int, end: int, window: int | None, group: int, device: torch.device
+) -> torch.Tensor | None:
+    """Which of keys [begin, end) each of a row's ``length`` queries (positions start...) sees: [group * length, S]
+    booleans, the query rows repeated for each head of a GQA group; None when a lone query sees them all."""
+    if length == 1:
+        return None
+    query_pos = torch.arange(start, start + length, device=device).view(-1, 1)
+    key_pos = torch.arange(begin, end, device=device).view(1, -1)
+    allowed = key_pos <= query_pos
+    if window is not None:
+        allowed &= query_pos - key_pos < window
+    return allowed.repeat(group, 1)
+
+
+def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
 
 
 def _scale(scaling: float | None, head_dim: int) -> float:

@@ -31,19 +31,20 @@ from shared.wire import (
     PushStep,
     decode_server_message,
     encode_request,
+    right_padded,
 )
 from swarm_node.sessions import Session
 
 logger = logging.getLogger(__name__)
 
-# Runs one session's step: (session, hidden [1, 1, D], position) -> output [1, 1, D].
+# Runs one session's step: (session, hidden [1, T, D], position) -> output [1, T, D].
 StepFn = Callable[[Session, torch.Tensor, int], Awaitable[torch.Tensor]]
 
 
 @dataclass
 class RowsOutcome:
-    outputs: torch.Tensor  # [B, 1, D]; a failed row is zeros
-    inputs: torch.Tensor  # [B, 1, D]: what each row ran on
+    outputs: torch.Tensor  # [B, T, D], each row right-padded to the longest; a failed row is zeros
+    inputs: torch.Tensor  # [B, T, D]: what each row ran on
     errors: list[ErrorReply | None]
 
 
@@ -57,7 +58,7 @@ class PushLinks:
         self.sent = 0  # push messages sent (tests)
 
     def send(self, peer_id: str, rows: list[BatchRow], hidden: torch.Tensor) -> None:
-        """Queue a push of ``hidden`` [B, 1, D] to ``peer_id`` (rows name its sessions); never waits."""
+        """Queue a push of ``hidden`` [B, T, D] to ``peer_id`` (rows name its sessions); never waits."""
         outbox = self._outboxes.get(peer_id)
         if outbox is None or self._tasks[peer_id].done():
             outbox = self._outboxes[peer_id] = asyncio.Queue()
@@ -101,9 +102,9 @@ async def run_rows(
     links: PushLinks,
     pushed: bool = False,
 ) -> RowsOutcome:
-    """Run each row (hidden [B, 1, D]) through its session's step slot, once however often it arrives; then push
-    every row this call started onward, one message per next node. ``pushed``: the rows came from the previous node,
-    which may never rewind a session."""
+    """Run each row (hidden [B, T, D], row b's first ``rows[b].tokens`` real) through its session's step slot, once
+    however often it arrives; then push every row this call started onward, one message per next node. ``pushed``:
+    the rows came from the previous node, which may never rewind a session."""
 
     async def one(b: int, session: Session | RemoteError) -> tuple[torch.Tensor, bool]:
         if isinstance(session, RemoteError):
@@ -116,7 +117,7 @@ async def run_rows(
             return output
 
         pushed_at = session.kv.length if pushed else None
-        slot, fresh = session.slots.offer(hidden[b : b + 1], rows[b].position, run, pushed_at)
+        slot, fresh = session.slots.offer(hidden[b : b + 1, : rows[b].tokens], rows[b].position, run, pushed_at)
         return await asyncio.shield(slot.output), fresh
 
     results = await asyncio.gather(*(one(b, s) for b, s in enumerate(sessions)), return_exceptions=True)
@@ -125,12 +126,17 @@ async def run_rows(
     for b, result in enumerate(results):
         if isinstance(result, tuple) and result[1] and rows[b].next:
             following = rows[b].next
-            row = BatchRow(session_id=following[0].session_id, position=rows[b].position, next=following[1:])
+            row = BatchRow(
+                session_id=following[0].session_id,
+                position=rows[b].position,
+                next=following[1:],
+                tokens=rows[b].tokens,
+            )
             onward.setdefault(following[0].peer_id, []).append((row, result[0]))
     for peer_id, batch in onward.items():
         for row, _ in batch:
             step_trace.mark("node-push-out", row.session_id, row.position)
-        links.send(peer_id, [row for row, _ in batch], torch.cat([output for _, output in batch]))
+        links.send(peer_id, [row for row, _ in batch], right_padded([output for _, output in batch]))
     return outcome
 
 
@@ -146,11 +152,8 @@ async def wait_rows(
 
     results = await asyncio.gather(*(one(b, s) for b, s in enumerate(sessions)), return_exceptions=True)
     template = next((r[1] for r in results if isinstance(r, tuple)), torch.zeros(1, 1, width))
-    like = template.new_zeros(len(rows), 1, width)
-    inputs = like.clone()
-    for b, result in enumerate(results):
-        if isinstance(result, tuple):
-            inputs[b : b + 1] = result[0]
+    like = template.new_zeros(len(rows), max(row.tokens for row in rows), width)
+    inputs = right_padded([r[0] if isinstance(r, tuple) else like[b : b + 1] for b, r in enumerate(results)])
     return _outcome([(r[1], True) if isinstance(r, tuple) else r for r in results], like, inputs)
 
 
@@ -171,4 +174,4 @@ def _outcome(
             result = NodeInternalError("internal error on the node")
         errors.append(ErrorReply.of(result))
         outputs.append(torch.zeros_like(like[b : b + 1]))
-    return RowsOutcome(torch.cat(outputs), inputs, errors)
+    return RowsOutcome(right_padded(outputs), inputs, errors)

@@ -43,13 +43,17 @@ def check_hidden(tensors: list[torch.Tensor], hidden_size: int, batch: int | Non
 
 
 def check_batch(message: BatchStep | PushStep, tensors: list[torch.Tensor], hidden_size: int) -> torch.Tensor:
-    """The [B, 1, D] hidden states of a batch step (each row is checked again with its own session)."""
+    """The [B, T, D] hidden states of a batch step, T its longest row's tokens (each row is checked again with its
+    own session)."""
     rows = len(message.rows)
     if len(tensors) != 1:
         raise BadRequest(f"expected one hidden-states tensor, got {len(tensors)}")
     shape = list(tensors[0].shape)
-    if shape != [rows, 1, hidden_size]:
-        raise BadRequest(f"a batch step of {rows} rows takes hidden states [{rows}, 1, {hidden_size}], got {shape}")
+    width = max(row.tokens for row in message.rows)
+    if shape != [rows, width, hidden_size]:
+        raise BadRequest(
+            f"a batch step of {rows} rows takes hidden states [{rows}, {width}, {hidden_size}], got {shape}"
+        )
     if len({row.session_id for row in message.rows}) != rows:
         raise BadRequest("a batch step names a session twice")
     return tensors[0]

@@ -4,8 +4,9 @@ The span runs prefill and incremental decode over ``SessionKV`` caches with expl
 sub-range of the span's blocks (a client that needs only some of them, e.g. after a failover).
 
 Attention goes through one function we register in transformers' attention-interface registry (a public API):
-decode forwards (one new token per row) attend row by row over each session's own cache (``BatchCache.attend``),
-everything else is transformers' own SDPA attention with our explicit mask.
+decode forwards (one new token per row, or rows of different lengths packed into one) attend row by row over each
+session's own cache (``BatchCache.attend``), everything else is transformers' own SDPA attention with our explicit
+mask.
 """
 
 from __future__ import annotations
@@ -133,16 +134,29 @@ class BlockSpan(nn.Module):
         blocks: range,
         lengths: Sequence[int] | None = None,
         parents: Sequence[int] | None = None,
+        *,
+        packed: bool = False,
     ) -> torch.Tensor:
         """hidden: [B, T, D] new tokens of B sessions, row b at positions starts[b]...; returns [B, T, D].
 
         ``lengths``: row b's real tokens are its first lengths[b] (right padding after them; default: all T).
-        ``parents``: one row's T tokens are a tree (``BatchCache``): each token's parent, -1 for the last stored one."""
+        ``parents``: one row's T tokens are a tree (``BatchCache``): each token's parent, -1 for the last stored one.
+        ``packed``: compute only the real tokens, every row's in turn in one row of the forward (a decode batch's
+        rows of different lengths: the padding would cost a row's worth of compute per extra position); the
+        padding's outputs are zeros. Families whose layers compute attention themselves run the padded layout."""
         ragged = not self.family.own_attention
         broadcast = self.family.kv_broadcast(self.config)
-        cache = BatchCache(sessions, starts, hidden.shape[1], self._windows, lengths, ragged, broadcast, parents)
+        pack = list(lengths) if packed and ragged and lengths is not None and hidden.shape[1] > 1 else None
+        names = [session.adapter for session in sessions]
+        rows, new_tokens = hidden.shape[:2]
+        if pack is not None:
+            names = [name for name, n in zip(names, pack, strict=True) for _ in range(n)]  # each token's adapter
+            hidden = torch.cat([hidden[row, :n] for row, n in enumerate(pack)]).unsqueeze(0)
+        cache = BatchCache(
+            sessions, starts, new_tokens, self._windows, lengths, ragged, broadcast, parents, pack is not None
+        )
         inputs = _LayerInputs(self, cache, hidden)
-        self.adapter_rows.set([session.adapter for session in sessions], hidden.device)
+        self.adapter_rows.set(names, hidden.device)
         try:
             for block in blocks:
                 hidden = inputs.call(self.layers[str(block)], block, hidden)
@@ -152,6 +166,11 @@ class BlockSpan(nn.Module):
         cache.commit()
         if self.forget_kv:
             cache.forget()
+        if pack is not None:
+            output = hidden.new_zeros(rows, new_tokens, hidden.shape[2])
+            for row, part in enumerate(hidden[0].split(pack)):
+                output[row, : part.shape[0]] = part
+            return output
         return hidden
 
 

@@ -4,8 +4,10 @@ With node-to-node push the same step can reach a node twice: pushed by its prede
 (which falls back to relaying when a push is late or refused). The first arrival runs the step; a later arrival of
 the same input at the same position gets that run's output, never a second run. A different input at the position
 (a replacement predecessor's) is a new step that rewinds the session there, as a gateway step always could; it runs
-after the step it replaces, never beside it (both write the same KV positions). A push never rewinds: one that
-arrives late, behind what the session holds (the gateway relayed that step and went on), is refused.
+after the step it replaces, never beside it (both write the same KV positions). A push that arrives late, at or
+behind the latest step's position (the gateway relayed that step and went on), is refused. A push past the latest
+step's position but within what the session holds is the next verify step after rejected drafts: the latest step
+wrote several positions and the gateway rewinds over the rejected ones (as its own step would).
 
 The gateway's "answer me when it has run" request (a pushed row) waits here for the step at its position.
 """
@@ -20,14 +22,14 @@ import torch
 
 from shared.errors import PushMissing, PushRefused, UnknownSession
 
-# Runs the step: (hidden [1, 1, D], position) -> output [1, 1, D].
+# Runs the step: (hidden [1, T, D], position) -> output [1, T, D].
 RunStep = Callable[[torch.Tensor, int], Awaitable[torch.Tensor]]
 
 
 @dataclass
 class Slot:
     position: int
-    hidden: torch.Tensor  # [1, 1, D] the input that ran
+    hidden: torch.Tensor  # [1, T, D] the input that ran
     output: asyncio.Task[torch.Tensor]
 
 
@@ -47,7 +49,8 @@ class StepSlots:
         slot = self.slot
         if slot is not None and slot.position == position and torch.equal(slot.hidden, hidden):
             return slot, False
-        if pushed_at is not None and (position < pushed_at or (slot is not None and position <= slot.position)):
+        # Steps come in order: the latest step's position bounds a push (without one, what the session holds does).
+        if pushed_at is not None and (position <= slot.position if slot is not None else position < pushed_at):
             raise PushRefused(f"a push for position {position} is behind the session ({pushed_at} tokens held)")
         before = slot.output if slot is not None else None
         slot = Slot(position, hidden, asyncio.ensure_future(_after(before, run(hidden, position))))

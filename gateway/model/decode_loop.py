@@ -64,7 +64,7 @@ class Services:
     prefill: Callable[[], Awaitable[tuple[Chain, torch.Tensor, int]]]  # -> chain, output [1, T, D], tokens cached
     embed: Callable[[list[int]], torch.Tensor]  # ids [T] -> the first block's input [1, T, D]
     prompt_scores: Callable[[torch.Tensor], PromptScores]  # prefill output -> the prompt tokens' logprobs
-    # seconds of the chain's round trips (the chain ``prefill`` returned): a verify step's (relayed), a decode step's
+    # seconds of the chain's round trips (the chain ``prefill`` returned): a verify step's, a decode step's
     round_trips: Callable[[Any], tuple[float, float]]
     others: Callable[[], int]  # other generations in flight on this gateway
     keep: Callable[[list[int], Chain], Awaitable[None]] | None  # park the chain for the conversation's next turn
@@ -225,9 +225,9 @@ class Generation:
         await keep(kept, chain)
 
     def _next_k(self) -> int:
-        """Drafts to propose after this round. Other generations here now count: decoding, or still prefilling
-        (streams started together must not draft in their first rounds: a verify step would leave the batch they
-        are about to form)."""
+        """Drafts to propose after this round. Other generations here now count (decoding, or still prefilling:
+        streams started together are about to form a batch): a verify step rides in their batched node forwards,
+        and its extra positions delay their rows too."""
         relay_rtt, plain_rtt = self._round_trips()
         return self.plan.next_k(relay_rtt, self.services.others(), plain_rtt)
 

@@ -378,12 +378,14 @@ class GenerationEngine:
         return SuffixDrafts(request.prompt_ids, tuner, self.outputs)
 
     def _chain_rtts(self, chain: ChainSession) -> tuple[float, float]:
-        """Seconds of round trips (a verify step's, relayed hop by hop; a decode step's, pushed node to node when the
-        chain pushes: gateway -> A -> B -> gateway costs (n + 1) / 2 round trips for n hops instead of n)."""
+        """Seconds of round trips (a verify step's, a decode step's): relayed hop by hop, or pushed node to node when
+        the chain pushes — gateway -> A -> B -> gateway costs (n + 1) / 2 round trips for n hops instead of n. A
+        verify step is pushed like a decode step (so is the next one, rewinding over its rejected drafts)."""
         rtts = self.router.rtts
         relay = sum(rtts.get(hop.peer_id, 0.0) for hop in chain.hops)  # a node not yet measured counts 0
         hops = len(chain.hops)
-        return relay, relay * (hops + 1) / (2 * hops) if chain.pushes_decode else relay
+        pushed = relay * (hops + 1) / (2 * hops) if chain.pushes_decode else relay
+        return pushed, pushed
 
     def _prompt_scores(
         self, output: torch.Tensor, prompt_ids: list[int], k: int, adapter: str | None = None

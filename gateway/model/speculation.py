@@ -12,9 +12,13 @@ prompt lookup's are), sampling x ~ p and accepting iff x == d *is* the speculati
 accepted with probability p(d) = min(1, p(d)/q(d)), and a rejection's x is distributed as p without d, renormalized
 — the residual max(p - q, 0) normalized.
 
-How many to draft (``choose_k``) is a small cost model: a verify round costs the chain's round trip plus compute
-that grows a little per position, and yields (1 - a^(k+1)) / (1 - a) tokens at a per-draft acceptance a. Below
-``min_rtt`` (loopback) nothing is drafted: there the extra positions cost more than the round trips they save.
+How many to draft (``choose_k``) is a small cost model, decided per round and per generation: a verify round costs
+the chain's round trip plus compute that grows a little per position, and yields (1 - a^(k+1)) / (1 - a) tokens at a
+per-draft acceptance a. Under load the verify step rides in the same batched node forwards as the other
+generations' decode steps (a node's batch carries rows of different lengths): its k extra positions cost the
+batched forward a fraction of a row each, which the round pays for every row that waits on it (its own and the B
+others'), not "off while another generation runs". Below ``min_rtt`` (loopback) nothing is drafted: there the
+extra positions cost more than the round trips they save.
 
 **Trees.** A drafter may propose several continuations at once (``DraftTree``: each draft's parent among them; the
 nodes verify them in one step, each attending to its own ancestors only). The walk (``verify_tree``) is the chain
@@ -26,7 +30,8 @@ x ~ p and descending iff x is a child is the multi-draft speculative rule (a chi
 and a stop emits x ~ p restricted to the tokens no child has). Which nodes to send (``choose_tree``) is the same cost
 model as ``choose_k``: each node adds a position and the chance that it is reached and kept (``node_chances``: the
 tuner's acceptance for the drafter's first choice, its leftover split among the others by the drafter's shares); a
-chain of k is the tree whose chances are a, a², ..., aᵏ.
+chain of k is the tree whose chances are a, a², ..., aᵏ. A tree step runs alone on each node (its own forward, on
+the session's own stream), so while other generations decode the drafts stay a chain, which rides their batches.
 """
 
 from __future__ import annotations
@@ -61,7 +66,14 @@ __all__ = [
 
 MAX_NGRAM = 4  # longest suffix looked up in the text so far
 MIN_NGRAM = 2  # a single repeated token predicts too little to pay for its positions
-POSITION_COST = 0.1  # an extra verified position, as a fraction of a decode step's compute (decode is memory-bound)
+# An extra verified position in a batched forward, as a fraction of one row's share of that forward's compute.
+# Measured with ``python -m bench.row_cost`` (SmolLM2, one node's 15 blocks, float32, one torch thread, 2 CPUs under
+# load 10-38, sessions at 200 tokens): a verify row of k + 1 tokens beside B - 1 decode rows adds 0.24 (B=1, k=4),
+# 0.21 (B=1, k=8), 0.23 (B=4, k=4), 0.13 (B=4, k=8), 0.19 (B=8, k=8) of a row's share per extra position (B=8, k=4
+# drowned in the load's noise). On an accelerator decode is memory-bound and the figure is far smaller; 0.2 is the
+# CPU nodes' (the conservative side). Charged to every row of the forward, a round's extra positions cost
+# position_cost * k * compute in all, however many rows share it: a verify step costs no more under load.
+POSITION_COST = 0.2
 ACCEPTANCE_PRIOR = 0.6  # a fresh generation's guess (prompt lookup drafts only where the text repeats)
 FORCED_PRIOR = 0.9  # the same for the grammar's forced tokens: the model rarely spells forced bytes otherwise
 EWMA = 0.3  # weight of the newest round in the acceptance and compute estimates
@@ -213,18 +225,27 @@ def choose_k(
     draft_cost: float = 0.0,
     plain_rtt: float | None = None,
     position_cost: float = POSITION_COST,
+    batch_rows: int = 0,
 ) -> int:
-    """Drafts for the next round: the k in 0..k_max with the least expected time per token, where a round costs
-    ``rtt + compute * (1 + position_cost * k) + draft_cost * k`` (seconds; ``draft_cost``: drafting one token, a
-    draft model's forward) against ``plain_rtt + compute`` for a plain decode step (default ``rtt``; less when
-    decode steps are pushed node to node and verify steps are relayed). 0 below ``min_rtt`` or when drafting gains
-    under ``MIN_GAIN``."""
+    """Drafts for the next round: the k in 0..k_max with the least expected time per token, against
+    ``plain_rtt + compute`` for a plain decode step (default ``rtt``; less when decode steps are pushed node to node
+    and verify steps are relayed). 0 below ``min_rtt`` or when drafting gains under ``MIN_GAIN``.
+
+    ``compute``: seconds of the chain's forwards per step, as measured now — batched with ``batch_rows`` other
+    generations' rows, each forward's compute shared by 1 + batch_rows rows. A verify round's k extra positions
+    ride in those forwards and cost ``position_cost`` of one row's share each, paid by every row the forward
+    carries (this one waits, and so do the others): the round is charged ``rtt + compute + (1 + batch_rows) *
+    position_cost * row * k + draft_cost * k`` with ``row = compute / (1 + batch_rows)`` (``draft_cost``: drafting
+    one token, a draft model's forward). A verify step under load is as cheap as its extra positions — no forward
+    or message of its own."""
     if k_max <= 0 or rtt < min_rtt:
         return 0
     plain = (rtt if plain_rtt is None else plain_rtt) + compute
+    rows = 1 + max(0, batch_rows)
+    row = compute / rows  # one row's share of a batched forward
     best_k, best = 0, plain
     for k in range(1, k_max + 1):
-        cost = rtt + compute * (1.0 + position_cost * k) + draft_cost * k
+        cost = rtt + compute + rows * position_cost * row * k + draft_cost * k
         per_token = cost / expected_tokens(acceptance, k)
         if per_token < best:
             best_k, best = k, per_token
@@ -242,13 +263,24 @@ class SpecTuner:
     draft_cost: float = 0.0  # seconds drafting one token takes (a draft model's forward; ~0 for prompt lookup)
     forced_acceptance: float = FORCED_PRIOR  # per forced token (``Constraint.forced``): its own estimate
 
-    def forcing_pays(self, rtt: float, plain_rtt: float | None = None) -> bool:
+    def forcing_pays(self, rtt: float, plain_rtt: float | None = None, batch_rows: int = 0) -> bool:
         """Whether a verify step carrying the grammar's forced tokens beats a plain decode step: the cost model for
         one such draft (more pay more), at any round trip — they cost no drafting and are nearly always kept."""
-        return choose_k(self.forced_acceptance, rtt, self.compute, 1, 0.0, 0.0, plain_rtt) > 0
+        forced = self.forced_acceptance
+        return choose_k(forced, rtt, self.compute, 1, 0.0, 0.0, plain_rtt, batch_rows=batch_rows) > 0
 
-    def next_k(self, rtt: float, limit: int, plain_rtt: float | None = None) -> int:
-        k = choose_k(self.acceptance, rtt, self.compute, self.k_max, self.min_rtt, self.draft_cost, plain_rtt)
+    def next_k(self, rtt: float, limit: int, plain_rtt: float | None = None, batch_rows: int = 0) -> int:
+        """Drafts for the next round (``choose_k`` on this generation's estimates), at most ``limit``."""
+        k = choose_k(
+            self.acceptance,
+            rtt,
+            self.compute,
+            self.k_max,
+            self.min_rtt,
+            self.draft_cost,
+            plain_rtt,
+            batch_rows=batch_rows,
+        )
         return min(k, max(0, limit))
 
     def record_draft(self, seconds: float, drafted: int) -> None:
@@ -336,6 +368,7 @@ class DecodePlan:
         self._forcing = False  # this round proposes the forced tokens (``next_k`` decides)
         self._rtt: float = 0.0  # the round trips ``next_k`` was given: a tree's size is chosen by them too
         self._plain_rtt: float | None = None
+        self._others = 0  # generations decoding beside this one at the last ``next_k``: a tree would leave their batch
         self.count = 0  # tokens emitted
         self.done = False
 
@@ -346,15 +379,16 @@ class DecodePlan:
         self.done = self.count >= self._max_new or (token.eos and not self._ignore_eos)
 
     def next_k(self, rtt: float, others: int, plain_rtt: float | None = None) -> int:
-        """Drafts worth verifying in the next step, by the drafter's estimates; none while ``others`` generations
-        decode through this gateway: their decode steps share one forward and one message per node, which a verify
-        step of several positions would leave (and the batchers' rhythm would wait for it)."""
+        """Drafts worth verifying in the next step, by the drafter's estimates, this round: ``others`` generations
+        decode through this gateway now, their rows in the same node forwards as the verify step (``choose_k``
+        charges its extra positions to them too)."""
         self._forcing = False
-        self._rtt, self._plain_rtt = rtt, plain_rtt
-        if self._drafter is None or others > 0:
+        self._rtt, self._plain_rtt, self._others = rtt, plain_rtt, others
+        if self._drafter is None:
             return 0
-        self._forcing = self._forced is not None and self._drafter.tuner.forcing_pays(rtt, plain_rtt)
-        return self._drafter.tuner.next_k(rtt, self._max_new - self.count, plain_rtt)
+        tuner = self._drafter.tuner
+        self._forcing = self._forced is not None and tuner.forcing_pays(rtt, plain_rtt, others)
+        return tuner.next_k(rtt, self._max_new - self.count, plain_rtt, others)
 
     @property
     def threaded(self) -> bool:
@@ -378,7 +412,7 @@ class DecodePlan:
             return DraftTree.chain(forced), len(forced)
         started = time.perf_counter()
         drafter = self._drafter
-        if trees and isinstance(drafter, TreeDrafter):
+        if trees and self._others == 0 and isinstance(drafter, TreeDrafter):
             scored = drafter.propose_tree(depth, forced)
             drafted = self._pruned(scored, depth) if scored is not None else DraftTree([], [])
         else:

@@ -26,6 +26,7 @@ from gateway.swarm.routing import UNKNOWN_RTT, Hop
 from gateway.swarm.segment import Segment
 from gateway.swarm.step_links import StepLinks
 from shared.errors import NodeDistrusted, NodeUnreachable
+from shared.wire import MAX_ROW_TOKENS
 
 __all__ = ["ChainSession", "NodeSession", "Segment"]
 
@@ -61,7 +62,9 @@ class ChainSession:
         self._max_length = max_length
         self._timeout = step_timeout
         self._segments: list[Segment] = []
-        self._stored = 0  # tokens the nodes hold: a step below it rewinds them, which only a relayed step may do
+        self._steps = 0  # steps so far: the first (the prompt) goes on each node's own stream
+        self._last_row: int | None = None  # the latest step's position if it went by the step links (a push may follow)
+        self._stored = 0  # tokens the nodes hold: a step below it rewinds them (a verify step after rejected drafts)
         self._failover = Failover(router, failover, self._new_session, lambda: self._max_length, adapter)
         self.closed = False
 
@@ -109,6 +112,7 @@ class ChainSession:
                 segment.keep_branch(length, branch)
             segment.truncate(length)
         self._stored = min(self._stored, length)
+        self._last_row = None  # the nodes forgot their latest step: a push may not rewind them
 
     @staticmethod
     def _branch_of(segment: Segment, branch: list[int] | None) -> list[int] | None:
@@ -149,13 +153,27 @@ class ChainSession:
         branch (its slots) becomes the positions before ``position`` first."""
         self._check_open()
         chain_opened()  # the request's first step ends its queue time (later calls are no-ops)
-        plain = tree is None and not branch
-        if plain and hidden.shape[1] == 1 and position == self._stored and self.pushes_decode:
+        plain = tree is None and not branch  # tree steps and the step naming a kept branch go on hops' own streams
+        row = plain and self._steps > 0 and hidden.shape[1] <= MAX_ROW_TOKENS  # by the step links (NodeSession.step)
+        pushed, self._steps = plain and self._pushable(hidden, position), self._steps + 1
+        if pushed:
             output = await push_step(self, hidden, position)
-        else:  # a prefill, a speculative verify step, or a step after rejected drafts (a rewind)
+        else:  # a prompt, a tree, or a rewind further back than the last step's own positions
             output = await self.relay(hidden, position, 0, tree, branch)
         self._stored = position + hidden.shape[1]
+        self._last_row = position if row else None
         return output
+
+    def _pushable(self, hidden: torch.Tensor, position: int) -> bool:
+        """Whether a step goes node to node (when push pays): a step after the chain's first of at most
+        ``MAX_ROW_TOKENS`` (a decode step, a verify step) at the end of what the nodes hold, or one that rewinds only
+        over the latest step's own positions (its rejected drafts) — the nodes' step slots hold that step, and a
+        push past its position is in order."""
+        if not self.pushes_decode or not self._steps or hidden.shape[1] > MAX_ROW_TOKENS:
+            return False
+        if position == self._stored:
+            return True
+        return self._last_row is not None and self._last_row < position < self._stored
 
     @property
     def pushes_decode(self) -> bool:

@@ -66,6 +66,7 @@ class NodeSession:
         self._session_id: str | None = None  # the node's name for it, once opened
         self._receipts: ReceiptCheck | None = None  # the step key the node certified at open, once opened
         self.last_receipt: Receipt | None = None  # the verified receipt of the latest step (spot checks keep it)
+        self._stepped = False  # a step went out: later steps of a few tokens (verify steps) go by the step links
         self._auth = auth
         self.max_length = max_length
         self.pusher: str | None = None  # the node before this one, named at open: it may push steps here
@@ -117,9 +118,14 @@ class NodeSession:
         branch: list[int] | None = None,
     ) -> torch.Tensor:
         """hidden: [1, T, D] at positions position... -> the hop's output [1, T, D]; a decode step's output is also
-        pushed along ``next`` (the rest of the chain). ``tree`` and ``branch`` as ``wire.Step`` has them."""
+        pushed along ``next`` (the rest of the chain). ``tree`` and ``branch`` as ``wire.Step`` has them. A later
+        step of a few tokens (a speculative verify step) goes by the step links too, in one message and one forward
+        with other sessions' decode steps; the session's first step (its prompt, or a replacement's replay), longer
+        ones and tree steps (or a step naming a tree's branch) go on its own stream."""
+        first, self._stepped = not self._stepped, True
+        row = hidden.shape[1] == 1 or (not first and hidden.shape[1] <= wire.MAX_ROW_TOKENS)
         plain = tree is None and not branch
-        if plain and hidden.shape[1] == 1 and self._links is not None and self._receipts is not None:
+        if plain and row and self._links is not None and self._receipts is not None:
             if self.closed:
                 raise NodeUnreachable(f"session on {self.hop.peer_id} is closed")
             answer = await self._links.step(self._receipts, hidden, position, next or ())
@@ -158,7 +164,7 @@ class NodeSession:
         chain's input [1, 1, D], whose shape and dtype every hop keeps."""
         if self.closed or self._links is None or self._receipts is None:
             raise NodeUnreachable(f"session on {self.hop.peer_id} is closed")
-        answer = await self._links.pushed(self._receipts, position, self._timeout)
+        answer = await self._links.pushed(self._receipts, position, self._timeout, like.shape[1])
         self.last_receipt = answer.receipt
         return self._checked_output(answer.input, like), self._checked_output(answer.output, like)
 

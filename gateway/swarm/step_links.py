@@ -11,6 +11,9 @@ A row's failure is its own (the node names it); a broken or stalled stream — o
 watch (liveness.py) while rows wait on it — fails every row it carries, each of which then fails over like a failed
 step on a session's own stream.
 
+A row may carry several positions: a speculative verify step (the last token and its drafts, ``BatchRow.tokens``)
+travels in the same message as the other sessions' decode steps and runs in the same forward on the node.
+
 With node-to-node push a row may name the rest of its chain (the node pushes its output on), and the later nodes get
 ``pushed`` rows (no hidden states): each is answered with the input and output of its step once the push has run it.
 
@@ -47,12 +50,13 @@ from shared.wire import (
     BatchStepResult,
     NextHop,
     encode_request,
+    right_padded,
 )
 
 
 class RowReply(NamedTuple):
-    input: torch.Tensor  # [1, 1, D] what the step ran on
-    output: torch.Tensor  # [1, 1, D]
+    input: torch.Tensor  # [1, T, D] what the step ran on
+    output: torch.Tensor  # [1, T, D]
     receipt: Receipt  # the node's signed statement of it, verified
 
 
@@ -60,9 +64,10 @@ class RowReply(NamedTuple):
 class _Row:
     receipts: ReceiptCheck  # the session's: its node's step key, the node's name for it, its blocks
     position: int
-    hidden: torch.Tensor | None  # [1, 1, D]; None: pushed to the node by the previous one
+    hidden: torch.Tensor | None  # [1, T, D]; None: pushed to the node by the previous one
     next: tuple[NextHop, ...] = ()  # where the node pushes the output on
     wait: float = 0.0  # a pushed row: seconds the node waits for the push
+    tokens: int = 1  # a pushed row: the positions it carries
     stream: _Stream | None = None  # the stream it was sent on
     future: asyncio.Future[RowReply] = field(init=False)  # the batcher's, set when queued
 
@@ -86,10 +91,12 @@ class _Stream:
 
     def send(self, rows: list[_Row]) -> None:
         """Rows all pushed (no hidden states) or all with their hidden states."""
-        batch_rows = [BatchRow(session_id=r.session_id, position=r.position, next=list(r.next)) for r in rows]
+        batch_rows = [
+            BatchRow(session_id=r.session_id, position=r.position, next=list(r.next), tokens=_tokens(r)) for r in rows
+        ]
         inputs = [row.hidden for row in rows if row.hidden is not None]
         if len(inputs) == len(rows):
-            request = encode_request(BatchStep(rows=batch_rows), (torch.cat(inputs),))
+            request = encode_request(BatchStep(rows=batch_rows), (right_padded(inputs),))
         else:
             request = encode_request(BatchStep(rows=batch_rows, pushed=True, wait=max(r.wait for r in rows)))
         self._sent.append(rows)
@@ -137,6 +144,10 @@ class _Stream:
                     row.future.set_exception(error)
 
 
+def _tokens(row: _Row) -> int:
+    return row.tokens if row.hidden is None else row.hidden.shape[1]
+
+
 def _answer(rows: list[_Row], response: runtime_pb2.ExpertResponse, peer_id: str) -> None:
     """Resolve each row from its reply: (its input, its output row, its receipt), or its own error."""
     pushed = rows[0].hidden is None
@@ -151,7 +162,7 @@ def _answer(rows: list[_Row], response: runtime_pb2.ExpertResponse, peer_id: str
         isinstance(reply, BatchStepResult)
         and len(reply.errors) == len(rows)
         and len(tensors) == (2 if pushed else 1)
-        and all(t.ndim == 3 and t.shape[0] == len(rows) for t in tensors)
+        and all(t.ndim == 3 and t.shape[0] == len(rows) and t.shape[1] >= max(map(_tokens, rows)) for t in tensors)
     ):
         failure = MalformedReply(f"node {peer_id} sent a malformed batch reply")
     receipts: dict[int, Receipt] = {}
@@ -169,11 +180,17 @@ def _answer(rows: list[_Row], response: runtime_pb2.ExpertResponse, peer_id: str
         elif isinstance(reply, BatchStepResult) and (error := reply.errors[index]) is not None:
             row.future.set_exception(error.to_exception())
         else:
-            row.future.set_result(RowReply(_input(row, tensors, index), tensors[0][index : index + 1], receipts[index]))
+            row.future.set_result(RowReply(_input(row, tensors, index), _output(row, tensors, index), receipts[index]))
 
 
 def _input(row: _Row, tensors: list[torch.Tensor], index: int) -> torch.Tensor:
-    return tensors[1][index : index + 1] if row.hidden is None else row.hidden
+    """What row ``index`` ran on, [1, T, D]: what it sent, or (pushed) what the reply says the push carried."""
+    return tensors[1][index : index + 1, : _tokens(row)] if row.hidden is None else row.hidden
+
+
+def _output(row: _Row, tensors: list[torch.Tensor], index: int) -> torch.Tensor:
+    """Row ``index``'s output [1, T, D], without the right padding of shorter rows."""
+    return tensors[0][index : index + 1, : _tokens(row)]
 
 
 def _receipts(rows: list[_Row], reply: BatchStepResult, tensors: list[torch.Tensor]) -> dict[int, Receipt]:
@@ -183,7 +200,7 @@ def _receipts(rows: list[_Row], reply: BatchStepResult, tensors: list[torch.Tens
     if not answered:
         return {}
     statements = [
-        rows[i].receipts.statement(rows[i].position, _input(rows[i], tensors, i), tensors[0][i : i + 1])
+        rows[i].receipts.statement(rows[i].position, _input(rows[i], tensors, i), _output(rows[i], tensors, i))
         for i in answered
     ]
     first = rows[answered[0]].receipts
@@ -207,18 +224,18 @@ class StepLinks:
     async def step(
         self, receipts: ReceiptCheck, hidden: torch.Tensor, position: int, next: Sequence[NextHop] = ()
     ) -> RowReply:
-        """One decode step of the node's session ``receipts.session_id`` on ``receipts.signer``: hidden [1, 1, D] at
-        ``position`` -> its output row (checked by the caller) and its verified receipt; the node pushes the output
-        on to ``next[0]`` too. Raises the node's typed error for this row, ``BadReceipt``, or
-        ``NodeUnreachable``/``StepTimeout`` (then every row on its stream fails too: replies come in order,
-        everything behind a lost one is lost)."""
+        """One step of the node's session ``receipts.session_id`` on ``receipts.signer``: hidden [1, T, D] at
+        ``position`` (a decode step, T = 1, or a verify step of at most ``MAX_ROW_TOKENS``) -> its output rows
+        (checked by the caller) and its verified receipt; the node pushes the output on to ``next[0]`` too. Raises
+        the node's typed error for this row, ``BadReceipt``, or ``NodeUnreachable``/``StepTimeout`` (then every row
+        on its stream fails too: replies come in order, everything behind a lost one is lost)."""
         row = _Row(receipts, position, hidden, tuple(next))
         return await self._submit(receipts.signer, row, self._timeout)
 
-    async def pushed(self, receipts: ReceiptCheck, position: int, wait: float) -> RowReply:
-        """The step at ``position`` that the previous node pushes to the session; the node answers ``PushMissing``
-        when no input came within ``wait`` seconds."""
-        row = _Row(receipts, position, None, wait=wait)
+    async def pushed(self, receipts: ReceiptCheck, position: int, wait: float, tokens: int = 1) -> RowReply:
+        """The step of ``tokens`` positions at ``position`` that the previous node pushes to the session; the node
+        answers ``PushMissing`` when no input came within ``wait`` seconds."""
+        row = _Row(receipts, position, None, wait=wait, tokens=tokens)
         return await self._submit(receipts.signer, row, wait + self._timeout)
 
     async def _submit(self, peer_id: str, row: _Row, seconds: float) -> RowReply:

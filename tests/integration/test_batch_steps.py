@@ -83,6 +83,32 @@ async def test_concurrent_decode_steps_travel_as_one_message_and_equal_each_sess
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
+async def test_verify_steps_travel_with_decode_steps_in_one_message_and_equal_each_session_alone(
+    client_p2p: P2P, node_peer: str, links: StepLinks
+) -> None:
+    """Steps of several positions (a speculative verify step; one rewinds over rejected drafts) beside decode steps
+    of one: one message, one forward, each row's output what its session gets alone on its own stream."""
+    torch.manual_seed(1)
+    prompts = [torch.randn(1, length, HIDDEN) for length in (5, 3, 7)]
+    steps = [torch.randn(1, tokens, HIDDEN) for tokens in (1, 4, 3)]
+    starts = [5, 3, 5]  # the third rewinds two of its prompt's tokens
+
+    alone = []
+    for prompt, hidden, start in zip(prompts, steps, starts, strict=True):
+        session = await opened(client_p2p, node_peer, prompt, links=None)
+        alone.append(await session.step(hidden, start))
+        await session.close()
+    sessions = [await opened(client_p2p, node_peer, prompt, links) for prompt in prompts]
+    sent, rows = links.messages, links.rows
+    together = await asyncio.gather(*(s.step(h, p) for s, h, p in zip(sessions, steps, starts, strict=True)))
+    assert (links.messages, links.rows) == (sent + 1, rows + 3)
+    for got, want in zip(together, alone, strict=True):
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for session in sessions:
+        await session.close()
+
+
 async def test_a_failing_row_fails_alone_and_the_others_are_answered(
     client_p2p: P2P, node_peer: str, links: StepLinks
 ) -> None:

@@ -177,7 +177,7 @@ async def test_a_three_node_chain_that_pushes_equals_generate(
             assert [t async for t in client.greedy(chain, 12)] == expected
         assert client.router.stats.pushed_hops - before[0] == 22
         assert client.router.stats.relayed_hops - before[1] == 11 + 33
-        await _a_rewinding_step_is_relayed(client, expected, monkeypatch)
+        await _verify_steps_and_rewinds_over_their_rejected_drafts_are_pushed(client, expected, monkeypatch)
 
 
 def _one_valid_receipt_per_hop(chain: ChainSession) -> None:
@@ -194,17 +194,18 @@ def _one_valid_receipt_per_hop(chain: ChainSession) -> None:
         assert after.input_digest == before.output_digest
 
 
-async def _a_rewinding_step_is_relayed(
+async def _verify_steps_and_rewinds_over_their_rejected_drafts_are_pushed(
     client: PushClient, expected: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """After a speculative verify step whose drafts were rejected, the next decode step rewinds the nodes: it is
-    relayed (a push never rewinds a node), then decode steps push again."""
+    """A speculative verify step goes node to node like a decode step, and so does the next step, which rewinds the
+    nodes over the drafts it rejected (the nodes' step slots hold the verify step: the push comes after it); after a
+    truncate the nodes no longer know their latest step, and a rewind is relayed."""
 
     def embed(ids: list[int]) -> torch.Tensor:
         return client.head.embed(torch.tensor([ids]))
 
-    def greedy(output: torch.Tensor) -> int:
-        return int(client.head.logits(output[:, -1:])[0, -1].argmax())
+    def greedy(output: torch.Tensor, at: int = -1) -> int:
+        return int(client.head.logits(output)[0, at].argmax())
 
     pushes: list[int] = []  # positions of the steps that went node to node (a refused push looks relayed in stats)
 
@@ -215,15 +216,18 @@ async def _a_rewinding_step_is_relayed(
     monkeypatch.setattr(chain_session, "push_step", counted)
     async with client.chain() as chain:
         await chain.step(embed(PROMPT), 0)
-        wrong = [(expected[1] + 1) % 128, 7]
-        await chain.step(embed([expected[0], *wrong]), 5)  # the nodes hold 8 tokens; both drafts are rejected
         stats = client.router.stats
-        before = stats.pushed_hops, stats.relayed_hops
-        assert greedy(await chain.step(embed([expected[1]]), 6)) == expected[2]  # rewinds to 6
-        assert (stats.pushed_hops - before[0], stats.relayed_hops - before[1]) == (0, 3)
+        before = stats.pushed_hops
+        wrong = [(expected[1] + 1) % 128, 7]
+        verify = await chain.step(embed([expected[0], *wrong]), 5)  # the nodes hold 8 tokens; both drafts rejected
+        assert greedy(verify, 0) == expected[1] and stats.pushed_hops - before == 2
+        assert greedy(await chain.step(embed([expected[1]]), 6)) == expected[2]  # rewinds to 6, pushed
         assert greedy(await chain.step(embed([expected[2]]), 7)) == expected[3]
-        assert (stats.pushed_hops - before[0], stats.relayed_hops - before[1]) == (2, 4)
-    assert pushes == [7]
+        assert stats.pushed_hops - before == 6  # two later hops of each of the three steps
+        await chain.truncate(7)
+        assert greedy(await chain.step(embed([expected[1]]), 6)) == expected[2]  # relayed
+        assert stats.pushed_hops - before == 6
+    assert pushes == [5, 6, 7]
 
 
 @pytest.mark.parametrize("position", [0, 1, 2])

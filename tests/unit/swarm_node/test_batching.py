@@ -124,6 +124,45 @@ async def test_steps_arriving_together_run_as_one_forward_equal_to_each_alone(ch
     assert [kv.length for kv in kvs] == [length + 1 for length in PROMPT_LENGTHS]
 
 
+async def test_verify_rows_ride_in_one_forward_with_decode_rows_equal_to_each_alone(
+    chain_factory: ChainFactory,
+) -> None:
+    """Rows of a batch step of different lengths (decode steps of one token, speculative verify steps of several,
+    one of them rewinding over rejected drafts) run as one forward; each row's output and the keys/values it leaves
+    are what it gets alone."""
+    chain = chain_factory(BatchPolicy())
+    backend = chain.backends[0]
+    hidden_size = chain.head.embed_tokens.embedding_dim
+    generator = torch.Generator().manual_seed(4)
+    contexts = [torch.randn(1, length, hidden_size, generator=generator) for length in PROMPT_LENGTHS]
+    row_tokens = (1, 5, 1, 3, 9)
+    rows = [torch.randn(1, tokens, hidden_size, generator=generator) for tokens in row_tokens]
+    rewind = (0, 0, 0, 2, 0)  # row 3 steps from two tokens before its session's end
+    follow = torch.randn(1, 1, hidden_size, generator=generator)
+
+    async def run(together: bool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        kvs = [await backend.new_session_kv(range(0, 3), 32) for _ in contexts]
+        for kv, context in zip(kvs, contexts, strict=True):
+            await backend.serve_step(kv, context, 0)
+        starts = [kv.length - back for kv, back in zip(kvs, rewind, strict=True)]
+        if together:
+            steps = [backend.serve_step(kv, row, s, decode=True) for kv, row, s in zip(kvs, rows, starts, strict=True)]
+            outputs = list(await asyncio.gather(*steps))
+        else:  # each alone, as an inference stream's step runs it
+            outputs = [await backend.step(kv, row, s) for kv, row, s in zip(kvs, rows, starts, strict=True)]
+        assert [kv.length for kv in kvs] == [s + r.shape[1] for s, r in zip(starts, rows, strict=True)]
+        after = [await backend.serve_step(kv, follow, kv.length) for kv in kvs]
+        return outputs, after
+
+    alone = await run(together=False)
+    backend.batcher.batch_sizes.clear()
+    together = await run(together=True)
+    assert backend.batcher.batch_sizes[0] == len(PROMPT_LENGTHS)  # every row in one decode forward
+    for got, expected in zip(together[0] + together[1], alone[0] + alone[1], strict=True):
+        assert got.shape == expected.shape
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
 async def test_prompts_arriving_together_prefill_as_one_padded_forward_equal_to_each_alone(
     chain_factory: ChainFactory,
 ) -> None:

@@ -37,11 +37,18 @@ class Chain:
     def new_session(self) -> list[SessionKV]:
         return [span.new_session_kv(range(span.start, span.end), MAX_LENGTH) for span in self.spans]
 
-    def forward(self, hidden: torch.Tensor, sessions: Sequence[list[SessionKV]], starts: Sequence[int]) -> torch.Tensor:
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        sessions: Sequence[list[SessionKV]],
+        starts: Sequence[int],
+        lengths: Sequence[int] | None = None,
+        packed: bool = False,
+    ) -> torch.Tensor:
         """hidden: [B, T, D], row b belongs to sessions[b] at positions starts[b]... -> last block's [B, T, D]."""
         for index, span in enumerate(self.spans):
             kvs = [session[index] for session in sessions]
-            hidden = span(hidden, kvs, starts, range(span.start, span.end))
+            hidden = span(hidden, kvs, starts, range(span.start, span.end), lengths, packed=packed)
         return hidden
 
     def step(self, token_ids: torch.Tensor, session: list[SessionKV], start: int) -> torch.Tensor:
@@ -153,6 +160,38 @@ def test_batched_sessions_at_different_lengths_equal_each_alone(tiny: TinyModel)
         assert tokens == [token for _, token in alone]
         positions = [position + 1 for position in positions]
         assert [kv.length for session in sessions for kv in session] == [p for p in positions for _ in chain.spans]
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "padded"])
+def test_a_batch_of_rows_of_different_lengths_equals_each_row_alone(tiny: TinyModel, packed: bool) -> None:
+    """Decode rows of one token beside verify rows of several (one of them rewinding over rejected drafts) in one
+    forward: each row's outputs, and the keys/values it leaves for the next step, are what it gets alone."""
+    chain = build_chain(tiny.folder, (2,))
+    prompts = [random_ids(length, seed=20 + length) for length in (4, 9, 6)]
+    batched = [chain.new_session() for _ in prompts]
+    alone = [chain.new_session() for _ in prompts]
+    for prompt, one, other in zip(prompts, batched, alone, strict=True):
+        chain.step(prompt, one, 0)
+        chain.step(prompt, other, 0)
+    # Row 0 decodes one token; row 1 verifies four (a token and three drafts); row 2 rewinds two tokens of its
+    # prompt and verifies three there.
+    rows = [torch.tensor([[7]]), random_ids(4, seed=30), random_ids(3, seed=31)]
+    starts = [4, 9, 4]
+    lengths = [row.shape[1] for row in rows]
+    ids = torch.zeros(3, max(lengths), dtype=torch.long)
+    for index, row in enumerate(rows):
+        ids[index, : row.shape[1]] = row[0]
+    logits = chain.head.logits(chain.forward(chain.head.embed(ids), batched, starts, lengths, packed))
+    for index, (row, start) in enumerate(zip(rows, starts, strict=True)):
+        expected = chain.step(row, alone[index], start)
+        torch.testing.assert_close(logits[index : index + 1, : row.shape[1]], expected, atol=ATOL, rtol=0)
+        assert all(kv.length == start + row.shape[1] for kv in batched[index])
+    # The next step of every session, batched as decode rows, sees exactly the keys/values each row stored.
+    following = [start + length for start, length in zip(starts, lengths, strict=True)]
+    logits = chain.head.logits(chain.forward(chain.head.embed(torch.tensor([[3], [5], [8]])), batched, following))
+    for index, token in enumerate((3, 5, 8)):
+        expected = chain.step(torch.tensor([[token]]), alone[index], following[index])
+        torch.testing.assert_close(logits[index : index + 1], expected, atol=ATOL, rtol=0)
 
 
 def test_rewind_overwrites_and_matches_a_fresh_run(tiny: TinyModel) -> None:

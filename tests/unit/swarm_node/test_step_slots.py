@@ -77,3 +77,18 @@ async def test_a_push_never_rewinds_and_a_rewind_runs_after_the_step_it_replaces
     assert not first.output.done()
     await rewind.output
     assert first.output.done() and run.runs == 2 and run.most_at_once == 1
+
+
+async def test_a_push_may_rewind_over_the_latest_steps_own_positions_only() -> None:
+    """A verify step of four positions at 5 (the session then holds 9), two drafts rejected: the next verify step,
+    pushed at 7, runs; a push at or behind 5 is late; without a latest step, nothing below what is held is pushed."""
+    slots, run = StepSlots(), Runner()
+    verify, _ = slots.offer(torch.ones(1, 4, 4), 5, run, pushed_at=5)
+    await verify.output
+    with pytest.raises(PushRefused):
+        slots.offer(torch.ones(1, 3, 4) * 2, 5, run, pushed_at=9)
+    following, fresh = slots.offer(torch.ones(1, 3, 4) * 2, 7, run, pushed_at=9)
+    assert fresh and torch.equal(await following.output, torch.ones(1, 3, 4) * 4 + 7)
+    slots.clear()  # a truncate or an inference-stream step: the latest step is no longer known
+    with pytest.raises(PushRefused):
+        slots.offer(torch.ones(1, 2, 4), 8, run, pushed_at=10)

@@ -52,13 +52,20 @@ def test_the_tuner_follows_acceptance_and_compute_and_respects_the_limit() -> No
     assert tuner.compute == pytest.approx(0.3 * 0.1)
 
 
-def test_no_drafts_while_other_generations_decode_here() -> None:
-    lookup = PromptLookup([1, 2, 3, 1, 2], SpecTuner(k_max=8, min_rtt=0.01))
+def test_under_load_a_round_is_charged_for_the_rows_it_delays_not_switched_off() -> None:
+    lookup = PromptLookup([1, 2, 3, 1, 2], SpecTuner(k_max=8, min_rtt=0.01, compute=0.03))
     plan = DecodePlan(GenerationRequest([1, 2, 3, 1, 2], 50), lookup)
-    assert plan.next_k(0.1, others=0) > 0
-    assert plan.next_k(0.1, others=1) == 0
+    assert plan.next_k(0.1, others=7) > 0  # seven other generations decoding: the verify step rides with them
     assert plan.next_k(0.001, others=0) == 0  # loopback
     assert DecodePlan(GenerationRequest([1, 2], 50), None).next_k(0.1, others=0) == 0  # --speculative off
+    # Seven other rows wait on the extra positions too, but each costs a fraction of a row's share of the batched
+    # forward: given the forward's measured compute, the same drafts pay as alone ...
+    alone = choose_k(0.6, rtt=0.1, compute=0.03, k_max=8, min_rtt=0.01)
+    assert alone > 0 and choose_k(0.6, rtt=0.1, compute=0.03, k_max=8, min_rtt=0.01, batch_rows=7) == alone
+    # ... and a heavier batch (a longer forward) drafts less; drafts that are often wrong stop paying
+    assert 0 < choose_k(0.6, rtt=0.1, compute=0.2, k_max=8, min_rtt=0.01, batch_rows=7) < alone
+    assert choose_k(0.25, rtt=0.05, compute=0.1, k_max=8, min_rtt=0.01, batch_rows=7) > 0
+    assert choose_k(0.25, rtt=0.05, compute=0.4, k_max=8, min_rtt=0.01, batch_rows=7) == 0
 
 
 def test_verify_steps_relayed_must_beat_decode_steps_pushed() -> None:

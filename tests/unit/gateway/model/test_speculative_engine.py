@@ -31,7 +31,11 @@ from gateway.swarm.kept_chains import KeptChains
 from gateway.swarm.view import SwarmView
 from shared.errors import PositionOutOfRange
 from shared.model_source import load_config, resolve_model
+from shared.weights import open_weights
+from swarm_node.backend import SpanBackend
+from swarm_node.decode_batcher import BatchPolicy
 from swarm_node.kv_cache import SessionKV, check_branch
+from swarm_node.span import build_span
 from tests.helpers.processes import save_tiny_tokenizer
 from tests.tiny_models import VOCAB, GetTinyModel, TinyModel
 from tests.unit.swarm_node.test_span_exactness import Chain, build_chain, random_ids
@@ -217,24 +221,78 @@ async def test_seeded_sampling_with_penalties_gives_the_same_tokens_with_and_wit
     assert 0 < metrics.spec_accepted._value.get() < metrics.spec_draft._value.get()
 
 
-async def test_generations_started_together_never_draft(tiny_model: GetTinyModel) -> None:
-    """Streams that start at once decode as one batch: none drafts, not even in its first rounds (a verify step of
-    several positions would leave the batch). Each still equals the same request alone."""
-    tiny = tiny_model("llama")
+class BatchedChain(LocalChain):
+    """A chain whose steps run through real node backends (``SpanBackend``: decode batcher, packed forwards), so
+    concurrent generations' decode and verify rows meet in the same forwards, as on nodes."""
+
+    def __init__(self, chain: Chain, backends: list[SpanBackend]) -> None:
+        super().__init__(chain)
+        self._backends = backends
+        self._kvs = [b.span.new_session_kv(range(b.span.start, b.span.end), 128) for b in backends]
+
+    async def step(self, hidden: torch.Tensor, position: int) -> torch.Tensor:
+        decode = bool(self.steps)  # the prompt first; every later step is a row of a batch step
+        self.steps.append((position, hidden.shape[1]))
+        for backend, kv in zip(self._backends, self._kvs, strict=True):
+            hidden = await backend.serve_step(kv, hidden, position, decode=decode)
+        return hidden
+
+
+class BatchedEngine(LocalEngine):
+    """Generations over ``BatchedChain``s; drafts from each prompt's known output where one is given."""
+
+    def __init__(self, settings: EngineSettings, chain: Chain, backends: list[SpanBackend]) -> None:
+        super().__init__(settings, chain)
+        self.backends = backends
+        self.oracles: dict[tuple[int, ...], list[int]] = {}
+
+    def _drafter(self, request: GenerationRequest) -> PromptLookup | None:
+        drafter = GenerationEngine._drafter(self, request)
+        reference = self.oracles.get(tuple(request.prompt_ids))
+        if drafter is None or reference is None:
+            return drafter
+        return OracleDrafts(request.prompt_ids, drafter.tuner, reference)
+
+    async def _prefill(self, request: GenerationRequest) -> tuple[LocalChain, torch.Tensor, int]:  # type: ignore[override]
+        chain = BatchedChain(self.local, self.backends)
+        self.chains.append(chain)
+        return chain, await chain.step(self._embed(request.prompt_ids), 0), 0
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])  # qwen2: sliding-window layers in the packed attention
+async def test_generations_running_together_speculate_and_each_equals_plain_decoding(
+    tiny_model: GetTinyModel, family: str
+) -> None:
+    """Several greedy streams at once on shared node backends, some speculating: their verify rows ride in the same
+    batched forwards as the others' decode rows, and every stream's tokens equal plain decoding's alone."""
+    tiny = tiny_model(family)
     chain = build_chain(tiny.folder, (3,))
-    request = GenerationRequest(PROMPT, 12, SamplingParams(temperature=0.0))
-    alone_engine = local_engine(tiny.folder, chain, "off")
+    source = resolve_model(str(tiny.folder))
+    config = load_config(source)
+    reader = open_weights(source, config)
+    backends = [SpanBackend(build_span(config, reader, a, b), BatchPolicy(window=0.05)) for a, b in ((0, 3), (3, 6))]
+    prompts = [PROMPT, [int(t) for t in random_ids(11, seed=8)[0]], [int(t) for t in random_ids(7, seed=9)[0]]]
+    requests = [GenerationRequest(p, 16, SamplingParams(temperature=0.0)) for p in prompts]
+    if not (tiny.folder / "tokenizer.json").exists():
+        save_tiny_tokenizer(tiny.folder, VOCAB)
+    engines = []
     try:
-        alone = [t.token_id for t in await run(alone_engine, request)]
+        for speculative in ("off", "ngram"):
+            settings = EngineSettings(model=str(tiny.folder), speculative=speculative, speculative_min_rtt=0.0)
+            engines.append(BatchedEngine(settings, chain, backends))
+        alone = [[t.token_id for t in await run(engines[0], request)] for request in requests]
+        engines[1].oracles = {tuple(prompts[0]): alone[0], tuple(prompts[1]): alone[1]}  # the third: prompt lookup
+        for backend in backends:
+            backend.batcher.mixed = 0
+        together = await asyncio.gather(*(run(engines[1], request) for request in requests))
     finally:
-        await alone_engine.heads.close()
-    engine = local_engine(tiny.folder, chain, "ngram", oracle=alone)
-    try:
-        together = await asyncio.gather(*(run(engine, request) for _ in range(3)))
-    finally:
-        await engine.heads.close()
-    assert [[t.token_id for t in tokens] for tokens in together] == [alone] * 3
-    assert all(tokens == 1 for c in engine.chains for _, tokens in c.steps[1:])  # decode steps of one token only
+        for engine in engines:
+            await engine.heads.close()
+        for backend in backends:
+            backend.shutdown()
+    assert [[t.token_id for t in tokens] for tokens in together] == alone
+    assert any(tokens > 1 for c in engines[1].chains for _, tokens in c.steps[1:])  # verify steps were sent
+    assert all(backend.batcher.mixed > 0 for backend in backends)  # ... in forwards with rows of other lengths
 
 
 def test_the_acceptance_rule_keeps_the_models_distribution(tiny_model: GetTinyModel) -> None:
