@@ -11,6 +11,7 @@ import numpy as np
 from gateway.swarm.routing import RouteRequest, RoutingMode, plan_route
 from sim.hardware import ModelShape
 from sim.scenario import JOIN_WINDOW, Scenario, settle
+from sim.world import GATEWAY_LAST_MILE
 
 CALLS = 60
 
@@ -22,7 +23,7 @@ def time_routes(model: ModelShape, nodes: int, seed: int = 1) -> list[float]:
     times = []
     for call in range(CALLS):
         gateway = world.gateways[call % len(world.gateways)]
-        rtts = {peer: world.rtt_to(gateway.city, 0.0005, world.nodes[peer]) for peer in view.servers}
+        rtts = {peer: world.rtt_to(gateway.city, GATEWAY_LAST_MILE, world.nodes[peer]) for peer in view.servers}
         request = RouteRequest(1024, rtts=rtts, push=True)
         began = time.process_time()
         plan_route(view, request, RoutingMode.MIN_LATENCY)
