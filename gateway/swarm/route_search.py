@@ -170,20 +170,21 @@ def _relax_measured(
     """Legs whose price some state's measured link changes: the cheapest of those measured offers and the plain one
     from the cheapest state that measured nothing to the leg."""
     can_enter = set(legs.enterable[block].tolist())
-    bases = {state: _base(cost, state) for state in states}
-    offers: dict[int, list[tuple[float, int]]] = {}
+    offers: dict[int, tuple[float, int]] = {}  # per leg: the cheapest measured offer, then the lowest state
     for state in states:
+        base = _base(cost, state)
         for leg, rtt in links[state].items():
             if leg in can_enter:
-                offers.setdefault(leg, []).append((bases[state] + rtt / 2, state))
-    for leg, measured in offers.items():
+                offer = (base + rtt / 2, state)
+                if leg not in offers or offer < offers[leg]:
+                    offers[leg] = offer
+    for leg, offer in offers.items():
         plain = next((k for k in states if leg not in links[k]), None)
         if plain is not None:
-            measured.append((bases[plain] + float(legs.own_link[leg]), plain))
-        total, state = min(measured)
-        total += _leg_cost(legs, leg, block)
+            offer = min(offer, (_base(cost, plain) + float(legs.own_link[leg]), plain))
+        total = offer[0] + _leg_cost(legs, leg, block)
         if total < cost[leg]:
-            cost[leg], before[leg], entered[leg] = total, state, block
+            cost[leg], before[leg], entered[leg] = total, offer[1], block
 
 
 def _base(cost: Floats, state: int) -> float:
