@@ -54,18 +54,28 @@ PHASES = {  # phase -> the log text that ends it
 
 
 def spans(count: int, shortest: int = 2, longest: int = 4) -> list[tuple[int, int]]:
-    """``count`` overlapping spans of ``shortest``-``longest`` blocks, spread evenly over the model's blocks."""
-    out = []
+    """``count`` overlapping spans of ``shortest``-``longest`` blocks (lengths in turn), each placed where the blocks
+    are least covered so far (the leftmost such block first): every block gets a second node before any a third,
+    so one kill leaves no gap while a replacement starts."""
+    out: list[tuple[int, int]] = []
+    cover = [0] * NUM_BLOCKS
     for index in range(count):
         length = shortest + index % (longest - shortest + 1)
-        start = round(index * (NUM_BLOCKS - length) / max(1, count - 1))
+        least = min(cover)
+
+        def worth(start: int, length: int = length, least: int = least) -> tuple[int, int, int]:
+            window = cover[start : start + length]
+            return min(window), -window.count(least), start  # the least covered, most such blocks, leftmost
+
+        start = min(range(NUM_BLOCKS - length + 1), key=worth)
         out.append((start, start + length))
-    cover = [sum(s <= b < e for s, e in out) for b in range(NUM_BLOCKS)]
+        for block in range(start, start + length):
+            cover[block] += 1
     if min(cover) < 1:
         raise SystemExit(f"{count} nodes leave a block unserved ({cover}): use more nodes or longer spans")
     if min(cover) < 2:  # noqa: PLR2004 - a kill then leaves a gap until the replacement serves
         print(f"warning: some blocks are on one node only ({cover}); a kill there waits for its replacement")
-    return out
+    return sorted(out)
 
 
 @dataclass
@@ -273,12 +283,16 @@ def run(args: argparse.Namespace, gguf: Path, work: Path) -> None:
               for i in range(len(layout))]  # fmt: skip
     try:
         swarm.start_dht()
+        # The gateways first: started beside two dozen nodes' p2pd and DHT processes on 2 cores, one took over 10
+        # minutes to import and listen (a trial on 2026-12-01); they wait for coverage like any gateway would.
+        gateways = [start_gateway(swarm, gguf, "--swarm-refresh", "5", wait_ready=False, timeout=900) for _ in "ab"]
         began = time.monotonic()
         nodes = [start_node(swarm, gguf, span, quant, "1") for span, quant in zip(layout, quants, strict=True)]
         for node in nodes:
             swarm.wait_serving(node.process, timeout=1800)
         report_startup(report, nodes, time.monotonic() - began)
-        gateways = [start_gateway(swarm, gguf, "--swarm-refresh", "5", timeout=600) for _ in range(2)]
+        for gateway in gateways:
+            gateway.wait_ready(900)
         reference = reference_texts(gguf, args.max_tokens)
         rates = idle_traffic(nodes, args.idle)
         if rates:

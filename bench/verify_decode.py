@@ -38,11 +38,12 @@ def measure(gateways: dict[str, Gateway], tokens: int, runs: int) -> dict[str, l
     return speeds
 
 
-def main() -> str:
+def main(argv: list[str] | None = None) -> str:
+    """``argv``: this module's flags (``bench.verify`` passes none: the defaults)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--runs", type=int, default=5)
-    args = parser.parse_args([])
+    args = parser.parse_args(argv if argv is not None else [])
     gguf = smollm2_folder()
     with tempfile.TemporaryDirectory(prefix="bench-verify-") as folder:
         swarm = LocalSwarm(Path(folder))
@@ -66,4 +67,6 @@ def main() -> str:
 
 
 if __name__ == "__main__":
-    print(main())
+    import sys
+
+    print(main(sys.argv[1:]))

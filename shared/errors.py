@@ -19,6 +19,7 @@ the client rebuilds the same exception type from it (``error_from_code``), and o
     ├── MissingBlocks               no live node covers some blocks
     ├── NodeUnreachable             the connection to a node failed or closed, or it answers no ping (dead, frozen)
     ├── MalformedReply              a node answered something that is no valid reply (wrong shape, NaN, garbage)
+    ├── BadReceipt                  a step reply's receipt is missing, or not signed by the node routed to
     ├── StepTimeout                 a remote step took longer than allowed while the node still answered pings
     ├── NodeDistrusted              the gateway's checks took the node out of routing (gateway.swarm.verify)
     └── ModelLoadError              a model could not be resolved or loaded
@@ -116,6 +117,14 @@ class NodeUnreachable(SwarmError):
 
 class MalformedReply(SwarmError):
     code = "malformed_reply"
+    retryable = True
+
+
+class BadReceipt(SwarmError):
+    """A step reply without a valid receipt (``shared.receipts``): its output cannot be attributed to the node the
+    gateway routed to, so it is treated like a lying node's (banned, its trust cut, its sessions moved)."""
+
+    code = "bad_receipt"
     retryable = True
 
 

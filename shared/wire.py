@@ -25,7 +25,9 @@ the pydantic models below, ``tensors`` are hidden states serialized by hivemind.
 * ``forward`` (unary): ``ForwardRequest`` + hidden [B, T, D] → ``ForwardResult`` + hidden, no state kept.
 * ``info`` (unary): ``InfoRequest`` → ``NodeInfo``.
 
-Any request may be answered by ``ErrorReply`` with a typed code (``shared.errors``); the node keeps serving.
+Every step reply is signed by the node that ran it (``receipt``: ``shared.receipts``), with the step key its
+``SessionOpened`` certified. Any request may be answered by ``ErrorReply`` with a typed code (``shared.errors``);
+the node keeps serving.
 """
 
 from __future__ import annotations
@@ -47,8 +49,11 @@ from pydantic import (
 )
 
 from shared.errors import BadRequest, RemoteError, error_from_code
+from shared.receipts import StepKeyCertificate
 
-PROTOCOL_VERSION = 5  # 2: ResizeSession; 3: the batch handler; 4: node-to-node push; 5: TruncateSession
+# 2: ResizeSession; 3: the batch handler; 4: node-to-node push; 5: TruncateSession;
+# 6: receipts (SessionOpened.step_key, StepResult.receipt, BatchStepResult.receipt: shared.receipts)
+PROTOCOL_VERSION = 6
 
 INFERENCE_HANDLER = "swarmgate.inference"
 BATCH_HANDLER = "swarmgate.batch"
@@ -161,6 +166,7 @@ class ForwardRequest(_Message):
     start: int = Field(ge=0)
     end: int = Field(gt=0)
     auth: str | None = None
+    adapter: str | None = None  # the LoRA adapter to run the blocks with, as the checked session did (None: base)
 
 
 class InfoRequest(_Message):
@@ -174,6 +180,7 @@ class SessionOpened(_Message):
     start: int
     end: int
     max_length: int
+    step_key: StepKeyCertificate  # signs every step reply's receipt (shared.receipts)
 
 
 class SessionResized(_Message):
@@ -193,6 +200,7 @@ class PushAllowed(_Message):
 class StepResult(_Message):
     type: Literal["result"] = "result"
     position: int
+    receipt: str = Field(max_length=256)  # the step key's signature of the step (shared.receipts)
 
 
 class ForwardResult(_Message):
@@ -229,10 +237,12 @@ class ErrorReply(_Message):
 
 class BatchStepResult(_Message):
     """Row b's output is row b of the hidden states, unless ``errors[b]`` says why it failed (its row is zeros).
-    A ``pushed`` step's reply carries a second tensor: the inputs the rows ran on."""
+    A ``pushed`` step's reply carries a second tensor: the inputs the rows ran on. ``receipt`` signs the rows that
+    ran, together, in order (``shared.receipts``)."""
 
     type: Literal["batch_result"] = "batch_result"
     errors: list[ErrorReply | None]
+    receipt: str = Field(max_length=256)
 
 
 class PushAccepted(_Message):

@@ -91,9 +91,10 @@ class SpanBackend:
             outputs.append(await self._run(run))
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
 
-    async def forward(self, hidden: torch.Tensor, blocks: range) -> torch.Tensor:
-        """Stateless: hidden [B, T, D] from position 0 through ``blocks``, in prefill chunks like ``step``."""
-        kvs = await self._run(lambda: [self.span.new_session_kv(blocks, hidden.shape[1]) for _ in hidden])
+    async def forward(self, hidden: torch.Tensor, blocks: range, adapter: str | None = None) -> torch.Tensor:
+        """Stateless: hidden [B, T, D] from position 0 through ``blocks`` (with ``adapter``'s LoRA pairs, if named),
+        in prefill chunks like ``step``."""
+        kvs = await self._run(lambda: [self.span.new_session_kv(blocks, hidden.shape[1], adapter) for _ in hidden])
         chunk = self.policy.prefill_chunk
         outputs = []
         for offset in range(0, hidden.shape[1], chunk):

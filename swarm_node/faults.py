@@ -13,6 +13,9 @@ gateway's probation and spot checks) or the node's own self-test can tell:
 * ``low-precision``: announces the quantization it was asked for (``--quant none`` on a CPU) but computes NF4;
 * ``lazy``: answers its input unchanged (the cheapest lie).
 
+And one that computes right but cannot be held to it: ``bad-receipt`` signs its step receipts (``shared.receipts``)
+with a key of its own that the certificate it sends at open does not name; the gateway must refuse its replies.
+
 ``noise`` and ``lazy`` act in ``SpanBackend._forward`` (every step, batched, pushed or stateless), the others in how
 the span is built or run, so every path a request can take lies the same way.
 """
@@ -22,6 +25,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from shared.identity import registered_identity
+from shared.receipts import StepKey
 from swarm_node.quantize import Quant
 from swarm_node.span import BlockTransform
 
@@ -37,6 +42,14 @@ def lie_about(fault: str, inputs: torch.Tensor, output: torch.Tensor) -> torch.T
     if fault == "lazy":
         return inputs.to(output.dtype).clone()
     return output
+
+
+def receipt_keys(fault: str, peer_id: str) -> tuple[StepKey, StepKey]:
+    """The step key the node certifies at open, and the key its receipts are signed with: the same one, except for
+    a ``bad-receipt`` node."""
+    peer_key = registered_identity(peer_id).key
+    certified = StepKey(peer_key)
+    return certified, StepKey(peer_key) if fault == "bad-receipt" else certified
 
 
 def computed_quant(fault: str, announced: Quant) -> Quant:

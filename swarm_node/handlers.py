@@ -31,6 +31,7 @@ from shared.errors import (
     WrongSpan,
 )
 from shared.membership import ReplayGuard
+from shared.receipts import StepKey, StepKeyCertificate, StepStatement
 from shared.wire import (
     BATCH_HANDLER,
     FORWARD_HANDLER,
@@ -89,6 +90,8 @@ class NodeStatus:
     peer_id: str = ""  # this node's own peer id (call tokens name it)
     guard: ReplayGuard | None = None  # a private swarm's call-token check; None: a public swarm
     share_limits: ShareLimits = field(default_factory=ShareLimits)  # what one peer may hold while others use us
+    step_key: StepKey | None = None  # certified to gateways at every open (shared.receipts); set once joined
+    signer: StepKey | None = None  # signs every step reply's receipt: the step key (but for a bad-receipt test node)
 
 
 class SpanHandlers:
@@ -183,8 +186,15 @@ class SpanHandlers:
         else:
             outcome = await self._run_rows(message.rows, check_batch(message, tensors, self.hidden_size), sessions)
             outputs = (self._corrupt(outcome.outputs),)
+        statements = [
+            StepStatement.of(
+                row.session_id, row.position, session.blocks, outcome.inputs[b : b + 1], outputs[0][b : b + 1]
+            )
+            for b, (row, session, error) in enumerate(zip(message.rows, sessions, outcome.errors, strict=True))
+            if error is None and isinstance(session, Session)
+        ]
         _mark_rows("node-answer", message.rows)
-        return encode_response(BatchStepResult(errors=outcome.errors), outputs)
+        return encode_response(BatchStepResult(errors=outcome.errors, receipt=self.receipt(statements)), outputs)
 
     async def _push_reply(self, request: runtime_pb2.ExpertRequest, pusher: str) -> runtime_pb2.ExpertResponse:
         await self._emulate_distance()
@@ -226,9 +236,7 @@ class SpanHandlers:
         if self.status.state is not NodeState.ONLINE:
             raise NodeDraining(f"node is {self.status.state.value}; it accepts no new sessions")
         check_max_length(message.max_length, self.status.max_session_length)
-        if message.adapter is not None and message.adapter not in self.backend.span.adapters:
-            # Like blocks it does not serve: the router read a record that is out of date, or never listed it.
-            raise WrongSpan(f"this node serves no adapter {message.adapter!r}")
+        self._check_adapter(message.adapter)
         self.fair.check_room(owner, message.max_length, new_session=True)
         with self.fair.waiting(owner):  # while it waits for room, peers over their share take no more
             allocation = await self.pool.allocate(message.max_length, message.alloc_timeout)
@@ -305,8 +313,9 @@ class SpanHandlers:
         hidden = check_hidden(tensors, self.hidden_size, batch=None)
         if hidden.shape[1] > self.status.max_session_length:
             raise PositionOutOfRange(f"{hidden.shape[1]} tokens exceed {self.status.max_session_length}")
+        self._check_adapter(message.adapter)
         async with self.pool.reserve(hidden.shape[0] * hidden.shape[1]):
-            output = await self.backend.forward(hidden, blocks)
+            output = await self.backend.forward(hidden, blocks, message.adapter)
         self.tokens_processed += hidden.shape[0] * hidden.shape[1]
         return encode_response(ForwardResult(), (output,))
 
@@ -315,9 +324,25 @@ class SpanHandlers:
         self._authorize(message.auth, context)
         return encode_response(self.node_info())
 
+    def _check_adapter(self, adapter: str | None) -> None:
+        if adapter is not None and adapter not in self.backend.span.adapters:
+            # Like blocks it does not serve: the router read a record that is out of date, or never listed it.
+            raise WrongSpan(f"this node serves no adapter {adapter!r}")
+
     def _authorize(self, token: str | None, context: P2PContext) -> None:
         if self.status.guard is not None:
             self.status.guard.check(token, context.remote_id.to_base58(), self.status.peer_id)
+
+    def receipt(self, statements: list[StepStatement]) -> str:
+        """The signature of a reply's steps (``shared.receipts``): one per reply (cost: bench/receipts.py)."""
+        if self.status.signer is None:
+            raise NodeInternalError("the node has no step key yet")
+        return self.status.signer.sign(statements)
+
+    def step_key_certificate(self) -> StepKeyCertificate:
+        if self.status.step_key is None:
+            raise NodeInternalError("the node has no step key yet")
+        return self.status.step_key.certificate
 
     def _corrupt(self, output: torch.Tensor) -> torch.Tensor:
         """A broken node, for tests of the gateway's checks (``--faulty-outputs``); a healthy node returns as is."""
@@ -405,6 +430,7 @@ class _SessionStream:
                 start=session.first_block,
                 end=session.end_block,
                 max_length=session.max_length,
+                step_key=self.handlers.step_key_certificate(),
             )
         )
 
@@ -425,5 +451,8 @@ class _SessionStream:
             case Step():
                 session.slots.clear()  # this step may rewrite what the latest decode step ran on
                 output = handlers._corrupt(await handlers._step(session, message, tensors))
-                return encode_response(StepResult(position=message.position), (output,))
+                done = StepStatement.of(session.session_id, message.position, session.blocks, tensors[0], output)
+                return encode_response(
+                    StepResult(position=message.position, receipt=handlers.receipt([done])), (output,)
+                )
         raise BadRequest(f"unexpected message {message.type!r} in an open session")

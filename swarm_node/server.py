@@ -43,7 +43,7 @@ from swarm_node.backend import SpanBackend
 from swarm_node.block_count import auto_num_blocks
 from swarm_node.cache_pool import CachePool
 from swarm_node.capacity import default_cache_tokens
-from swarm_node.faults import computed_quant, wrong_weights
+from swarm_node.faults import computed_quant, receipt_keys, wrong_weights
 from swarm_node.handlers import NodeStatus, SpanHandlers
 from swarm_node.layer_api import cache_keyword
 from swarm_node.metrics import NodeGauges, NodeMetrics
@@ -209,6 +209,7 @@ class SpanServer:
         if self.reachability is Reachability.DIRECT:
             await DialBackService(p2p).register()  # we can tell joining nodes whether they can be dialled
         self.status.peer_id = self.dht.peer_id.to_base58()
+        self.status.step_key, self.status.signer = receipt_keys(self.settings.faulty_outputs, self.status.peer_id)
         secret = self.settings.secret()
         if secret is not None:
             self.status.guard = ReplayGuard(secret)

@@ -41,6 +41,10 @@ class Session:
         self._kv: SessionKV | None = kv
 
     @property
+    def blocks(self) -> tuple[int, int]:
+        return self.first_block, self.end_block
+
+    @property
     def kv(self) -> SessionKV:
         if self._kv is None:
             raise UnknownSession(f"session {self.session_id} has {self.ended}")

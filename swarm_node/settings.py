@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 # --faulty-outputs (testing only): what each mode does is in swarm_node/faults.py.
 FaultyOutputs = Literal[
-    "none", "nan", "shape", "dtype", "noise", "stale-cache", "wrong-weights", "low-precision", "lazy"
+    "none", "nan", "shape", "dtype", "noise", "stale-cache", "wrong-weights", "low-precision", "lazy", "bad-receipt"
 ]
 
 
@@ -117,6 +117,7 @@ class NodeSettings(P2PSettings):
         " NaNs, a wrong shape or a wrong dtype. Healthy-looking (only comparing with replicas tells): noise adds 1%"
         " relative noise to every output, stale-cache never keeps keys/values, wrong-weights computes its first block"
         " with weights of another seed, low-precision announces --quant but computes nf4, lazy answers its input."
+        " bad-receipt computes right but signs its receipts with a key its certificate does not name."
         " The self-test refuses stale-cache (see --skip-self-test)",
     )
     skip_self_test: bool = Field(

@@ -198,7 +198,7 @@ class ChainSession:
         """A step the segment's node served (its history ends with this step's input): maybe spot-checked."""
         verifier = self._router.verifier
         if verifier is not None:
-            verifier.observe(segment.session.hop, segment.history, output)
+            verifier.observe(segment.session.hop, segment.history, output, self.adapter, segment.session.last_receipt)
 
     def _check_open(self) -> None:
         if self.closed:  # with no segments left, a step would return its input unchanged

@@ -23,7 +23,7 @@ from gateway.swarm.recovery import Recovery, recovery_for
 from gateway.swarm.router import Router
 from gateway.swarm.routing import Hop
 from gateway.swarm.segment import Segment
-from shared.errors import MissingBlocks, format_block_ranges
+from shared.errors import BadReceipt, MissingBlocks, format_block_ranges
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +93,8 @@ class Failover:
         if time.monotonic() >= deadline:
             raise error
         self._router.record_failure(hop.peer_id, recovery)
+        if isinstance(error, BadReceipt):  # an output nobody signs for is a lie as far as trust goes
+            self._router.record_bad_receipt(hop.peer_id, error)
         blocks = f"{hop.start}:{hop.end}"
         if recovery is Recovery.BUSY:
             if hop.peer_id in busy:  # refused twice in a row even with a wait: do not spin on it

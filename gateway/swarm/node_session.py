@@ -4,8 +4,9 @@ Requests go through a queue the stream reads; every reply is awaited under the s
 (a dead or frozen node fails the wait in about a second, see liveness.py); transport failures and the node's own
 errors come out typed (``shared.rpc_client``). Decode steps (one token) go through the gateway's ``StepLinks``
 instead when it has them, batched with other sessions' steps to the same node; with push, the node sends a decode
-step's output on to the next node itself (``next``), and a later node's step is awaited with ``pushed``. Closing is
-idempotent and always releases the node's cache room.
+step's output on to the next node itself (``next``), and a later node's step is awaited with ``pushed``. Every step's
+output is used only once its receipt verifies against the step key the node certified at open (``shared.receipts``;
+``last_receipt`` keeps the latest for spot checks). Closing is idempotent and always releases the node's cache room.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from gateway.swarm.liveness import Liveness
 from gateway.swarm.routing import Hop
 from gateway.swarm.step_links import StepLinks
 from shared import wire
-from shared.errors import MalformedReply, NodeUnreachable
+from shared.errors import BadReceipt, MalformedReply, NodeUnreachable
 from shared.membership import CallAuth
+from shared.receipts import Receipt, ReceiptCheck, verified_step_key
 from shared.rpc_client import decode_reply, over_transport
 
 T = TypeVar("T")
@@ -52,6 +54,8 @@ class NodeSession:
         self._links = links
         self._liveness = liveness
         self._session_id: str | None = None  # the node's name for it, once opened
+        self._receipts: ReceiptCheck | None = None  # the step key the node certified at open, once opened
+        self.last_receipt: Receipt | None = None  # the verified receipt of the latest step (spot checks keep it)
         self._auth = auth
         self.max_length = max_length
         self.pusher: str | None = None  # the node before this one, named at open: it may push steps here
@@ -83,7 +87,9 @@ class NodeSession:
         reply, _ = await self._exchange(opened, extra_wait=alloc_timeout)
         if not isinstance(reply, wire.SessionOpened):
             raise MalformedReply(f"node {self.hop.peer_id} answered {reply.type!r} to open")
+        key = verified_step_key(reply.step_key, self.hop.peer_id)  # one RSA check per session (~20 µs)
         self._session_id = reply.session_id
+        self._receipts = ReceiptCheck(self.hop.peer_id, key, reply.session_id, (self.hop.start, self.hop.end))
 
     @property
     def next_hop(self) -> wire.NextHop | None:
@@ -95,18 +101,26 @@ class NodeSession:
     async def step(self, hidden: torch.Tensor, position: int, next: list[wire.NextHop] | None = None) -> torch.Tensor:
         """hidden: [1, T, D] at positions position... -> the hop's output [1, T, D]; a decode step's output is also
         pushed along ``next`` (the rest of the chain)."""
-        if hidden.shape[1] == 1 and self._links is not None and self._session_id is not None:
+        if hidden.shape[1] == 1 and self._links is not None and self._receipts is not None:
             if self.closed:
                 raise NodeUnreachable(f"session on {self.hop.peer_id} is closed")
-            output = await self._links.step(self.hop.peer_id, self._session_id, hidden, position, next or ())
-            return self._checked_output(output, hidden)
+            answer = await self._links.step(self._receipts, hidden, position, next or ())
+            self.last_receipt = answer.receipt
+            return self._checked_output(answer.output, hidden)
         reply, tensors = await self._exchange(wire.Step(position=position), (hidden,))
-        return self._checked(reply, tensors, hidden)
+        return self._checked(reply, tensors, hidden, position)
 
-    def _checked(self, reply: wire.ServerMessage, tensors: list[torch.Tensor], sent: torch.Tensor) -> torch.Tensor:
+    def _checked(
+        self, reply: wire.ServerMessage, tensors: list[torch.Tensor], sent: torch.Tensor, position: int
+    ) -> torch.Tensor:
+        """The step's output, once its shape and values are those of an output and its receipt verifies."""
         if not isinstance(reply, wire.StepResult) or len(tensors) != 1:
             raise MalformedReply(f"node {self.hop.peer_id} sent a malformed step result")
-        return self._checked_output(tensors[0], sent)
+        output = self._checked_output(tensors[0], sent)
+        if self._receipts is None:
+            raise BadReceipt(f"node {self.hop.peer_id} certified no step key")
+        self.last_receipt = self._receipts.receipt(position, sent, output, reply.receipt)
+        return output
 
     def _checked_output(self, output: torch.Tensor, sent: torch.Tensor) -> torch.Tensor:
         """The step's output if it is one: the shape and dtype of what was sent, every value finite. A node that
@@ -124,10 +138,11 @@ class NodeSession:
     async def pushed(self, position: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(input, output) of the decode step at ``position`` pushed here by the previous node; ``like`` is the
         chain's input [1, 1, D], whose shape and dtype every hop keeps."""
-        if self.closed or self._links is None or self._session_id is None:
+        if self.closed or self._links is None or self._receipts is None:
             raise NodeUnreachable(f"session on {self.hop.peer_id} is closed")
-        received, output = await self._links.pushed(self.hop.peer_id, self._session_id, position, self._timeout)
-        return self._checked_output(received, like), self._checked_output(output, like)
+        answer = await self._links.pushed(self._receipts, position, self._timeout)
+        self.last_receipt = answer.receipt
+        return self._checked_output(answer.input, like), self._checked_output(answer.output, like)
 
     async def allow_push(self, pusher: str | None) -> None:
         """Let ``pusher`` (this hop's new predecessor) push steps into the session."""
@@ -159,7 +174,7 @@ class NodeSession:
         outputs = []
         for position, hidden in chunks:
             reply, tensors = await self._receive()
-            outputs.append((position, self._checked(reply, tensors, hidden)))
+            outputs.append((position, self._checked(reply, tensors, hidden, position)))
         return outputs
 
     async def close(self) -> None:

@@ -5,6 +5,8 @@
     (dead, frozen)                     again (a newer record); no ban      with no one left, it waits for a node
     step_timeout            FAULT      banned (capped, see bans.py)        routed again and replayed
     malformed_reply         FAULT      banned
+    bad_receipt             FAULT      banned, and its trust cut as if
+                                       outvoted (gateway.swarm.verify)
     internal_error          FAULT      banned
     cache_full              BUSY       skipped now, never banned           another node, or it waits on this one
                                                                            for room (up to --failover-wait), then
@@ -30,6 +32,7 @@ from __future__ import annotations
 from enum import StrEnum
 
 from shared.errors import (
+    BadReceipt,
     CacheFull,
     MalformedReply,
     MissingBlocks,
@@ -67,6 +70,7 @@ RECOVERY: dict[str, Recovery] = {
     NodeUnreachable.code: Recovery.GONE,
     StepTimeout.code: Recovery.FAULT,
     MalformedReply.code: Recovery.FAULT,
+    BadReceipt.code: Recovery.FAULT,
     NodeInternalError.code: Recovery.FAULT,
     CacheFull.code: Recovery.BUSY,
     NodeDraining.code: Recovery.STALE,

@@ -95,6 +95,7 @@ def _verification(verifier: Verifier | None, peer_id: str) -> dict[str, Any]:
         "reputation": round(node.reputation, 4),
         "reason": reason,
         "checks": dict(node.checks),
+        "evidence": node.evidence,  # the node's receipt of the step its latest lost check was about, if any
     }
 
 

@@ -183,6 +183,11 @@ class Router:
         if recovery is Recovery.BUSY:
             self.stats.capacity_refusals += 1
 
+    def record_bad_receipt(self, peer_id: str, error: BaseException) -> None:
+        """A step reply of ``peer_id`` came without a valid receipt: the verifier cuts its trust (banned already)."""
+        if self.verifier is not None:
+            self.verifier.bad_receipt(peer_id, str(error))
+
     def record_success(self, peer_id: str) -> None:
         self.bans.record_success(peer_id)
 

@@ -13,6 +13,10 @@ step on a session's own stream.
 
 With node-to-node push a row may name the rest of its chain (the node pushes its output on), and the later nodes get
 ``pushed`` rows (no hidden states): each is answered with the input and output of its step once the push has run it.
+
+Every reply signs its rows together (``shared.receipts``): it is checked once, against the step key the rows'
+sessions were opened with, before any row is resolved; a reply that does not verify fails all its rows with
+``BadReceipt``.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import functools
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from hivemind.p2p import P2P, PeerID
@@ -31,7 +36,8 @@ from hivemind.proto import runtime_pb2
 from gateway.swarm.liveness import Liveness
 from shared import step_trace
 from shared.batching import Batcher, Job
-from shared.errors import MalformedReply, NodeUnreachable, SwarmError
+from shared.errors import BadReceipt, MalformedReply, NodeUnreachable, SwarmError
+from shared.receipts import Receipt, ReceiptCheck, check_receipts
 from shared.rpc_client import decode_reply, over_transport
 from shared.wire import (
     BATCH_HANDLER,
@@ -44,18 +50,25 @@ from shared.wire import (
 )
 
 
+class RowReply(NamedTuple):
+    input: torch.Tensor  # [1, 1, D] what the step ran on
+    output: torch.Tensor  # [1, 1, D]
+    receipt: Receipt  # the node's signed statement of it, verified
+
+
 @dataclass
 class _Row:
-    session_id: str
+    receipts: ReceiptCheck  # the session's: its node's step key, the node's name for it, its blocks
     position: int
     hidden: torch.Tensor | None  # [1, 1, D]; None: pushed to the node by the previous one
     next: tuple[NextHop, ...] = ()  # where the node pushes the output on
     wait: float = 0.0  # a pushed row: seconds the node waits for the push
     stream: _Stream | None = None  # the stream it was sent on
-    future: asyncio.Future[_Output] = field(init=False)  # (input, output); the batcher's, set when queued
+    future: asyncio.Future[RowReply] = field(init=False)  # the batcher's, set when queued
 
-
-_Output = tuple[torch.Tensor, torch.Tensor]  # a row's (input, output), each [1, 1, D]
+    @property
+    def session_id(self) -> str:
+        return self.receipts.session_id
 
 
 class _Stream:
@@ -125,7 +138,7 @@ class _Stream:
 
 
 def _answer(rows: list[_Row], response: runtime_pb2.ExpertResponse, peer_id: str) -> None:
-    """Resolve each row from its reply: (its input, its output row), or its own error."""
+    """Resolve each row from its reply: (its input, its output row, its receipt), or its own error."""
     pushed = rows[0].hidden is None
     try:
         reply, tensors = decode_reply(response, peer_id)
@@ -141,6 +154,12 @@ def _answer(rows: list[_Row], response: runtime_pb2.ExpertResponse, peer_id: str
         and all(t.ndim == 3 and t.shape[0] == len(rows) for t in tensors)
     ):
         failure = MalformedReply(f"node {peer_id} sent a malformed batch reply")
+    receipts: dict[int, Receipt] = {}
+    if failure is None and isinstance(reply, BatchStepResult):
+        try:
+            receipts = _receipts(rows, reply, tensors)
+        except BadReceipt as exc:
+            failure = exc
     for index, row in enumerate(rows):
         step_trace.mark("gw-in", row.session_id, row.position)
         if row.future.done():  # the session gave up on this step (cancelled, timed out)
@@ -150,8 +169,25 @@ def _answer(rows: list[_Row], response: runtime_pb2.ExpertResponse, peer_id: str
         elif isinstance(reply, BatchStepResult) and (error := reply.errors[index]) is not None:
             row.future.set_exception(error.to_exception())
         else:
-            output = tensors[0][index : index + 1]
-            row.future.set_result((tensors[1][index : index + 1] if row.hidden is None else row.hidden, output))
+            row.future.set_result(RowReply(_input(row, tensors, index), tensors[0][index : index + 1], receipts[index]))
+
+
+def _input(row: _Row, tensors: list[torch.Tensor], index: int) -> torch.Tensor:
+    return tensors[1][index : index + 1] if row.hidden is None else row.hidden
+
+
+def _receipts(rows: list[_Row], reply: BatchStepResult, tensors: list[torch.Tensor]) -> dict[int, Receipt]:
+    """Each answered row's receipt, by row: the reply signs them together, so one signature check for all (rows
+    go to one node process, whose step key every row's session was opened with)."""
+    answered = [index for index, error in enumerate(reply.errors) if error is None]
+    if not answered:
+        return {}
+    statements = [
+        rows[i].receipts.statement(rows[i].position, _input(rows[i], tensors, i), tensors[0][i : i + 1])
+        for i in answered
+    ]
+    first = rows[answered[0]].receipts
+    return dict(zip(answered, check_receipts(first.key, first.signer, statements, reply.receipt), strict=True))
 
 
 class StepLinks:
@@ -164,30 +200,28 @@ class StepLinks:
         self._streams: dict[str, _Stream] = {}
         # Rows not sent yet, by node and kind (pushed or not). No rhythm: a link's worker sends, one turn of the loop
         # after the first row, every row queued by then (all the sessions the head released with it).
-        self._batchers: dict[tuple[str, bool], Batcher[_Row, _Output]] = {}
+        self._batchers: dict[tuple[str, bool], Batcher[_Row, RowReply]] = {}
         self.messages = 0  # batch steps sent (tests, benchmarks)
         self.rows = 0  # session steps they carried
 
     async def step(
-        self, peer_id: str, session_id: str, hidden: torch.Tensor, position: int, next: Sequence[NextHop] = ()
-    ) -> torch.Tensor:
-        """One decode step of the node's session ``session_id``: hidden [1, 1, D] at ``position`` -> its output row
-        (checked by the caller); the node pushes the output on to ``next[0]`` too. Raises the node's typed error for
-        this row, or ``NodeUnreachable``/``StepTimeout`` (then every row on its stream fails too: replies come in
-        order, everything behind a lost one is lost)."""
-        row = _Row(session_id, position, hidden, tuple(next))
-        _, output = await self._submit(peer_id, row, self._timeout)
-        return output
+        self, receipts: ReceiptCheck, hidden: torch.Tensor, position: int, next: Sequence[NextHop] = ()
+    ) -> RowReply:
+        """One decode step of the node's session ``receipts.session_id`` on ``receipts.signer``: hidden [1, 1, D] at
+        ``position`` -> its output row (checked by the caller) and its verified receipt; the node pushes the output
+        on to ``next[0]`` too. Raises the node's typed error for this row, ``BadReceipt``, or
+        ``NodeUnreachable``/``StepTimeout`` (then every row on its stream fails too: replies come in order,
+        everything behind a lost one is lost)."""
+        row = _Row(receipts, position, hidden, tuple(next))
+        return await self._submit(receipts.signer, row, self._timeout)
 
-    async def pushed(
-        self, peer_id: str, session_id: str, position: int, wait: float
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(input, output) of the step at ``position`` that the previous node pushes to ``session_id``; the node
-        answers ``PushMissing`` when no input came within ``wait`` seconds."""
-        row = _Row(session_id, position, None, wait=wait)
-        return await self._submit(peer_id, row, wait + self._timeout)
+    async def pushed(self, receipts: ReceiptCheck, position: int, wait: float) -> RowReply:
+        """The step at ``position`` that the previous node pushes to the session; the node answers ``PushMissing``
+        when no input came within ``wait`` seconds."""
+        row = _Row(receipts, position, None, wait=wait)
+        return await self._submit(receipts.signer, row, wait + self._timeout)
 
-    async def _submit(self, peer_id: str, row: _Row, seconds: float) -> tuple[torch.Tensor, torch.Tensor]:
+    async def _submit(self, peer_id: str, row: _Row, seconds: float) -> RowReply:
         key = (peer_id, row.hidden is None)
         batcher = self._batchers.get(key)
         if batcher is None:
@@ -207,7 +241,7 @@ class StepLinks:
             del self._streams[peer_id]
             stream.fail(error)
 
-    async def _send(self, peer_id: str, jobs: list[Job[_Row, _Output]]) -> None:
+    async def _send(self, peer_id: str, jobs: list[Job[_Row, RowReply]]) -> None:
         """Hand a run's rows (at most ``MAX_BATCH_ROWS``, callers that left already dropped) to the node's stream in
         one message: their replies settle them. Raising fails them all."""
         rows = [job.item for job in jobs]

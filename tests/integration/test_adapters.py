@@ -2,8 +2,9 @@
 
 One swarm: a DHT, two nodes of the tiny Llama (blocks 0:3 and 3:6) serving adapters ``one`` and ``two`` (made by
 PEFT, with embedding and LM-head parts the gateway applies), the first node also ``half`` (so no node serves it for
-blocks 3:6), and a gateway given all three. Requests for ``one``, the base model and ``two`` run at once; each
-stream's greedy tokens equal PEFT's (or transformers') ``generate`` alone.
+blocks 3:6), and a gateway given all three that spot-checks every step. Requests for ``one``, the base model and
+``two`` run at once; each stream's greedy tokens equal PEFT's (or transformers') ``generate`` alone, and the checks
+(re-run with the session's adapter) find both nodes honest.
 """
 
 from __future__ import annotations
@@ -55,8 +56,10 @@ def gateway(module_swarm: LocalSwarm, tiny: TinyModel, adapters: dict[str, TinyA
         second = module_swarm.start_node(tiny.folder, "3:6", *_flags(adapters, ("one", "two")))
         for node in (first, second):
             module_swarm.wait_serving(node)
-        # Adapters are what this module tests; the checks of nodes' arithmetic are test_verification.py's.
-        yield start_gateway(module_swarm, tiny.folder, *_flags(adapters, ("one", "two", "half")), "--no-verify")
+        # Every step spot-checked: a check must re-run a step with the session's adapter (each node is the sole
+        # replica of its blocks, so each check is a self-check), or honest nodes are outvoted by the base model.
+        flags = (*_flags(adapters, ("one", "two", "half")), "--verify-check-rate", "1000")
+        yield start_gateway(module_swarm, tiny.folder, *flags)
     finally:
         stop_gracefully(module_swarm)
 
@@ -115,6 +118,11 @@ async def test_adapters_and_the_base_model_at_once_each_equal_peft_alone(
     assert greedy_ids(adapters["one"].model, PROMPTS["one"], NEW_TOKENS) != greedy_ids(
         tiny.model, PROMPTS["one"], NEW_TOKENS
     )  # the adapter changes the answer: the comparison could fail
+    with gateway.http() as http:
+        swarm = http.get("/v1/swarm").json()
+    checks = {(c["kind"], c["result"]): c["count"] for c in swarm["checks"]}
+    assert checks.get(("self", "agreed"), 0) > 0 and ("self", "outvoted") not in checks, checks
+    assert all(node["verification"]["routed"] for node in swarm["nodes"]), swarm["nodes"]
 
 
 def test_adapter_flags_name_folders(tmp_path: Path) -> None:

@@ -1,6 +1,8 @@
-"""Broken nodes: one answers NaNs, one a wrong shape, one a wrong dtype (``--faulty-outputs``). They are the fastest
-route (a healthy replica has 50 ms added), so the gateway tries them first; it must ban each and finish every
-request on the healthy node with exactly the reference tokens — no garbage reaches the client.
+"""Broken nodes: one answers NaNs, one a wrong shape, one a wrong dtype, one right outputs under receipts its
+certified step key did not sign (``--faulty-outputs``). They are the fastest route (a healthy replica has 50 ms
+added), so the gateway tries them first; it must ban each (or never route it: its challenge fails) and finish every
+request on the healthy node with exactly the reference tokens — no garbage, and no unsigned output, reaches the
+client.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from tests.tiny_models import GetTinyModel, TinyModel
 pytestmark = pytest.mark.timeout(300)
 
 PROMPT = [5, 17, 99, 3, 42, 8, 1]
-FAULTS = ("nan", "shape", "dtype")
+FAULTS = ("nan", "shape", "dtype", "bad-receipt")
 
 
 @pytest.fixture(scope="module")

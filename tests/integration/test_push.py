@@ -167,6 +167,7 @@ async def test_a_three_node_chain_that_pushes_equals_generate(
         async with client.chain() as chain:
             assert len(chain.hops) == 3
             pushed = [t async for t in client.greedy(chain, 12)]
+            _one_valid_receipt_per_hop(chain)
         assert pushed == relayed == expected
         # 11 decode steps: the gateway sent each to the first node only; the two later hops came node to node.
         assert client.router.stats.pushed_hops - before[0] == 22
@@ -177,6 +178,20 @@ async def test_a_three_node_chain_that_pushes_equals_generate(
         assert client.router.stats.pushed_hops - before[0] == 22
         assert client.router.stats.relayed_hops - before[1] == 11 + 33
         await _a_rewinding_step_is_relayed(client, expected, monkeypatch)
+
+
+def _one_valid_receipt_per_hop(chain: ChainSession) -> None:
+    """The last pushed step left one receipt per hop, each signed by that hop's node for its blocks, verified by the
+    gateway; each hop's signed input is the output the hop before it signed."""
+    receipts = [segment.session.last_receipt for segment in chain.segments]
+    assert all(receipt is not None for receipt in receipts)
+    for hop, receipt in zip(chain.hops, receipts, strict=True):
+        assert receipt is not None and receipt.signer == hop.peer_id
+        assert (receipt.statement.start, receipt.statement.end) == (hop.start, hop.end)
+    statements = [receipt.statement for receipt in receipts if receipt is not None]
+    assert len({s.position for s in statements}) == 1
+    for before, after in zip(statements, statements[1:], strict=False):
+        assert after.input_digest == before.output_digest
 
 
 async def _a_rewinding_step_is_relayed(

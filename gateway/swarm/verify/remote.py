@@ -17,11 +17,18 @@ from shared.rpc_client import decode_reply, over_transport
 
 
 async def forward_outputs(
-    p2p: P2P, peer_id: str, blocks: tuple[int, int], hidden: torch.Tensor, limit: float, auth: CallAuth
+    p2p: P2P,
+    peer_id: str,
+    blocks: tuple[int, int],
+    hidden: torch.Tensor,
+    limit: float,
+    auth: CallAuth,
+    adapter: str | None = None,
 ) -> torch.Tensor:
-    """hidden [1, T, D] through ``blocks`` on ``peer_id`` as one stateless prefill -> [1, T, D]."""
+    """hidden [1, T, D] through ``blocks`` on ``peer_id`` as one stateless prefill (with ``adapter``) -> [1, T, D]."""
     start, end = blocks
-    message = wire.ForwardRequest(protocol=wire.PROTOCOL_VERSION, start=start, end=end, auth=auth.token_for(peer_id))
+    token = auth.token_for(peer_id)
+    message = wire.ForwardRequest(protocol=wire.PROTOCOL_VERSION, start=start, end=end, auth=token, adapter=adapter)
     call = p2p.call_protobuf_handler(
         PeerID.from_base58(peer_id),
         wire.FORWARD_HANDLER,

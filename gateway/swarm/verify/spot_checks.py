@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from hivemind.p2p import P2P
@@ -28,6 +29,7 @@ from gateway.swarm.verify.tolerances import Precision, Tolerance, tolerance_for
 from gateway.swarm.verify.trust import TrustBook
 from gateway.swarm.view import SwarmView
 from shared.membership import CallAuth
+from shared.receipts import Receipt
 from shared.server_records import ServerRecord
 
 Versus = Callable[[ServerRecord | None, torch.Tensor], Comparison]  # the checked output against a replica's
@@ -38,9 +40,14 @@ class SpotCheck:
     hop: Hop
     history: list[tuple[int, torch.Tensor]]  # (position, input chunk [1, T, D]) as the session sent them
     output: torch.Tensor  # the last chunk's output [1, T, D]
+    adapter: str | None = None  # the LoRA adapter the session ran with: a replica re-runs the step with it too
+    receipt: Receipt | None = None  # the node's signed statement of that step: names it when the check fails
 
     def inputs(self) -> torch.Tensor:
         return torch.cat([chunk for _, chunk in self.history], dim=1)  # [1, P + T, D]
+
+    def evidence(self) -> dict[str, Any] | None:
+        return None if self.receipt is None else self.receipt.evidence()
 
 
 @dataclass(frozen=True)
@@ -49,12 +56,17 @@ class SpotResult:
     outcome: str  # agreed, outvoted, disputed
 
 
-def replicas_of(view: SwarmView, book: TrustBook, hop: Hop) -> list[ServerRecord]:
-    """Routed nodes that serve every block of ``hop`` other than its own, the most precise and reputed first."""
+def replicas_of(view: SwarmView, book: TrustBook, hop: Hop, adapter: str | None = None) -> list[ServerRecord]:
+    """Routed nodes that serve every block of ``hop`` other than its own (with ``adapter``, when the checked session
+    named one: the base model's outputs differ by the adapter's update), the most precise and reputed first."""
     covering = [
         s
         for s in view.online()
-        if s.peer_id != hop.peer_id and s.start <= hop.start and hop.end <= s.end and book.routable(s.peer_id)
+        if s.peer_id != hop.peer_id
+        and s.start <= hop.start
+        and hop.end <= s.end
+        and book.routable(s.peer_id)
+        and (adapter is None or adapter in s.adapters)
     ]
     rank = lambda s: (Precision.parse(s.precision).rank, book.reputation(s.peer_id))  # noqa: E731
     return sorted(covering, key=rank, reverse=True)
@@ -69,10 +81,10 @@ async def run_spot_check(
     steps = check.output.shape[1]
     node = view.servers.get(hop.peer_id)
     mine = Precision.parse(node.precision if node else None)
-    others = replicas_of(view, book, hop)
+    others = replicas_of(view, book, hop, check.adapter)
 
     async def on(peer_id: str) -> torch.Tensor:
-        return (await forward_outputs(p2p, peer_id, blocks, inputs, limit, auth))[:, -steps:]
+        return (await forward_outputs(p2p, peer_id, blocks, inputs, limit, auth, check.adapter))[:, -steps:]
 
     def versus(server: ServerRecord | None, want: torch.Tensor) -> Comparison:
         theirs = Precision.parse(server.precision if server else None)
@@ -80,12 +92,12 @@ async def run_spot_check(
 
     if not others:
         verdict = versus(node, await on(hop.peer_id))
-        return _settle(book, hop.peer_id, verdict, "its own prefill of the same step", self_check=True)
+        return _settle(book, check, verdict, "its own prefill of the same step", self_check=True)
     reference = others[0]
     want = await on(reference.peer_id)
     verdict = versus(reference, want)
     if verdict.agrees or len(others) < 2:
-        return _settle(book, hop.peer_id, verdict, f"{reference.peer_id}'s forward", self_check=False)
+        return _settle(book, check, verdict, f"{reference.peer_id}'s forward", self_check=False)
     return _tie_break(book, check, others[1], reference, (want, await on(others[1].peer_id)), versus)
 
 
@@ -121,10 +133,10 @@ def _tie_break(
     if side == "reference":
         book.agreed(reference.peer_id)
         reason = f"outvoted on a spot check of blocks {blocks} by {reference.peer_id} and {third.peer_id}"
-        book.lost(peer, f"{reason}: {with_node.describe()}", outvoted=True)
+        book.lost(peer, f"{reason}: {with_node.describe()}", outvoted=True, evidence=check.evidence())
         return SpotResult("spot", "outvoted")
     reason = f"disagreed on a spot check of blocks {blocks} with {reference.peer_id} ({third.peer_id} could not tell)"
-    book.lost(peer, reason, outvoted=False)
+    book.lost(peer, reason, outvoted=False, evidence=check.evidence())
     return SpotResult("spot", "disputed")
 
 
@@ -132,11 +144,11 @@ def tolerance_of(a: ServerRecord, b: ServerRecord) -> Tolerance:
     return tolerance_for(Precision.parse(a.precision), Precision.parse(b.precision))
 
 
-def _settle(book: TrustBook, peer: str, verdict: Comparison, against: str, self_check: bool) -> SpotResult:
-    kind = "self" if self_check else "spot"
+def _settle(book: TrustBook, check: SpotCheck, verdict: Comparison, against: str, self_check: bool) -> SpotResult:
+    kind, peer = "self" if self_check else "spot", check.hop.peer_id
     if verdict.agrees:
         book.agreed(peer, self_check)
         return SpotResult(kind, "agreed")
     reason = f"disagreed on a spot check with {against}: {verdict.describe()}"
-    book.lost(peer, reason, outvoted=self_check, self_check=self_check)
+    book.lost(peer, reason, outvoted=self_check, self_check=self_check, evidence=check.evidence())
     return SpotResult(kind, "outvoted" if self_check else "disputed")

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 START = 0.5
 AGREED_GAIN = 0.05  # of the distance to 1, per check passed: 10 passes take a new node from 0.5 to 0.7
@@ -45,6 +46,7 @@ class NodeTrust:
     reason: str = ""  # why it is where it is, in words (shown in /v1/swarm and logged)
     checks: dict[str, int] = field(default_factory=dict)  # results of the checks it took part in, by result
     self_checked: bool = False  # its last check was against itself (a sole replica): catches drift, not malice
+    evidence: dict[str, Any] | None = None  # the receipt of the step its latest lost check was about (signed by it)
     since: float = 0.0
 
     @property
@@ -102,9 +104,16 @@ class TrustBook:
             node.self_checked = self_check
             self._count(node, "agreed")
 
-    def lost(self, peer_id: str, reason: str, outvoted: bool, self_check: bool = False) -> bool:
-        """A check this node lost: by a majority (``outvoted``) or a dispute with no tie-break. True when that took
-        it out of routing."""
+    def lost(
+        self,
+        peer_id: str,
+        reason: str,
+        outvoted: bool,
+        self_check: bool = False,
+        evidence: dict[str, Any] | None = None,
+    ) -> bool:
+        """A check this node lost: by a majority (``outvoted``) or a dispute with no tie-break; ``evidence``: the
+        node's receipt of the step checked (``shared.receipts``). True when that took it out of routing."""
         node = self.nodes.get(peer_id)
         if node is None:
             return False
@@ -112,6 +121,8 @@ class TrustBook:
         node.reputation *= OUTVOTED_FACTOR if outvoted else DISPUTED_FACTOR
         node.self_checked = self_check
         node.reason = reason
+        if evidence is not None:
+            node.evidence = evidence
         self._count(node, "outvoted" if outvoted else "disputed")
         if was_routable and node.reputation < self.threshold:
             self._set(peer_id, Verification.DISTRUSTED, reason)

@@ -28,8 +28,9 @@ from gateway.swarm.verify.remote import forward_outputs, session_outputs
 from gateway.swarm.verify.spot_checks import SpotCheck, run_spot_check
 from gateway.swarm.verify.trust import NodeTrust, TrustBook, Verification
 from gateway.swarm.view import SwarmView
-from shared.errors import MalformedReply
+from shared.errors import BadReceipt, MalformedReply
 from shared.membership import CallAuth
+from shared.receipts import Receipt
 from shared.server_records import ServerRecord
 
 logger = logging.getLogger(__name__)
@@ -137,7 +138,7 @@ class Verifier:
             try:
                 async with asyncio.timeout(CHALLENGE_TIMEOUT):
                     await self._challenge(peer_id)
-            except MalformedReply as error:  # NaN, a wrong shape or dtype: computed wrong, not merely unavailable
+            except (MalformedReply, BadReceipt) as error:  # garbage (NaN, a wrong shape or dtype) or unsigned
                 self._fail(peer_id, f"answered its challenge with garbage: {error}")
             except Exception as error:  # could not be challenged now (busy, gone, timed out): stays in probation
                 self.counts["challenge", "error"] += 1
@@ -193,7 +194,7 @@ class Verifier:
                 forward_outputs(self._p2p, candidate.peer_id, blocks, inputs, timeout, self._auth),
             )
             verdict = judge(challenge, reference, candidate, got, want)
-        except MalformedReply as error:
+        except (MalformedReply, BadReceipt) as error:  # garbage, or a session reply it did not sign
             verdict, detail = None, f"answered a session with garbage: {error}"
         if verdict is not None and verdict.agrees:
             self.book.confirmed(reference.peer_id)
@@ -250,11 +251,28 @@ class Verifier:
             logger.warning("node %s is out of routing: %s", reference.peer_id, outvoted)
         return verdict, f"blocks {start}:{end} against {third.peer_id} (seed {challenge.seed})"
 
+    def bad_receipt(self, peer_id: str, error: str) -> None:
+        """A step reply of the node did not carry its valid receipt: cut its trust as an outvote would."""
+        if not self.settings.enabled:
+            return
+        self.counts["receipt", "invalid"] += 1
+        reason = f"sent a step reply without a valid receipt: {error}"
+        if self.book.lost(peer_id, reason, outvoted=True):
+            logger.warning("node %s is out of routing: %s", peer_id, reason)
+
     # -- spot checks ---------------------------------------------------------------------------------------------
 
-    def observe(self, hop: Hop, history: list[tuple[int, torch.Tensor]], output: torch.Tensor) -> None:
+    def observe(
+        self,
+        hop: Hop,
+        history: list[tuple[int, torch.Tensor]],
+        output: torch.Tensor,
+        adapter: str | None = None,
+        receipt: Receipt | None = None,
+    ) -> None:
         """A step ``hop`` served (``history``: every input the session gave it, this step's last; ``output``: this
-        step's [1, T, D]): maybe re-run it elsewhere in the background."""
+        step's [1, T, D]; ``adapter``: the session's LoRA adapter; ``receipt``: the node's signed statement of the
+        step, kept with the check as its evidence): maybe re-run it elsewhere in the background."""
         if not self.settings.enabled or not history or self.settings.check_rate <= 0:
             return
         step_tokens = history[-1][1].shape[1]
@@ -265,7 +283,7 @@ class Verifier:
         if len(self._checks) >= self.settings.max_checks:
             self.counts["spot", "skipped"] += 1
             return
-        check = SpotCheck(hop, list(history), output)
+        check = SpotCheck(hop, list(history), output, adapter, receipt)
         task = asyncio.create_task(self._spot_check(check, self._view))
         self._checks.add(task)
         task.add_done_callback(self._checks.discard)
@@ -278,6 +296,10 @@ class Verifier:
             logger.info("spot check of node %s could not run: %s", check.hop.peer_id, error)
             return
         self.counts[result.kind, result.outcome] += 1
+        if result.outcome != "agreed" and check.receipt is not None:
+            logger.warning(
+                "node %s lost a spot check (%s); its %s", check.hop.peer_id, result.outcome, check.receipt.describe()
+            )
         for peer, node in self.book.nodes.items():
             if node.state is Verification.DISTRUSTED and peer not in self._announced_out:
                 self._announced_out.add(peer)

@@ -24,6 +24,7 @@ from shared.dht_records import NodeState, ServerRecord
         (errors.NodeUnreachable("gone"), Recovery.GONE),
         (errors.StepTimeout("slow"), Recovery.FAULT),
         (errors.MalformedReply("nan"), Recovery.FAULT),
+        (errors.BadReceipt("unsigned"), Recovery.FAULT),
         (errors.NodeInternalError("boom"), Recovery.FAULT),
         (errors.CacheFull("full"), Recovery.BUSY),
         (errors.NodeDraining("draining"), Recovery.STALE),
@@ -57,6 +58,7 @@ def test_every_retryable_error_is_recovered_from() -> None:
         errors.NodeUnreachable,
         errors.StepTimeout,
         errors.MalformedReply,
+        errors.BadReceipt,
     ]
     for cls in retryable:
         assert cls.retryable and RECOVERY[cls.code] is not Recovery.FAIL, cls
