@@ -24,6 +24,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="scenarios run at once (processes)")
     parser.add_argument("--max-nodes", type=int, default=None, help="skip scenarios with more nodes than this")
     parser.add_argument("--nodes", type=int, default=None, help="run only the scenarios of this many nodes")
+    parser.add_argument("--only", default=None, help="run only the scenarios whose name contains this")
     parser.add_argument("--save", type=Path, default=None, help="keep the results here (pickle) instead of a report")
     parser.add_argument("--report-from", type=Path, nargs="+", default=None, help="saved results to report on")
     args = parser.parse_args()
@@ -33,6 +34,7 @@ def main() -> None:
     else:
         chosen = scenarios.quick() if args.quick else scenarios.full()
         chosen = [s for s in chosen if (args.max_nodes is None or s.nodes <= args.max_nodes)]
+        chosen = [s for s in chosen if args.only is None or args.only in s.name]
         results = _run_all([s for s in chosen if args.nodes is None or s.nodes == args.nodes], args.workers)
         print(f"{len(results)} scenarios in {time.monotonic() - began:.0f} s wall", flush=True)  # noqa: T201
         if args.save:
