@@ -12,6 +12,9 @@ included), both modes' tokens compared (they must be the same). Workloads:
 * novel: a short story, nothing to copy;
 * mixed: 8 streams at once, two of each (aggregate tokens/s).
 
+``chain`` is ``spec`` with ``--no-speculative-trees`` (every step's drafts one chain). ``--workloads`` and
+``--modes`` run a subset (``mixed`` is the 8 streams).
+
     .venv/bin/python -m bench.wan_tokens --rtts 0,50 --repeats 1
 """
 
@@ -39,7 +42,11 @@ from gateway.model.engine import GenerationEngine, GenerationRequest
 from gateway.settings import EngineSettings
 
 NEW_TOKENS = 96
-MODES: dict[str, dict[str, Any]] = {"push": {"speculative": "off"}, "spec": {"speculative": "ngram"}}
+MODES: dict[str, dict[str, Any]] = {
+    "push": {"speculative": "off"},
+    "chain": {"speculative": "ngram", "speculative_trees": False},  # drafts verified as one chain per step
+    "spec": {"speculative": "ngram"},  # the defaults: tree drafts where the drafter branches
+}
 CUSTOMER = {
     "type": "object",
     "properties": {
@@ -146,10 +153,17 @@ async def timed(run: Callable[[], Awaitable[int]], counter: Traversals, streams:
 
 
 async def measure(
-    engines: dict[str, GenerationEngine], prompts: dict[str, list[int]], counter: Traversals, rtt: float, repeats: int
+    engines: dict[str, GenerationEngine],
+    prompts: dict[str, list[int]],
+    counter: Traversals,
+    rtt: float,
+    repeats: int,
+    workloads: set[str],
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for name, (_, grammar) in WORKLOADS.items():
+        if name not in workloads:
+            continue
         got: dict[str, list[tuple[float, float, list[int]]]] = {mode: [] for mode in engines}
         for _ in range(repeats):
             for mode, engine in engines.items():
@@ -159,7 +173,7 @@ async def measure(
         same = len({tuple(runs[0][2]) for runs in got.values()}) == 1
         for mode, runs in got.items():
             rows.append(_row(name, mode, rtt, [r[0] for r in runs], [r[1] for r in runs], len(runs[0][2]), same))
-    for mode, engine in engines.items():
+    for mode, engine in engines.items() if "mixed" in workloads else ():
         speeds, per = [], []
         for _ in range(repeats):
             speed, tpt, tokens = await timed(lambda e=engine: _mixed(e, prompts), counter, 8)
@@ -216,6 +230,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> list[dict[str, Any]]:
         for node in nodes:
             swarm.wait_serving(node)
         for mode, extra in MODES.items():
+            if mode not in args.modes:
+                continue
             settings = EngineSettings(model=str(model), initial_peers=swarm.initial_peers, num_threads=1, **extra)
             engines[mode] = await GenerationEngine.create(settings)
             await wait_covered(engines[mode])
@@ -234,7 +250,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> list[dict[str, Any]]:
             for engine in engines.values():
                 for _ in range(4):
                     await asyncio.gather(*(engine.router._probe_one(p) for p in list(engine.router.rtts)))  # noqa: SLF001
-            rows += await measure(engines, prompts, counter, rtt, args.repeats)
+            rows += await measure(engines, prompts, counter, rtt, args.repeats, args.workloads)
         return rows
     finally:
         for engine in engines.values():
@@ -248,15 +264,15 @@ async def run(args: argparse.Namespace, workdir: Path) -> list[dict[str, Any]]:
 def table(rows: list[dict[str, Any]]) -> str:
     push = {(r["workload"], r["rtt"]): r for r in rows if r["mode"] == "push"}
     lines = [
-        "| workload | RTT ms | push tok/s | spec tok/s | spec / push | push tok/trav | spec tok/trav | same |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| workload | RTT ms | mode | push tok/s | mode tok/s | mode / push | push tok/trav | mode tok/trav | same |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
-        if r["mode"] != "spec":
+        if r["mode"] == "push":
             continue
         p = push[(r["workload"], r["rtt"])]
         lines.append(
-            f"| {r['workload']} | {r['rtt'] * 1000:.0f} | {p['tok/s']:.1f} | {r['tok/s']:.1f} |"
+            f"| {r['workload']} | {r['rtt'] * 1000:.0f} | {r['mode']} | {p['tok/s']:.1f} | {r['tok/s']:.1f} |"
             f" {r['tok/s'] / p['tok/s']:.2f}x | {p['tok/traversal']:.2f} | {r['tok/traversal']:.2f} |"
             f" {'yes' if r['same tokens'] else 'NO'} |"
         )
@@ -268,7 +284,10 @@ def main() -> None:
     parser.add_argument("--rtts", default="0,50,100", help="round-trip times in ms (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=1, help="runs per measurement, median (default: 1)")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    parser.add_argument("--workloads", default=",".join([*WORKLOADS, "mixed"]), help="default: %(default)s")
+    parser.add_argument("--modes", default=",".join(MODES), help="push and others (default: %(default)s)")
     args = parser.parse_args()
+    args.workloads, args.modes = set(args.workloads.split(",")), {"push", *args.modes.split(",")}
     args.rtts = [int(ms) / 1000 for ms in args.rtts.split(",")]
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="swarmgate-wan-tokens-") as tmp:

@@ -52,7 +52,8 @@ from shared.errors import BadRequest, RemoteError, error_from_code
 from shared.receipts import StepKeyCertificate
 
 # 2: ResizeSession; 3: the batch handler; 4: node-to-node push; 5: TruncateSession;
-# 6: receipts (SessionOpened.step_key, StepResult.receipt, BatchStepResult.receipt: shared.receipts)
+# 6: receipts (SessionOpened.step_key, StepResult.receipt, BatchStepResult.receipt: shared.receipts), tree steps
+# (Step.tree, Step.branch, TruncateSession.branch) and ForwardRequest.adapter: a node of 5 would refuse each of them
 PROTOCOL_VERSION = 6
 
 INFERENCE_HANDLER = "swarmgate.inference"
@@ -102,9 +103,29 @@ class AllowPush(_Message):
     pusher: str | None = Field(None, max_length=128)
 
 
+MAX_TREE_TOKENS = 256  # tokens of one tree step
+
+
 class Step(_Message):
+    """New tokens at ``position`` (below the session's length rewinds it). A verify step of speculative branches
+    carries ``tree``: each token's parent in the step (-1: the token before ``position``); each attends to the stored
+    tokens and its ancestors only, at position ``position + depth``, and all are stored provisionally. ``branch``
+    keeps one branch of the previous tree step first: the stored tokens at these slots become the positions right
+    before ``position`` (see ``TruncateSession``). Both are sent only when set: a node from before trees accepts
+    every other step."""
+
     type: Literal["step"] = "step"
-    position: int = Field(ge=0)  # position of the first new token; below the session's length rewinds it
+    position: int = Field(ge=0)
+    tree: list[int] | None = Field(None, max_length=MAX_TREE_TOKENS)
+    branch: list[int] | None = Field(None, max_length=MAX_TREE_TOKENS)
+
+    @model_serializer(mode="wrap")
+    def _without_unset_tree(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for name in ("tree", "branch"):
+            if data.get(name) is None:
+                data.pop(name, None)
+        return data
 
 
 class ResizeSession(_Message):
@@ -118,10 +139,20 @@ class ResizeSession(_Message):
 
 class TruncateSession(_Message):
     """Keep the session's first ``length`` stored tokens: the rest are forgotten (the room they took stays the
-    session's; ``ResizeSession`` gives room back). Refused past the tokens the session holds."""
+    session's; ``ResizeSession`` gives room back). Refused past the tokens the session holds. With ``branch`` (a
+    tree step's kept branch), the last ``len(branch)`` of the ``length`` are the stored tokens at those slots
+    (ascending), moved there."""
 
     type: Literal["truncate"] = "truncate"
     length: int = Field(ge=0)
+    branch: list[int] | None = Field(None, max_length=MAX_TREE_TOKENS)
+
+    @model_serializer(mode="wrap")
+    def _without_unset_branch(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if self.branch is None:
+            data.pop("branch", None)
+        return data
 
 
 class CloseSession(_Message):

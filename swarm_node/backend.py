@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
@@ -72,9 +72,13 @@ class SpanBackend:
         # On the compute thread: no forward may read the tensors while they are swapped.
         await self._run(lambda: kv.resize(max_length))
 
-    async def serve_step(self, kv: SessionKV, hidden: torch.Tensor, position: int) -> torch.Tensor:
+    async def serve_step(
+        self, kv: SessionKV, hidden: torch.Tensor, position: int, parents: Sequence[int] | None = None
+    ) -> torch.Tensor:
         """A client's step, hidden [1, T, D] at ``position``: batched with others' steps or prompts unless longer than
-        a prefill chunk (then alone, in chunks)."""
+        a prefill chunk (then alone, in chunks). A tree step (``parents``) runs alone, in one forward."""
+        if parents is not None:
+            return await self._run(functools.partial(self._forward, hidden, [kv], [position], kv.blocks, None, parents))
         if hidden.shape[1] == 1:
             return await self.batcher.step(kv, hidden, position)
         if hidden.shape[1] <= self.policy.prefill_chunk:
@@ -120,10 +124,12 @@ class SpanBackend:
         starts: list[int],
         blocks: range,
         lengths: list[int] | None = None,
+        parents: Sequence[int] | None = None,
     ) -> torch.Tensor:
         began = time.perf_counter()
         wire_dtype = hidden.dtype
-        output = self.span(hidden.to(self.device, self.dtype), kvs, starts, blocks, lengths).to("cpu", wire_dtype)
+        inputs = hidden.to(self.device, self.dtype)
+        output = self.span(inputs, kvs, starts, blocks, lengths, parents).to("cpu", wire_dtype)
         output = lie_about(self.fault, hidden, output)
         if self.metrics is not None:  # hidden: [B, T, D]
             self.metrics.forward(hidden.shape[0], hidden.shape[1], time.perf_counter() - began)

@@ -68,6 +68,7 @@ from shared.wire import ClientMessage as SessionMessage
 from swarm_node.backend import SpanBackend
 from swarm_node.cache_pool import CachePool
 from swarm_node.fair_share import FairShare, ShareLimits
+from swarm_node.kv_cache import SessionKV, check_branch, is_chain, tree_depths
 from swarm_node.push import PushLinks, RowsOutcome, run_rows, wait_rows
 from swarm_node.rpc_checks import check_batch, check_blocks, check_hidden, check_max_length, check_protocol
 from swarm_node.sessions import Session, SessionRegistry
@@ -269,12 +270,15 @@ class SpanHandlers:
                 await self.pool.resize(session.allocation, message.max_length)
             session.max_length = message.max_length
 
-    def _truncate(self, session: Session, length: int) -> None:
-        """Forget the session's stored tokens from ``length`` on; its room in the pool stays as it is."""
+    def _truncate(self, session: Session, length: int, branch: list[int] | None = None) -> None:
+        """Forget the session's stored tokens from ``length`` on; its room in the pool stays as it is. With
+        ``branch``, its last ``len(branch)`` positions take the stored tokens at those slots (a tree's kept branch)."""
         with self.sessions.active(session) as kv:
             if length > kv.length:
                 raise PositionOutOfRange(f"cannot truncate to {length}: the session holds {kv.length} tokens")
             session.slots.clear()  # the latest decode step may be among the forgotten tokens
+            if branch:
+                _keep_branch(kv, length, branch)
             kv.length = length
 
     async def _step(self, session: Session, message: Step, tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -282,7 +286,10 @@ class SpanHandlers:
             raise BadRequest(f"unexpected message {message.type!r} in an open session")
         hidden = check_hidden(tensors, self.hidden_size, batch=1)
         new_tokens = hidden.shape[1]
+        parents = _checked_tree(message.tree, new_tokens)
         with self.sessions.active(session) as kv:
+            if message.branch:
+                _keep_branch(kv, message.position, message.branch)
             if message.position > kv.length:
                 raise PositionOutOfRange(
                     f"position {message.position} leaves a gap after the session's {kv.length} tokens"
@@ -292,7 +299,7 @@ class SpanHandlers:
                     f"positions up to {message.position + new_tokens} exceed max_length {kv.max_length}"
                 )
             with self.fair.step(session.owner):
-                output = await self.backend.serve_step(kv, hidden, message.position)
+                output = await self.backend.serve_step(kv, hidden, message.position, parents)
         self.tokens_processed += new_tokens
         return output
 
@@ -379,6 +386,28 @@ class SpanHandlers:
         return range(self.start, self.end)
 
 
+def _keep_branch(kv: SessionKV, end: int, branch: list[int]) -> None:
+    """The stored tokens at ``branch``'s slots become the positions before ``end`` (a tree step's kept branch)."""
+    start = end - len(branch)
+    refusal = check_branch(kv.length, start, branch)
+    if refusal is not None:
+        raise PositionOutOfRange(refusal)
+    kv.keep_branch(start, branch)
+
+
+def _checked_tree(parents: list[int] | None, new_tokens: int) -> list[int] | None:
+    """A tree step's parents, if they lay out its ``new_tokens`` tokens as a tree; None for a chain."""
+    if parents is None or is_chain(parents):
+        return None
+    if len(parents) != new_tokens:
+        raise BadRequest(f"a tree of {len(parents)} tokens for a step of {new_tokens}")
+    try:
+        tree_depths(parents)
+    except ValueError as error:
+        raise BadRequest(str(error)) from None
+    return parents
+
+
 def _mark_rows(stage: str, rows: list[BatchRow]) -> None:
     for row in rows:
         step_trace.mark(stage, row.session_id, row.position)
@@ -443,7 +472,7 @@ class _SessionStream:
                 await handlers._resize(session, message)
                 return encode_response(SessionResized(max_length=session.max_length))
             case TruncateSession():
-                handlers._truncate(session, message.length)
+                handlers._truncate(session, message.length, message.branch)
                 return encode_response(SessionTruncated(length=message.length))
             case AllowPush():
                 session.pusher = message.pusher

@@ -10,6 +10,12 @@ exactly that room). One forward may carry several sessions at different lengths,
   the attention mask hides the padding. Prefill is compute-bound, so the copy is noise there. Rows may bring fewer
   real tokens than T (``lengths``: prompts of different lengths in one forward, right-padded): only the real ones
   are stored, and what the padding computes is discarded by the caller.
+
+A padded forward of one session may carry a **tree** of tokens (``parents``: speculative branches verified in one
+step). Every tree token is stored, provisionally, at its slot ``start + i``, but attends only to the tokens before
+``start`` and to its own ancestors, at the position its depth gives (``start + depth``): the output of each token is
+what a chain of its ancestors alone would give. ``SessionKV.keep_branch`` keeps one branch afterwards, its keys and
+values moved to consecutive positions — exactly the cache a chain of that branch would have written.
 """
 
 from __future__ import annotations
@@ -64,6 +70,45 @@ class SessionKV:
     def blocks(self) -> range:
         return range(self.first_block, self.first_block + self.num_layers)
 
+    def keep_branch(self, start: int, slots: Sequence[int]) -> None:
+        """The stored tokens at ``slots`` (ascending, each at or after its new position) become positions ``start``,
+        ``start + 1``, ...: one branch of a tree step kept, the rest of it forgotten (``check_branch`` first)."""
+        for offset, slot in enumerate(slots):
+            if slot != start + offset:  # ascending slots never overwrite a slot still to be moved
+                self.keys[:, :, start + offset] = self.keys[:, :, slot]
+                self.values[:, :, start + offset] = self.values[:, :, slot]
+        self.length = start + len(slots)
+
+
+def check_branch(length: int, start: int, slots: Sequence[int]) -> str | None:
+    """Why keeping ``slots`` as positions ``start``... of a session holding ``length`` tokens is refused, or None."""
+    if start < 0:
+        return f"a branch of {len(slots)} tokens cannot end at position {start + len(slots)}"
+    previous = start - 1
+    for offset, slot in enumerate(slots):
+        if slot <= previous or slot < start + offset:
+            return f"branch slots {list(slots)} are not ascending from position {start}"
+        previous = slot
+    if slots and slots[-1] >= length:
+        return f"branch slot {slots[-1]} is past the session's {length} stored tokens"
+    return None
+
+
+def tree_depths(parents: Sequence[int]) -> list[int]:
+    """Depth of each token of a tree step (0: its parent is the last stored token, ``-1``); a parent comes before its
+    children. Raises ValueError for a malformed tree."""
+    depths: list[int] = []
+    for index, parent in enumerate(parents):
+        if not -1 <= parent < index:
+            raise ValueError(f"tree parent {parent} of token {index} is not -1 or an earlier token")
+        depths.append(0 if parent < 0 else depths[parent] + 1)
+    return depths
+
+
+def is_chain(parents: Sequence[int]) -> bool:
+    """Whether a tree is one chain, each token the previous one's child (a plain step)."""
+    return all(parent == index - 1 for index, parent in enumerate(parents))
+
 
 class BatchCache:
     """What a decoder layer sees as its ``cache`` for one forward over rows of several sessions.
@@ -84,6 +129,7 @@ class BatchCache:
         lengths: Sequence[int] | None = None,
         ragged_decode: bool = True,
         kv_broadcast: int = 1,
+        parents: Sequence[int] | None = None,
     ) -> None:
         self.sessions = list(sessions)
         self.starts = list(starts)
@@ -96,6 +142,12 @@ class BatchCache:
         # Layers that compute attention themselves (Falcon, BLOOM) never call ``attend``: they get the padded layout.
         self.ragged = ragged_decode and new_tokens == 1
         self.kv_broadcast = kv_broadcast
+        # A tree step (one session): each token's parent, -1 for the last stored token (None: a chain)
+        self.parents = None if parents is None or is_chain(parents) else list(parents)
+        if self.parents is not None and (len(self.sessions) != 1 or len(self.parents) != new_tokens):
+            raise ValueError(f"a tree of {len(self.parents)} tokens needs one row of as many, got {self.lengths}")
+        self.depths = tree_depths(self.parents) if self.parents is not None else list(range(new_tokens))
+        self.ragged = self.ragged and self.parents is None
         self.written: dict[int, int] = {}  # block -> positions its layer stored in this forward (check_written)
 
     def update(
@@ -189,20 +241,41 @@ class BatchCache:
             session.length = start + length
 
     def attention_mask(self, window: int | None, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        """Additive mask [B, 1, T, total] for the padded layout: causal, per-row length, optional sliding window."""
+        """Additive mask [B, 1, T, total] for the padded layout: causal, per-row length, optional sliding window; a
+        tree's tokens see the stored tokens and their own ancestors only."""
         starts = torch.tensor(self.starts, device=device).view(-1, 1, 1, 1)
-        query_pos = starts + torch.arange(self.new_tokens, device=device).view(1, 1, -1, 1)
-        key_pos = torch.arange(self.total, device=device).view(1, 1, 1, -1)
-        allowed = key_pos <= query_pos
+        query_pos = starts + torch.tensor(self.depths, device=device).view(1, 1, -1, 1)
+        key_pos = self.key_positions(device).view(1, 1, 1, -1)
+        if self.parents is None:
+            allowed = key_pos <= query_pos
+        else:
+            allowed = torch.cat([torch.ones(self.new_tokens, self.starts[0], dtype=torch.bool), self._ancestry()], 1)
+            allowed = allowed.to(device).view(1, 1, self.new_tokens, self.total)
         if window is not None:
             allowed &= query_pos - key_pos < window
         mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
         return mask.masked_fill(~allowed, torch.finfo(dtype).min)
 
     def position_ids(self, device: torch.device) -> torch.Tensor:
-        """[B, T] absolute positions of the new tokens."""
+        """[B, T] absolute positions of the new tokens (a tree's: its start plus each token's depth)."""
         starts = torch.tensor(self.starts, device=device).view(-1, 1)
-        return starts + torch.arange(self.new_tokens, device=device).view(1, -1)
+        return starts + torch.tensor(self.depths, device=device).view(1, -1)
+
+    def key_positions(self, device: torch.device) -> torch.Tensor:
+        """[total] the position of each key slot the widest row reads (a tree's slots: their tokens' depths)."""
+        if self.parents is None:
+            return torch.arange(self.total, device=device)
+        stored = torch.arange(self.starts[0], device=device)
+        return torch.cat([stored, self.starts[0] + torch.tensor(self.depths, device=device)])
+
+    def _ancestry(self) -> torch.Tensor:
+        """[T, T] bool: token i may attend to tree token j (j is i or one of its ancestors)."""
+        assert self.parents is not None
+        allowed = torch.eye(self.new_tokens, dtype=torch.bool)
+        for index, parent in enumerate(self.parents):
+            if parent >= 0:
+                allowed[index] |= allowed[parent]
+        return allowed
 
 
 def _scale(scaling: float | None, head_dim: int) -> float:

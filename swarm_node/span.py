@@ -132,13 +132,15 @@ class BlockSpan(nn.Module):
         starts: Sequence[int],
         blocks: range,
         lengths: Sequence[int] | None = None,
+        parents: Sequence[int] | None = None,
     ) -> torch.Tensor:
         """hidden: [B, T, D] new tokens of B sessions, row b at positions starts[b]...; returns [B, T, D].
 
-        ``lengths``: row b's real tokens are its first lengths[b] (right padding after them; default: all T)."""
+        ``lengths``: row b's real tokens are its first lengths[b] (right padding after them; default: all T).
+        ``parents``: one row's T tokens are a tree (``BatchCache``): each token's parent, -1 for the last stored one."""
         ragged = not self.family.own_attention
         broadcast = self.family.kv_broadcast(self.config)
-        cache = BatchCache(sessions, starts, hidden.shape[1], self._windows, lengths, ragged, broadcast)
+        cache = BatchCache(sessions, starts, hidden.shape[1], self._windows, lengths, ragged, broadcast, parents)
         inputs = _LayerInputs(self, cache, hidden)
         self.adapter_rows.set([session.adapter for session in sessions], hidden.device)
         try:
@@ -182,10 +184,17 @@ class _LayerInputs:
         return self._rotary[kind]
 
     def alibi(self) -> torch.Tensor:
-        """BLOOM's ALiBi bias [B * heads, 1, total]: a per-head slope times each key's absolute position."""
+        """BLOOM's ALiBi bias [B * heads, 1, total]: a per-head slope times each key's absolute position (a tree's
+        keys: their tokens' depth positions, not their slots)."""
         if self._alibi is None:
-            keys = torch.ones(len(self.cache.sessions), self.cache.total, device=self.device)
-            self._alibi = modeling_bloom.build_alibi_tensor(keys, int(self.span.config.n_head), self.dtype)
+            heads = int(self.span.config.n_head)
+            if self.cache.parents is None:
+                keys = torch.ones(len(self.cache.sessions), self.cache.total, device=self.device)
+                self._alibi = modeling_bloom.build_alibi_tensor(keys, heads, self.dtype)
+            else:  # one row: the slopes (the bias at position 1) times each key's position
+                slopes = modeling_bloom.build_alibi_tensor(torch.ones(1, 2, device=self.device), heads, self.dtype)
+                positions = self.cache.key_positions(self.device).to(self.dtype)
+                self._alibi = slopes[:, :, 1:] * positions.view(1, 1, -1)
         return self._alibi
 
     def call(self, layer: nn.Module, block: int, hidden: torch.Tensor) -> torch.Tensor:

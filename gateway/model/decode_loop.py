@@ -7,8 +7,10 @@
     finish       the nodes' caches rolled back to the tokens kept, the chain kept for the conversation's next turn
                  or closed
 
-``held`` is the one count of what the nodes hold: the token ids in their caches, in order, the last step's drafts
-included (until a round says how many of them stay). The engine owns the processes and the swarm; it hands each
+``held`` is the one count of what the nodes hold: the token ids in their caches, in slot order, the last step's
+drafts included (until a round says which of them stay: ``kept``). A tree step's kept branch need not be its first
+slots: the next step (or the final roll-back) names the slots to keep (``branch``), and the nodes move them into
+place. The engine owns the processes and the swarm; it hands each
 generation its services (``Services``) once, so no step threads the request's adapter or the engine through.
 """
 
@@ -20,14 +22,14 @@ import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Collection
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 
 from gateway.generation import EngineEvent, GeneratedToken, GenerationRequest, PromptCached, PromptScores
 from gateway.model.head_batcher import HeadBatcher
 from gateway.model.sampling import Sampler, top_logprobs
-from gateway.model.speculation import DecodePlan, Verified, verify_drafts
+from gateway.model.speculation import DecodePlan, DraftTree, Verified, verify_tree
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +44,16 @@ class Chain(Protocol):
     async def truncate(self, length: int) -> None: ...
 
     async def close(self) -> None: ...
+
+
+class TreeChain(Chain, Protocol):
+    """A chain whose nodes verify trees (``ChainSession``): steps carry a tree, and keep one branch of the last."""
+
+    async def step(
+        self, hidden: torch.Tensor, position: int, tree: list[int] | None = None, branch: list[int] | None = None
+    ) -> torch.Tensor: ...
+
+    async def truncate(self, length: int, branch: list[int] | None = None) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -78,37 +90,51 @@ def verify_round(
     plan: DecodePlan,
     k: int,
     embed: Callable[[list[int]], torch.Tensor],
+    parents: list[int] | None = None,
+    trees: bool = False,
 ) -> Verified:
-    """logits [1 + len(drafts), V]: the output after the last emitted token and after each draft -> the tokens the
-    model's own sampling emits (a draft is kept while the sample equals it), up to ``k`` next drafts and the next
-    step's input embeddings [1, 1 + k', D].
+    """logits [1 + len(drafts), V]: the output after the last emitted token and after each draft (``parents``: the
+    drafts as a tree, ``DraftTree``) -> the tokens the model's own sampling emits (a draft is kept while the sample
+    equals it: ``verify_tree``), up to ``k`` next drafts (a tree with ``trees``) and the next step's input
+    embeddings [1, 1 + k', D].
 
     Run by the head batcher's worker thread: embedding there saves each session a hop to a thread per step."""
-    tokens, accepted = verify_drafts(logits, drafts, pick, plan)
+    tree = DraftTree.chain(drafts) if parents is None else DraftTree(drafts, parents)
+    tokens, path = verify_tree(logits, tree, pick, plan)
     if plan.done:
-        return Verified(tokens, accepted, True)
-    return with_drafts(Verified(tokens, accepted, False), plan, k, embed)
+        return Verified(tokens, len(path), True, path=path)
+    return with_drafts(Verified(tokens, len(path), False, path=path), plan, k, embed, trees)
 
 
-def with_drafts(round_: Verified, plan: DecodePlan, k: int, embed: Callable[[list[int]], torch.Tensor]) -> Verified:
-    """``round_`` with up to ``k`` drafts after its tokens, and the next step's input embeddings for them."""
-    following, forced = plan.propose(k)
-    hidden = embed([round_.tokens[-1].token_id, *following])
-    return Verified(round_.tokens, round_.accepted, False, following, hidden, forced)
+def with_drafts(
+    round_: Verified, plan: DecodePlan, k: int, embed: Callable[[list[int]], torch.Tensor], trees: bool = False
+) -> Verified:
+    """``round_`` with up to ``k`` drafts after its tokens (a tree with ``trees``), and the next step's input
+    embeddings for them."""
+    following, forced = plan.propose_tree(k, trees)
+    hidden = embed([round_.tokens[-1].token_id, *following.tokens])
+    parents = None if following.is_chain else following.parents
+    return Verified(round_.tokens, round_.accepted, False, following.tokens, hidden, forced, round_.path, parents)
 
 
 class Generation:
     """One request from its prefill to its last token: ``run`` yields its events."""
 
-    def __init__(self, request: GenerationRequest, services: Services, sampler: Sampler, plan: DecodePlan) -> None:
+    def __init__(
+        self, request: GenerationRequest, services: Services, sampler: Sampler, plan: DecodePlan, trees: bool = False
+    ) -> None:
         self.request = request
         self.services = services
         self.sampler = sampler
         self.plan = plan
-        self.held = list(request.prompt_ids)  # the ids the nodes' caches hold, the last step's drafts included
+        self.trees = trees  # drafts may be trees: the chain's nodes verify them (``TreeChain``)
+        self.held = list(request.prompt_ids)  # the ids the nodes' caches hold, in slot order, the last step's drafts
+        self.base = len(self.held) - 1  # the slot of the last step's first token (the one fed before its drafts)
         self.drafts: list[int] = []  # the last step's drafts: the tail of ``held``, verified by the next round
+        self.parents: list[int] | None = None  # the last step's drafts as a tree (None: a chain)
         self.forced = 0  # how many of ``drafts`` (the first) are the grammar's forced tokens
-        self.rejected = 0  # of ``held``'s tail: the drafts the last round rejected (the next step rewinds them)
+        self.kept = list(self.held)  # after a round: the ids the nodes keep, in position order
+        self.branch: list[int] | None = None  # after a round: the slots of a kept tree branch that must move
         self._pick = functools.partial(
             pick_token, sampler=sampler, stop_ids=services.stop_ids, num_logprobs=request.logprobs
         )
@@ -149,28 +175,40 @@ class Generation:
             plan=self.plan,
             k=0 if self.plan.threaded else k,
             embed=self.services.embed,
+            parents=self.parents,
+            trees=self.trees,
         )
         scored = self._output[:, -len(self.drafts) - 1 :]
         round_: Verified = await self.services.heads.score(
             scored, verify, self.sampler, self.request.adapter, positions=True
         )
         if self.plan.threaded and k > 0 and not round_.done:  # a draft model: k forwards in a thread of its own
-            round_ = await asyncio.to_thread(with_drafts, round_, self.plan, k, self.services.embed)
+            round_ = await asyncio.to_thread(with_drafts, round_, self.plan, k, self.services.embed, self.trees)
         if self.sampler.constraint is not None:
             self.sampler.constraint.prefetch()  # the next mask computes while the nodes run this token
-        self.plan.verified(len(self.drafts), round_.accepted, self.forced)
-        self.rejected = len(self.drafts) - round_.accepted
+        depth = len(self.drafts) if self.parents is None else DraftTree(self.drafts, self.parents).depth()
+        self.plan.verified(depth, round_.accepted, self.forced)
+        self._keep(round_.path)
         return round_
+
+    def _keep(self, path: list[int]) -> None:
+        """What the nodes keep of the last step: its first token and the drafts on ``path``; ``branch`` names their
+        slots from the first that is not already in place (None: the kept ones are the step's first slots)."""
+        slots = [self.base, *(self.base + 1 + node for node in path)]
+        self.kept = self.held[: self.base] + [self.held[slot] for slot in slots]
+        moved = next((index for index, slot in enumerate(slots) if slot != self.base + index), None)
+        self.branch = None if moved is None else slots[moved:]
 
     async def advance(self, round_: Verified) -> None:
         """One traversal of the chain: the round's last token and its drafts, at the first position not kept."""
         relay_rtt, plain_rtt = self._round_trips()
-        del self.held[len(self.held) - self.rejected :]
+        position = len(self.kept)
         started = time.monotonic()
-        self._output = await self._step(round_.hidden, len(self.held))  # [1, 1 + k, D]
+        self._output = await self._step(round_.hidden, position, round_.parents)  # [1, 1 + k, D]
         self.plan.stepped(time.monotonic() - started, relay_rtt if round_.drafts else plain_rtt)
-        self.held += [round_.tokens[-1].token_id, *round_.drafts]
-        self.drafts, self.forced, self.rejected = round_.drafts, round_.forced, 0
+        self.held = self.kept + [round_.tokens[-1].token_id, *round_.drafts]
+        self.base, self.kept, self.branch = position, list(self.held), None
+        self.drafts, self.parents, self.forced = round_.drafts, round_.parents, round_.forced
 
     async def finish(self) -> None:
         """A generation that ended well keeps its chain for the conversation's next turn (rolled back to the tokens
@@ -181,8 +219,8 @@ class Generation:
         if not self._ended_well or keep is None:
             await chain.close()
             return
-        kept = self.held[: len(self.held) - self.rejected]
-        if self.rejected and not await _rolled_back(chain, len(kept)):
+        kept = self.kept
+        if len(kept) < len(self.held) and not await _rolled_back(chain, len(kept), self.branch):
             return
         await keep(kept, chain)
 
@@ -197,15 +235,24 @@ class Generation:
         assert self._chain is not None
         return self.services.round_trips(self._chain)
 
-    async def _step(self, hidden: torch.Tensor | None, position: int) -> torch.Tensor:
+    async def _step(self, hidden: torch.Tensor | None, position: int, parents: list[int] | None) -> torch.Tensor:
+        """One step at ``position``: a tree step (``parents``) or one after a tree step whose kept branch moves
+        (``branch``) needs a ``TreeChain``; any other step goes to a plain one."""
         assert self._chain is not None and hidden is not None
-        return await self._chain.step(hidden, position)
+        if parents is None and self.branch is None:
+            return await self._chain.step(hidden, position)
+        tree = None if parents is None else DraftTree([0] * len(parents), parents).step_parents()
+        return await cast(TreeChain, self._chain).step(hidden, position, tree, self.branch)
 
 
-async def _rolled_back(chain: Chain, length: int) -> bool:
-    """The nodes rolled back to ``length`` tokens (rejected drafts past it dropped); False with the chain closed."""
+async def _rolled_back(chain: Chain, length: int, branch: list[int] | None) -> bool:
+    """The nodes rolled back to ``length`` tokens (rejected drafts past it dropped, a kept tree branch moved into
+    place); False with the chain closed."""
     try:
-        await chain.truncate(length)
+        if branch is None:
+            await chain.truncate(length)
+        else:
+            await cast(TreeChain, chain).truncate(length, branch)
     except Exception as error:
         logger.info("closing a chain that could not roll back its drafts: %s", error)
         await chain.close()

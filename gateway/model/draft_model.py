@@ -7,6 +7,10 @@ go), the tokens after that prefix are read in one forward, and k tokens are draf
 worker thread of its own (``asyncio.to_thread`` from the engine), never in the head batcher's: k forwards of a
 model would hold up every other session's scoring. Greedy drafts are point masses q, so the engine's acceptance (the
 request's own sampler, draft kept while the sample equals it) is the speculative sampling rule here too.
+
+As a tree (``propose_tree``): the same greedy chain, and at each depth the draft model's second choice as a leaf
+beside it — no forward more (the logits are those the chain was drafted from), one position more per depth, kept
+by the decode plan where its chance pays for it (a draft model's second choice is often the served model's first).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from gateway.model.files import load_tokenizer
-from gateway.model.speculation import SpecTuner, common_prefix
+from gateway.model.speculation import DraftTree, ScoredTree, SpecTuner, common_prefix
 from shared.errors import ModelLoadError
 from shared.model_source import resolve_model
 
@@ -60,20 +64,37 @@ class DraftSession:
     def emitted(self, token_id: int) -> None:
         self.context.append(token_id)
 
-    @torch.inference_mode()
     def propose(self, k: int, after: Sequence[int] = ()) -> list[int]:
         """Up to ``k`` greedy draft tokens after the text so far and then ``after`` (the grammar's forced tokens)."""
+        return [token for token, _ in self._drafted(k, after)]
+
+    def propose_tree(self, depth: int, after: Sequence[int] = ()) -> ScoredTree | None:
+        """The greedy chain of ``depth`` drafts, each with the draft model's second choice as a sibling leaf; each
+        node's share is the draft model's probability of it."""
+        tokens: list[int] = []
+        parents: list[int] = []
+        shares: list[float] = []
+        chain = -1  # the chain's last node so far
+        for token, probabilities in self._drafted(depth, after):
+            second = int(probabilities.topk(2).indices[1])
+            tokens += [token, second]
+            parents += [chain, chain]
+            shares += [float(probabilities[token]), float(probabilities[second])]
+            chain = len(tokens) - 2
+        return ScoredTree(DraftTree(tokens, parents), shares) if tokens else None
+
+    @torch.inference_mode()
+    def _drafted(self, k: int, after: Sequence[int]) -> list[tuple[int, torch.Tensor]]:
+        """Up to ``k`` greedy drafts, each with the draft model's probabilities [V] it was chosen from."""
         context = [*self.context, *after]
         if k <= 0 or not context:
             return []
         keep = min(common_prefix(self._read, context), len(context) - 1)  # at least one token to read
         if keep < len(self._read):
             self._forget(len(self._read) - keep)
-        token = self._next(context[keep:])
-        drafts = [token]
+        drafts = [self._next(context[keep:])]
         while len(drafts) < k:
-            token = self._next([token])
-            drafts.append(token)
+            drafts.append(self._next([drafts[-1][0]]))
         return drafts
 
     def _forget(self, count: int) -> None:
@@ -84,8 +105,8 @@ class DraftSession:
             self._cache, count = DynamicCache(config=self._model.config), len(self._read)
         del self._read[len(self._read) - count :]
 
-    def _next(self, token_ids: list[int]) -> int:
-        """Read ``token_ids`` [T] into the cache -> the greedy token after them."""
+    def _next(self, token_ids: list[int]) -> tuple[int, torch.Tensor]:
+        """Read ``token_ids`` [T] into the cache -> the greedy token after them, and the probabilities [V]."""
         logits = self._model(input_ids=torch.tensor([token_ids]), cache=self._cache, use_cache=True).logits  # [1, T, V]
         self._read += token_ids
-        return int(logits[0, -1].argmax())
+        return int(logits[0, -1].argmax()), torch.softmax(logits[0, -1].float(), dim=-1)

@@ -239,7 +239,7 @@ class GenerationEngine:
         sampler = Sampler(request.sampling, self.head.vocab_size, request.prompt_ids, constraint)
         drafter = self._drafter(request)
         plan = DecodePlan(request, drafter, None if constraint is None else constraint.forced)
-        generation = Generation(request, self._services(request), sampler, plan)
+        generation = Generation(request, self._services(request), sampler, plan, self.settings.speculative_trees)
         self._generations += 1  # from the prefill on: speculation drafts only while alone
         try:
             async with contextlib.aclosing(generation.run()) as events:

@@ -15,6 +15,18 @@ accepted with probability p(d) = min(1, p(d)/q(d)), and a rejection's x is distr
 How many to draft (``choose_k``) is a small cost model: a verify round costs the chain's round trip plus compute
 that grows a little per position, and yields (1 - a^(k+1)) / (1 - a) tokens at a per-draft acceptance a. Below
 ``min_rtt`` (loopback) nothing is drafted: there the extra positions cost more than the round trips they save.
+
+**Trees.** A drafter may propose several continuations at once (``DraftTree``: each draft's parent among them; the
+nodes verify them in one step, each attending to its own ancestors only). The walk (``verify_tree``) is the chain
+rule applied node by node: sample x from the current node's logits with the request's sampler, emit it, descend to
+the child whose token is x if there is one, else stop. Every emitted token is still sampled from the model's own
+distribution after exactly the tokens before it (the tree only decides whether those logits were computed already),
+so greedy output equals plain decoding and sampling keeps the model's distribution: with point-mass drafts, picking
+x ~ p and descending iff x is a child is the multi-draft speculative rule (a child d is taken with probability p(d),
+and a stop emits x ~ p restricted to the tokens no child has). Which nodes to send (``choose_tree``) is the same cost
+model as ``choose_k``: each node adds a position and the chance that it is reached and kept (``node_chances``: the
+tuner's acceptance for the drafter's first choice, its leftover split among the others by the drafter's shares); a
+chain of k is the tree whose chances are a, a², ..., aᵏ.
 """
 
 from __future__ import annotations
@@ -22,7 +34,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -31,6 +43,11 @@ from gateway.metrics import spec_verified
 
 __all__ = [
     "DecodePlan",
+    "DraftTree",
+    "ScoredTree",
+    "choose_tree",
+    "node_chances",
+    "verify_tree",
     "Drafter",
     "PromptLookup",
     "Verified",
@@ -49,6 +66,112 @@ ACCEPTANCE_PRIOR = 0.6  # a fresh generation's guess (prompt lookup drafts only 
 FORCED_PRIOR = 0.9  # the same for the grammar's forced tokens: the model rarely spells forced bytes otherwise
 EWMA = 0.3  # weight of the newest round in the acceptance and compute estimates
 MIN_GAIN = 1.1  # draft only when a round is expected to beat plain decoding by this factor
+TREE_WIDTH = 2  # a tree's nodes per depth of its drafts, at most: its positions cost compute
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """Draft tokens as a tree: ``parents[i]`` is draft i's parent among them (-1: the token fed before them, the
+    last one emitted); parents come before their children and siblings carry different tokens. A chain is the tree
+    of parents -1, 0, 1, ..."""
+
+    tokens: list[int]
+    parents: list[int]
+
+    @classmethod
+    def chain(cls, tokens: Sequence[int]) -> DraftTree:
+        return cls(list(tokens), list(range(-1, len(tokens) - 1)))
+
+    @property
+    def is_chain(self) -> bool:
+        return all(parent == index - 1 for index, parent in enumerate(self.parents))
+
+    def step_parents(self) -> list[int]:
+        """The verify step's tree (``wire.Step.tree``): the fed token first (-1), each draft below its parent."""
+        return [-1, *(parent + 1 for parent in self.parents)]
+
+    def children(self) -> dict[int, dict[int, int]]:
+        """node (-1: the fed token) -> {child's token: child}."""
+        found: dict[int, dict[int, int]] = {}
+        for index, (token, parent) in enumerate(zip(self.tokens, self.parents, strict=True)):
+            found.setdefault(parent, {}).setdefault(token, index)
+        return found
+
+    def depth(self) -> int:
+        depths: list[int] = []
+        for parent in self.parents:
+            depths.append(1 if parent < 0 else depths[parent] + 1)
+        return max(depths, default=0)
+
+
+@dataclass(frozen=True)
+class ScoredTree:
+    """A drafter's tree with each node's share: how much of the drafter's belief in its parent's path goes to it
+    (a suffix match's fraction of places, a draft model's probability)."""
+
+    tree: DraftTree
+    shares: list[float]
+
+
+def node_chances(scored: ScoredTree, acceptance: float) -> list[float]:
+    """Each node's chance of being reached and kept: ``acceptance`` for its parent's likeliest child, the rest of its
+    parent's chance split among the other children by their shares of what the likeliest leaves."""
+    tree, chances = scored.tree, list[float]()
+    best: dict[int, float] = {}
+    for share, parent in zip(scored.shares, tree.parents, strict=True):
+        best[parent] = max(best.get(parent, 0.0), share)
+    firsts: set[int] = set()
+    for share, parent in zip(scored.shares, tree.parents, strict=True):
+        above = 1.0 if parent < 0 else chances[parent]
+        if parent not in firsts and share == best[parent]:
+            firsts.add(parent)
+            chances.append(above * acceptance)
+        else:
+            left = max(1e-9, 1.0 - best[parent])
+            chances.append(above * (1.0 - acceptance) * min(1.0, share / left))
+    return chances
+
+
+def choose_tree(
+    chances: Sequence[float],
+    rtt: float,
+    compute: float,
+    size_max: int,
+    plain_rtt: float | None = None,
+    position_cost: float = POSITION_COST,
+) -> int:
+    """How many of a tree's nodes (the likeliest first, ``chances`` in descending order) the next step carries: the
+    count with the least expected time per token, a round costing ``rtt + compute * (1 + position_cost * n)`` and
+    yielding 1 + the sum of the nodes' chances, against ``plain_rtt + compute`` for a plain step (as ``choose_k``;
+    the drafting is done already)."""
+    plain = (rtt if plain_rtt is None else plain_rtt) + compute
+    best_n, best, gained = 0, plain, 1.0
+    for n, chance in enumerate(chances[:size_max], start=1):
+        gained += chance
+        per_token = (rtt + compute * (1.0 + position_cost * n)) / gained
+        if per_token < best:
+            best_n, best = n, per_token
+    return best_n if best * MIN_GAIN <= plain else 0
+
+
+def prune_tree(scored: ScoredTree, chances: Sequence[float], size: int) -> DraftTree:
+    """The ``size`` likeliest nodes of a tree (parents before children: a child is never likelier), reindexed."""
+    order = sorted(range(len(chances)), key=lambda node: (-chances[node], node))[:size]
+    kept = sorted(order)  # a parent's index is below its child's, and a child's chance is at most its parent's
+    index = {node: new for new, node in enumerate(kept)}
+    tree = scored.tree
+    if any(tree.parents[node] >= 0 and tree.parents[node] not in index for node in kept):
+        kept = [node for node in kept if _ancestors_kept(tree, node, index)]
+        index = {node: new for new, node in enumerate(kept)}
+    return DraftTree([tree.tokens[n] for n in kept], [index.get(tree.parents[n], -1) for n in kept])
+
+
+def _ancestors_kept(tree: DraftTree, node: int, kept: dict[int, int]) -> bool:
+    while tree.parents[node] >= 0:
+        node = tree.parents[node]
+        if node not in kept:
+            return False
+    return True
 
 
 def propose_ngram(context: Sequence[int], k: int, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM) -> list[int]:
@@ -157,6 +280,16 @@ class Drafter(Protocol):
         ...
 
 
+@runtime_checkable
+class TreeDrafter(Drafter, Protocol):
+    """A drafter that may propose several continuations at once."""
+
+    def propose_tree(self, depth: int, after: Sequence[int] = ()) -> ScoredTree | None:
+        """Candidate drafts up to ``depth`` deep after the text so far and ``after`` (more than a step should carry:
+        the plan keeps the likeliest); None or an empty tree when there is nothing to draft."""
+        ...
+
+
 class PromptLookup:
     """One generation's drafter: prompt lookup over the prompt and the tokens emitted so far."""
 
@@ -175,9 +308,9 @@ class PromptLookup:
 
 @dataclass
 class Verified:
-    """One round at the head: the tokens emitted, how many of the round's drafts they kept, whether the generation
-    is over; if not, the next step's drafts (the first ``forced`` of them the grammar's) and its input embeddings
-    [1, 1 + len(drafts), D]."""
+    """One round at the head: the tokens emitted, how many of the round's drafts they kept (which: ``path``), whether
+    the generation is over; if not, the next step's drafts (the first ``forced`` of them the grammar's, a chain; a
+    tree after them when ``parents``) and its input embeddings [1, 1 + len(drafts), D]."""
 
     tokens: list[GeneratedToken]
     accepted: int
@@ -185,6 +318,8 @@ class Verified:
     drafts: list[int] = field(default_factory=list)
     hidden: torch.Tensor | None = None
     forced: int = 0
+    path: list[int] = field(default_factory=list)  # the round's drafts kept (their indices in the last step's tree)
+    parents: list[int] | None = None  # the next step's drafts as a tree (``DraftTree.parents``); None: a chain
 
 
 class DecodePlan:
@@ -199,6 +334,8 @@ class DecodePlan:
         self._drafter = drafter
         self._forced = forced
         self._forcing = False  # this round proposes the forced tokens (``next_k`` decides)
+        self._rtt: float = 0.0  # the round trips ``next_k`` was given: a tree's size is chosen by them too
+        self._plain_rtt: float | None = None
         self.count = 0  # tokens emitted
         self.done = False
 
@@ -213,6 +350,7 @@ class DecodePlan:
         decode through this gateway: their decode steps share one forward and one message per node, which a verify
         step of several positions would leave (and the batchers' rhythm would wait for it)."""
         self._forcing = False
+        self._rtt, self._plain_rtt = rtt, plain_rtt
         if self._drafter is None or others > 0:
             return 0
         self._forcing = self._forced is not None and self._drafter.tuner.forcing_pays(rtt, plain_rtt)
@@ -225,16 +363,40 @@ class DecodePlan:
     def propose(self, k: int) -> tuple[list[int], int]:
         """The tokens the grammar forces next (when this round forces), then up to ``k`` drafts after them; never
         one that could only be emitted past max_new_tokens -> (the drafts, how many of them are forced)."""
+        tree, forced = self.propose_tree(k, trees=False)
+        return tree.tokens, forced
+
+    def propose_tree(self, k: int, trees: bool = True) -> tuple[DraftTree, int]:
+        """As ``propose``, the drafts after the forced tokens a tree up to ``k`` deep when the drafter proposes
+        trees (and ``trees``): its likeliest nodes, as many as ``choose_tree`` finds worth a step's positions."""
         room = self._max_new - self.count - 1  # the token just emitted is fed with them; the last needs no feeding
         if self._drafter is None or room <= 0:
-            return [], 0
+            return DraftTree([], []), 0
         forced = self._forced()[:room] if self._forcing and self._forced is not None else []
-        if min(k, room - len(forced)) <= 0:
-            return forced, len(forced)
+        depth = min(k, room - len(forced))
+        if depth <= 0:
+            return DraftTree.chain(forced), len(forced)
         started = time.perf_counter()
-        drafts = self._drafter.propose(min(k, room - len(forced)), forced)
-        self._drafter.tuner.record_draft(time.perf_counter() - started, len(drafts))
-        return forced + drafts, len(forced)
+        drafter = self._drafter
+        if trees and isinstance(drafter, TreeDrafter):
+            scored = drafter.propose_tree(depth, forced)
+            drafted = self._pruned(scored, depth) if scored is not None else DraftTree([], [])
+        else:
+            drafted = DraftTree.chain(drafter.propose(depth, forced))
+        drafter.tuner.record_draft(time.perf_counter() - started, len(drafted.tokens))
+        below = len(forced) - 1  # the drafts hang below the last forced token
+        parents = [below + 1 + parent if parent >= 0 else below for parent in drafted.parents]
+        return DraftTree(forced + drafted.tokens, list(range(-1, below)) + parents), len(forced)
+
+    def _pruned(self, scored: ScoredTree, depth: int) -> DraftTree:
+        """The likeliest nodes of the drafter's tree that pay for their positions (a chain of them where a chain
+        pays best)."""
+        assert self._drafter is not None
+        tuner = self._drafter.tuner
+        chances = node_chances(scored, tuner.acceptance)
+        ranked = sorted(chances, reverse=True)
+        size = choose_tree(ranked, self._rtt, tuner.compute, TREE_WIDTH * depth, self._plain_rtt)
+        return prune_tree(scored, chances, max(1, size))
 
     def verified(self, drafted: int, accepted: int, forced: int = 0) -> None:
         if self._drafter is not None and drafted > 0:
@@ -259,3 +421,25 @@ def verify_drafts(
             break
     accepted = sum(1 for token, draft in zip(tokens, drafts, strict=False) if token.token_id == draft)
     return tokens, accepted
+
+
+def verify_tree(
+    logits: torch.Tensor, tree: DraftTree, pick: Callable[[torch.Tensor], GeneratedToken], plan: DecodePlan
+) -> tuple[list[GeneratedToken], list[int]]:
+    """logits [1 + len(tree.tokens), V]: after the last emitted token, then after each draft -> (the tokens emitted,
+    the drafts kept: the path walked). From the fed token down: ``pick`` (the request's own sampling) emits a token
+    from the current node's logits; the walk descends to the child carrying that token, or stops. A kept draft is
+    on the path even when its token ends the generation (its keys and values are the nodes' as it was fed)."""
+    children = tree.children()
+    tokens: list[GeneratedToken] = []
+    path: list[int] = []
+    node = -1
+    while True:
+        tokens.append(pick(logits[node + 1]))
+        plan.emitted(tokens[-1])
+        child = children.get(node, {}).get(tokens[-1].token_id)
+        if child is not None:
+            path.append(child)
+        if plan.done or child is None:
+            return tokens, path
+        node = child

@@ -5,6 +5,10 @@ by frequency.
     context ... a b c  ─longest earlier match of its suffix (2 to MAX_MATCH tokens)→ the places it occurred
     draft: token by token, the continuation most of those places agree on, while its share stays over MIN_SCORE
 
+With trees (``propose_tree``) the places' continuations form a trie: every continuation at least MIN_TREE_SCORE of
+them share, the likeliest first, each node's share the fraction of its parent's places that continue with it; the
+decode plan keeps as many of its nodes as pay for their positions.
+
 Prompt lookup is the special case of one document with no store (``PromptLookup``). Written here, not taken from
 Snowflake's ``arctic-inference`` (which has a C++ suffix tree): on PyPI it ships a source distribution for this
 platform whose build pulls a C++ toolchain and torch (``pip install`` did not finish in minutes on this machine), and
@@ -14,17 +18,20 @@ microseconds per proposal at our context lengths.
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from gateway.model.speculation import SpecTuner
+from gateway.model.speculation import DraftTree, ScoredTree, SpecTuner
 
 __all__ = ["OutputStore", "SuffixDrafts"]
 
 MAX_MATCH = 8  # longest suffix compared
 MIN_MATCH = 2  # a single repeated token predicts too little
 MIN_SCORE = 0.3  # stop drafting when under this share of the matching places agree (the product along the draft)
+MIN_TREE_SCORE = 0.05  # a tree's node: at least this share of the matching places continue with its path
+TREE_CANDIDATES = 4  # a tree's candidate nodes per depth (the plan keeps those that pay)
 STORE_TOKENS = 65536  # recent outputs kept for every generation of the model, oldest dropped first
 
 Place = tuple[Sequence[int], int]  # a document and the position right after a match in it
@@ -77,6 +84,38 @@ def draft_from(places: list[Place], k: int) -> list[int]:
     return drafts
 
 
+def tree_from(places: list[Place], depth: int, size: int) -> ScoredTree:
+    """The trie of ``places``' continuations up to ``depth`` deep, best first by the share of all places that
+    continue with a node's path (over ``MIN_TREE_SCORE``), at most ``size`` nodes; ties go to the latest place."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    shares: list[float] = []
+    serial = 0  # a unique tiebreak: the heap never compares places
+    frontier: list[tuple[float, int, int, int, float, list[Place], int]] = []  # -score, serial, token, parent, ...
+
+    def expand(node: int, at: list[Place], score: float, level: int) -> None:
+        nonlocal serial
+        if level >= depth:
+            return
+        counts = Counter(tokens_[end] for tokens_, end in reversed(at))
+        for token, count in counts.most_common():
+            if score * count / len(at) < MIN_TREE_SCORE:
+                break
+            after = [(tokens_, end + 1) for tokens_, end in at if tokens_[end] == token and end + 1 < len(tokens_)]
+            serial += 1
+            heapq.heappush(frontier, (-score * count / len(at), serial, token, node, count / len(at), after, level))
+
+    expand(-1, places, 1.0, 0)
+    while frontier and len(tokens) < size:
+        negative, _, token, parent, share, after, level = heapq.heappop(frontier)
+        tokens.append(token)
+        parents.append(parent)
+        shares.append(share)
+        if after:
+            expand(len(tokens) - 1, after, -negative, level + 1)
+    return ScoredTree(DraftTree(tokens, parents), shares)
+
+
 @dataclass
 class OutputStore:
     """Recent outputs of every generation of one model on this gateway (agents repeat code and text across turns
@@ -127,6 +166,15 @@ class SuffixDrafts:
             self._own.add(0, self.context, len(self.context) - 1)
 
     def propose(self, k: int, after: Sequence[int] = ()) -> list[int]:
+        places = self._places(k, after)
+        return draft_from(places, k) if places else []
+
+    def propose_tree(self, depth: int, after: Sequence[int] = ()) -> ScoredTree | None:
+        places = self._places(depth, after)
+        return tree_from(places, depth, TREE_CANDIDATES * depth) if places else None
+
+    def _places(self, k: int, after: Sequence[int]) -> list[Place]:
+        """The places that match the longest suffix of the text so far and ``after`` ([] when none is long enough)."""
         context = [*self.context, *after] if after else self.context
         if k <= 0 or len(context) < MIN_MATCH:
             return []
@@ -139,7 +187,7 @@ class SuffixDrafts:
         longest = max((length for length, _ in found), default=0)
         if longest < MIN_MATCH:
             return []
-        return draft_from([place for length, place in found if length == longest], k)
+        return [place for length, place in found if length == longest]
 
     def publish(self) -> None:
         """The output so far goes into the store, for later generations of the model."""

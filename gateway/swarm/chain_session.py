@@ -92,19 +92,28 @@ class ChainSession:
             if isinstance(result, BaseException):
                 raise result
 
-    async def truncate(self, length: int) -> None:
+    async def truncate(self, length: int, branch: list[int] | None = None) -> None:
         """Every node forgets its stored tokens from ``length`` on (speculative drafts the model rejected), and so
-        does each hop's replay history. Raises the first node's error, like ``resize``."""
+        does each hop's replay history; ``branch``: the last tree step's kept branch (slots) moves to the positions
+        before ``length`` first. Raises the first node's error, like ``resize``."""
         self._check_open()
         results = await asyncio.gather(
-            *(segment.session.truncate(length) for segment in self._segments), return_exceptions=True
+            *(segment.session.truncate(length, self._branch_of(segment, branch)) for segment in self._segments),
+            return_exceptions=True,
         )
         for result in results:
             if isinstance(result, BaseException):
                 raise result
         for segment in self._segments:
+            if branch and segment.tree is not None:
+                segment.keep_branch(length, branch)
             segment.truncate(length)
         self._stored = min(self._stored, length)
+
+    @staticmethod
+    def _branch_of(segment: Segment, branch: list[int] | None) -> list[int] | None:
+        """What a hop is told of a kept branch: only a node holding the tree step has one to keep."""
+        return branch if branch and segment.tree is not None else None
 
     async def __aenter__(self) -> ChainSession:
         await self.open()
@@ -131,14 +140,20 @@ class ChainSession:
     ) -> None:
         await self.close()
 
-    async def step(self, hidden: torch.Tensor, position: int) -> torch.Tensor:
-        """hidden: [1, T, D] embeddings of new tokens at position... -> [1, T, D] output of the last block."""
+    async def step(
+        self, hidden: torch.Tensor, position: int, tree: list[int] | None = None, branch: list[int] | None = None
+    ) -> torch.Tensor:
+        """hidden: [1, T, D] embeddings of new tokens at position... -> [1, T, D] output of the last block.
+
+        ``tree``: the tokens are speculative branches (``wire.Step.tree``); ``branch``: the last tree step's kept
+        branch (its slots) becomes the positions before ``position`` first."""
         self._check_open()
         chain_opened()  # the request's first step ends its queue time (later calls are no-ops)
-        if hidden.shape[1] == 1 and position == self._stored and self.pushes_decode:
+        plain = tree is None and not branch
+        if plain and hidden.shape[1] == 1 and position == self._stored and self.pushes_decode:
             output = await push_step(self, hidden, position)
         else:  # a prefill, a speculative verify step, or a step after rejected drafts (a rewind)
-            output = await self.relay(hidden, position, 0)
+            output = await self.relay(hidden, position, 0, tree, branch)
         self._stored = position + hidden.shape[1]
         return output
 
@@ -160,18 +175,28 @@ class ChainSession:
     def router(self) -> Router:
         return self._router
 
-    async def relay(self, hidden: torch.Tensor, position: int, index: int) -> torch.Tensor:
-        """The step from segment ``index`` on, each hop's output sent on by the gateway (failing over as needed)."""
+    async def relay(
+        self,
+        hidden: torch.Tensor,
+        position: int,
+        index: int,
+        tree: list[int] | None = None,
+        branch: list[int] | None = None,
+    ) -> torch.Tensor:
+        """The step from segment ``index`` on, each hop's output sent on by the gateway (failing over as needed; a
+        replacement is replayed the tree step it replaces, so a kept branch means the same on it)."""
         while index < len(self._segments):
             segment = self._segments[index]
+            kept = self._branch_of(segment, branch)
             try:
                 self.check_trusted(segment)
-                output = await segment.session.step(hidden, position)
+                output = await segment.session.step(hidden, position, tree=tree, branch=kept)
             except Exception as error:
                 await self.fail_over(segment, error)
                 continue  # the replacement now sits at the same index
-            segment.record(position, hidden)
-            self.observed(segment, output)
+            segment.record(position, hidden, tree, kept)
+            if tree is None:  # spot checks replay a chain of inputs: a tree step is not one
+                self.observed(segment, output)
             self._router.record_success(segment.session.hop.peer_id)
             self._router.stats.relayed_hops += hidden.shape[1] == 1
             hidden = output

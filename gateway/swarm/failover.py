@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gateway.swarm.node_session import NodeSession
+from gateway.swarm.node_session import NodeSession, TreeInput
 from gateway.swarm.recovery import Recovery, recovery_for
 from gateway.swarm.router import Router
 from gateway.swarm.routing import Hop
@@ -116,18 +116,20 @@ class Failover:
         pusher = failed.session.pusher
         for segment in segments:
             segment.session.pusher, pusher = pusher, segment.session.hop.peer_id
-        inputs = failed.history
+        inputs, tree = failed.history, failed.tree  # a tree step's branches too: the next step keeps one
         for segment in segments:
             peer = segment.session.hop.peer_id
             room_wait = min(ROOM_WAIT, max(0.0, deadline - time.monotonic())) if peer in busy else 0.0
             try:
                 await segment.session.open(room_wait)
-                outputs = await segment.session.replay(inputs)
+                outputs = await segment.session.replay(inputs, tree)
             except Exception as error:
                 await asyncio.gather(*(self.drop(s) for s in segments))
                 raise _ReplacementFailed(segment.session.hop, error) from error
             self._router.stats.record_replay(sum(chunk.shape[1] for _, chunk in inputs))
-            segment.history = inputs
+            segment.history, segment.tree = inputs, tree
+            if tree is not None:
+                tree = TreeInput(tree.position, outputs.pop()[1], tree.parents)
             inputs = outputs
         return segments
 

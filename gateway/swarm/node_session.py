@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass
 from typing import TypeVar
 
 import torch
@@ -33,6 +34,15 @@ from shared.rpc_client import decode_reply, over_transport
 T = TypeVar("T")
 
 _CLOSED = None  # sentinel that ends the request stream
+
+
+@dataclass(frozen=True)
+class TreeInput:
+    """A tree step's input: hidden [1, T, D] at ``position``, ``parents`` as ``Step.tree`` names them."""
+
+    position: int
+    hidden: torch.Tensor
+    parents: list[int]
 
 
 class NodeSession:
@@ -98,16 +108,24 @@ class NodeSession:
             return None
         return wire.NextHop(peer_id=self.hop.peer_id, session_id=self._session_id)
 
-    async def step(self, hidden: torch.Tensor, position: int, next: list[wire.NextHop] | None = None) -> torch.Tensor:
+    async def step(
+        self,
+        hidden: torch.Tensor,
+        position: int,
+        next: list[wire.NextHop] | None = None,
+        tree: list[int] | None = None,
+        branch: list[int] | None = None,
+    ) -> torch.Tensor:
         """hidden: [1, T, D] at positions position... -> the hop's output [1, T, D]; a decode step's output is also
-        pushed along ``next`` (the rest of the chain)."""
-        if hidden.shape[1] == 1 and self._links is not None and self._receipts is not None:
+        pushed along ``next`` (the rest of the chain). ``tree`` and ``branch`` as ``wire.Step`` has them."""
+        plain = tree is None and not branch
+        if plain and hidden.shape[1] == 1 and self._links is not None and self._receipts is not None:
             if self.closed:
                 raise NodeUnreachable(f"session on {self.hop.peer_id} is closed")
             answer = await self._links.step(self._receipts, hidden, position, next or ())
             self.last_receipt = answer.receipt
             return self._checked_output(answer.output, hidden)
-        reply, tensors = await self._exchange(wire.Step(position=position), (hidden,))
+        reply, tensors = await self._exchange(wire.Step(position=position, tree=tree, branch=branch or None), (hidden,))
         return self._checked(reply, tensors, hidden, position)
 
     def _checked(
@@ -158,21 +176,29 @@ class NodeSession:
             raise MalformedReply(f"node {self.hop.peer_id} sent a malformed resize reply")
         self.max_length = max_length
 
-    async def truncate(self, length: int) -> None:
-        """The node forgets its stored tokens from ``length`` on (refused past what it holds)."""
-        reply, _ = await self._exchange(wire.TruncateSession(length=length))
+    async def truncate(self, length: int, branch: list[int] | None = None) -> None:
+        """The node forgets its stored tokens from ``length`` on (refused past what it holds); ``branch``: a tree
+        step's kept branch moves to the positions before ``length`` first (``wire.TruncateSession``)."""
+        reply, _ = await self._exchange(wire.TruncateSession(length=length, branch=branch or None))
         if not isinstance(reply, wire.SessionTruncated) or reply.length != length:
             raise MalformedReply(f"node {self.hop.peer_id} sent a malformed truncate reply")
 
-    async def replay(self, chunks: list[tuple[int, torch.Tensor]]) -> list[tuple[int, torch.Tensor]]:
+    async def replay(
+        self, chunks: list[tuple[int, torch.Tensor]], tree: TreeInput | None = None
+    ) -> list[tuple[int, torch.Tensor]]:
         """Send past inputs in their original chunks, pipelined (all sent, then all read): the node computes exactly
-        what the lost node had, at one round trip's cost. Returns the outputs with their positions."""
+        what the lost node had, at one round trip's cost (``tree``: a tree step after them, sent last). Returns the
+        outputs with their positions."""
         if self.closed or self._replies is None:
             raise NodeUnreachable(f"session on {self.hop.peer_id} is closed")
-        for position, hidden in chunks:
-            self._outbox.put_nowait(wire.encode_request(wire.Step(position=position), (hidden,)))
+        steps = [(wire.Step(position=position), hidden) for position, hidden in chunks]
+        if tree is not None:
+            steps.append((wire.Step(position=tree.position, tree=tree.parents), tree.hidden))
+        for step, hidden in steps:
+            self._outbox.put_nowait(wire.encode_request(step, (hidden,)))
         outputs = []
-        for position, hidden in chunks:
+        for step, hidden in steps:
+            position = step.position
             reply, tensors = await self._receive()
             outputs.append((position, self._checked(reply, tensors, hidden, position)))
         return outputs

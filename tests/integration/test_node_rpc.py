@@ -215,6 +215,36 @@ async def test_truncate_rolls_back_exactly_keeps_the_room_and_refuses_past_what_
     assert (await wait_for_room(client_p2p, node_peer, 300)).cache_tokens_left == 300
 
 
+async def test_a_tree_step_and_its_kept_branch_over_the_wire(client_p2p: P2P, node_peer: str) -> None:
+    """A tree step's branch equals its chain alone; the next step keeps it (``branch``) and goes on as the chain
+    does; a truncate keeps a branch too; malformed trees and branches are refused with typed errors."""
+    await wait_for_room(client_p2p, node_peer, 300)
+    torch.manual_seed(2)
+    prompt, tree, token = torch.randn(1, 5, HIDDEN), torch.randn(1, 4, HIDDEN), torch.randn(1, 1, HIDDEN)
+    parents = [-1, 0, 0, 2]  # the fed token, two drafts below it, one below the second: branch 0, 2, 3
+    hop = Hop(node_peer, 0, NUM_LAYERS)
+    chain = NodeSession(client_p2p, hop, max_length=16, step_timeout=60)
+    await chain.open()
+    await chain.step(prompt, 0)
+    alone = await chain.step(tree[:, [0, 2, 3]], 5)
+    expected = await chain.step(token, 8)
+    await chain.close()
+
+    session = NodeSession(client_p2p, hop, max_length=16, step_timeout=60)
+    await session.open()
+    await session.step(prompt, 0)
+    both = await session.step(tree, 5, tree=parents)
+    torch.testing.assert_close(both[:, [0, 2, 3]], alone, rtol=1e-5, atol=1e-5)
+    with pytest.raises(PositionOutOfRange):
+        await session.step(token, 8, branch=[8, 6])  # not ascending
+    torch.testing.assert_close(await session.step(token, 8, branch=[7, 8]), expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(BadRequest):
+        await session.step(tree, 9, tree=[-1, 2, 0, 1])  # a parent after its child
+    await session.step(tree, 9, tree=parents)
+    await session.truncate(12, branch=[11, 12])  # the fed token at 9, then the branch 11, 12
+    await session.close()
+
+
 # -- fuzzing: seeded random, truncated and ill-typed messages over the real node ---------------------------------
 
 FUZZ_SEED = 20261129

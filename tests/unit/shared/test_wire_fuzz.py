@@ -93,3 +93,16 @@ def test_open_session_names_an_adapter_only_when_it_has_one() -> None:
     adapted = encode_request(OpenSession(protocol=4, start=0, end=2, max_length=8, adapter="sql"))
     message, _ = decode_client_message(adapted)
     assert isinstance(message, OpenSession) and message.adapter == "sql"
+
+
+def test_steps_and_truncates_name_a_tree_or_branch_only_when_they_have_one() -> None:
+    """Nodes from before trees forbid unknown fields: a plain step or truncate must not carry them."""
+    from shared.wire import Step, TruncateSession, decode_client_message, encode_request
+
+    assert b"tree" not in encode_request(Step(position=3)).metadata
+    assert b"branch" not in encode_request(Step(position=3)).metadata
+    assert b"branch" not in encode_request(TruncateSession(length=3)).metadata
+    message, _ = decode_client_message(encode_request(Step(position=3, tree=[-1, 0, 0], branch=[5, 7])))
+    assert isinstance(message, Step) and message.tree == [-1, 0, 0] and message.branch == [5, 7]
+    message, _ = decode_client_message(encode_request(TruncateSession(length=9, branch=[8, 11])))
+    assert isinstance(message, TruncateSession) and message.branch == [8, 11]

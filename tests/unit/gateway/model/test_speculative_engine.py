@@ -31,7 +31,7 @@ from gateway.swarm.kept_chains import KeptChains
 from gateway.swarm.view import SwarmView
 from shared.errors import PositionOutOfRange
 from shared.model_source import load_config, resolve_model
-from swarm_node.kv_cache import SessionKV
+from swarm_node.kv_cache import SessionKV, check_branch
 from tests.helpers.processes import save_tiny_tokenizer
 from tests.tiny_models import VOCAB, GetTinyModel, TinyModel
 from tests.unit.swarm_node.test_span_exactness import Chain, build_chain, random_ids
@@ -50,20 +50,38 @@ class LocalChain:
         self.hops: list[object] = []
         self.steps: list[tuple[int, int]] = []  # (position, tokens) of every step
         self.truncated: list[int] = []
+        self.trees: list[tuple[list[int] | None, list[int] | None]] = []  # (tree, branch) of every step
         self.closed = False
 
-    async def step(self, hidden: torch.Tensor, position: int) -> torch.Tensor:
+    async def step(
+        self, hidden: torch.Tensor, position: int, tree: list[int] | None = None, branch: list[int] | None = None
+    ) -> torch.Tensor:
+        """A step as the nodes take it: ``branch`` keeps a tree step's branch first, ``tree`` lays out the tokens."""
         self.steps.append((position, hidden.shape[1]))
+        self.trees.append((tree, branch))
         await asyncio.sleep(0)  # a remote step suspends the generation, as the nodes' round trip does
+        if branch:
+            self._keep(position, branch)
         with torch.inference_mode():
-            return self._chain.forward(hidden, [self._kvs], [position])
+            for span, kv in zip(self._chain.spans, self._kvs, strict=True):
+                hidden = span(hidden, [kv], [position], range(span.start, span.end), parents=tree)
+            return hidden
 
-    async def truncate(self, length: int) -> None:
+    async def truncate(self, length: int, branch: list[int] | None = None) -> None:
         self.truncated.append(length)
+        if branch:
+            self._keep(length, branch)
         for kv in self._kvs:
             if length > kv.length:
                 raise PositionOutOfRange(f"cannot truncate to {length}: {kv.length} held")
             kv.length = length
+
+    def _keep(self, end: int, branch: list[int]) -> None:
+        for kv in self._kvs:
+            refusal = check_branch(kv.length, end - len(branch), branch)
+            if refusal is not None:
+                raise PositionOutOfRange(refusal)
+            kv.keep_branch(end - len(branch), branch)
 
     @property
     def max_length(self) -> int:

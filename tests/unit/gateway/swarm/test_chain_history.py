@@ -41,3 +41,24 @@ def test_a_truncate_forgets_the_rejected_drafts() -> None:
     assert segment.history[1][1].flatten().tolist() == [5, 6]
     segment.truncate(3)
     assert [(p, h.shape[1]) for p, h in segment.history] == [(0, 3)]
+
+
+def test_a_tree_step_stays_apart_until_its_kept_branch_joins_the_history() -> None:
+    segment = Segment(cast(NodeSession, None))
+    segment.record(0, chunk(0, 5))
+    segment.record(5, chunk(5, 5), tree=[-1, 0, 0, 2, 1])  # the fed token, two drafts below it, one below each
+    assert [(p, h.shape[1]) for p, h in segment.history] == [(0, 5)]  # a replacement is replayed the tree apart
+    assert segment.tree is not None and segment.tree.parents == [-1, 0, 0, 2, 1]
+    segment.record(8, chunk(10, 1), branch=[7, 8])  # slots 5, 7, 8 kept: positions 5, 6, 7
+    assert segment.tree is None
+    assert [(p, h.shape[1]) for p, h in segment.history] == [(0, 5), (5, 3), (8, 1)]
+    assert segment.history[1][1].flatten().tolist() == [5, 7, 8]  # as if the branch had been sent alone
+
+
+def test_a_truncate_inside_a_tree_keeps_its_first_slots() -> None:
+    segment = Segment(cast(NodeSession, None))
+    segment.record(0, chunk(0, 5))
+    segment.record(5, chunk(5, 4), tree=[-1, 0, 1, 0])
+    segment.truncate(7)  # the fed token and the first draft kept in place
+    assert segment.tree is None
+    assert [(p, h.flatten().tolist()) for p, h in segment.history][1:] == [(5, [5, 6])]
