@@ -102,8 +102,9 @@ bench-nat-join: $(BENCH_STAMP)
 	$(BIN)/python -m bench.nat_join --runs 3
 
 # The swarm simulator (sim/): our routing, span choice and rebalancing over 100-1,000 simulated nodes on a virtual
-# clock, against the max-flow bound; writes bench/results/sim.md and sim-*.png (about 10 minutes on 2 idle cores;
-# `python -m sim --quick` for a minute's check, `--max-nodes 300` to leave out the 1,000-node runs).
+# clock, against the max-flow bound; writes bench/results/sim.md and sim-*.png (well over an hour of CPU at 1,000
+# nodes; `python -m sim --quick` for a few minutes' check, `--max-nodes 300` to leave out the 1,000-node runs,
+# `--nodes N --save FILE` and `--report-from FILE...` to run it in parts: bench/README.md).
 sim: $(BENCH_STAMP)
 	$(BIN)/python -m sim
 

@@ -10,9 +10,9 @@ from shared.server_records import NodeState
 from sim.hardware import STEP_OVERHEAD
 from sim.swarm import SimNode
 from sim.workload import Request
-from sim.world import Session, SimGateway, World
+from sim.world import GATEWAY_LAST_MILE, Session, SimGateway, World
 
-OPEN_TRIES = 2  # routes tried at once before the session waits for the swarm (each failed open teaches the next)
+OPEN_TRIES = 16  # routes tried at once at most before the session waits (each failed open teaches the next)
 RETRY_AFTER = 10.0  # seconds a session without a chain waits before it tries again (a view refresh)
 GIVE_UP_AFTER = 30.0  # seconds after which a session that found no chain is refused (or, mid-way, lost)
 CRASH_NOTICED = 5.0  # seconds before a gateway notices a dead node (a step's timeout, the liveness ping)
@@ -29,9 +29,11 @@ def _open(world: World, session: Session, start: int, end: int, deadline: float)
     avoid: set[str] = set()
     for attempt in range(OPEN_TRIES):
         try:
-            hops = session.gateway.route(session, start, end, frozenset(avoid), fresh=attempt > 0)
+            hops = session.gateway.route(session, start, end, frozenset(avoid), fresh=attempt == 1)
         except MissingBlocks:
             break
+        if avoid.intersection(h.peer_id for h in hops):
+            break  # every server of some block refused: the gateway waits for room (gateway.swarm.failover)
         refused = next((h for h in hops if not _accepts(world, session, h, avoid)), None)
         if refused is None:
             _opened(world, session, hops)
@@ -75,7 +77,7 @@ def _prefill_time(world: World, session: Session, hops: list[Hop], tokens: int) 
         node = world.nodes[hop.peer_id]
         blocks = hop.end - hop.start
         compute = STEP_OVERHEAD + blocks * (node.hw.read_time + tokens * node.hw.token_time)
-        total += world.rtt_to(session.gateway.city, 0.0005, node) + compute * node.slowdown
+        total += world.rtt_to(session.gateway.city, GATEWAY_LAST_MILE, node) + compute * node.slowdown
     return total
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim import clients
-from sim.dataplane import GATEWAY_WORK, Chains, Nodes, solve
+from sim import clients, fastest_chain
+from sim.dataplane import GATEWAY_WORK, LEAST_WAIT, Chains, Nodes, solve
 from sim.flow_bound import Stage, max_throughput
 from sim.hardware import STEP_OVERHEAD
 from sim.swarm import SimNode, queue_depth
-from sim.world import World
+from sim.world import GATEWAY_LAST_MILE, World
 
 TICK = 1.0  # seconds of virtual time per data-plane step
 WARM_ITERATIONS = 12  # fixed-point iterations per tick, starting from the last tick's solution
@@ -47,32 +47,37 @@ def tick(world: World) -> float:
     return float(rates.tokens_per_s.sum())
 
 
-def bound(world: World, mean_length: float) -> tuple[float, float]:
+def bound(world: World, held_length: float) -> tuple[float, float]:
     """(the bound, the bound without the KV limit) for the nodes serving now, in tokens/s.
 
-    A node's part is its full-batch capacity; with the KV limit, at most the sessions its pool holds (pool / mean
-    session length), each at most one token per the fastest round any chain through it could make
-    (``fastest_rounds``)."""
+    A node's part is its full-batch capacity; with the KV limit, at most its pool x the fastest rate any chain
+    through it could give one session (``fastest_chain``) / ``held_length`` (``workload.mean_request``: the KV
+    tokens a decoded token holds per second)."""
     serving = world.serving()
-    fastest = fastest_rounds(world, serving)
+    rounds = fastest_rounds(world, serving)
     compute = [Stage(n.start, n.end, n.capacity) for n in serving]
     held = [
-        Stage(n.start, n.end, min(n.capacity, n.hw.cache_tokens / mean_length / t))
-        for n, t in zip(serving, fastest, strict=True)
+        Stage(n.start, n.end, min(n.capacity, n.hw.cache_tokens / held_length / t))
+        for n, t in zip(serving, rounds, strict=True)
     ]
     blocks = world.model.num_blocks
     return max_throughput(held, blocks), max_throughput(compute, blocks)
 
 
 def fastest_rounds(world: World, serving: list[SimNode]) -> list[float]:
-    """Per node, a lower bound on the seconds per token of any chain through it: per block the fastest idle node
-    serving it, the gateway's own work, and the round trip from the nearest gateway to this node (the links of a
-    chain out to it and back are at least that: the triangle inequality on distances, and both last miles)."""
+    """Per node, a lower bound on the seconds per token of any chain through it (``fastest_chain``: its links,
+    and per hop what ``dataplane.solve`` charges a token at least: the step under way and its own, ``LEAST_WAIT``
+    steps of the span's weight reads) plus the gateway's own work."""
     if not serving:
         return []
-    per_block = np.full(world.model.num_blocks, np.inf)
-    for n in serving:
-        block = (n.hw.read_time + n.hw.token_time) * n.slowdown
-        per_block[n.start : n.end] = np.minimum(per_block[n.start : n.end], block)
-    compute = float(np.where(np.isfinite(per_block), per_block, 0.0).sum()) + STEP_OVERHEAD + GATEWAY_WORK
-    return [compute + min(world.rtt_to(g.city, 0.0005, n) for g in world.gateways) for n in serving]
+    placement = fastest_chain.Placement(
+        np.array([n.start for n in serving], dtype=np.int64),
+        np.array([n.end for n in serving], dtype=np.int64),
+        np.array([fastest_chain.CITY_INDEX[n.city.name] for n in serving], dtype=np.int64),
+        np.array([n.last_mile for n in serving]),
+        LEAST_WAIT * np.array([(STEP_OVERHEAD + n.span * n.hw.read_time) * n.slowdown for n in serving]),
+        np.zeros(len(serving)),  # a step's rows may be fewer than one on average (Little's law): count none
+    )
+    gateways = [(g.city, GATEWAY_LAST_MILE) for g in world.gateways]
+    rounds = fastest_chain.fastest_rounds(placement, gateways, world.model.num_blocks) + GATEWAY_WORK
+    return [float(r) for r in rounds]

@@ -22,6 +22,7 @@ Ints = npt.NDArray[np.int64]
 GATEWAY_WORK = 0.005  # seconds per token at the gateway: embeddings, LM head, sampling
 ITERATIONS = 60
 DAMPING = 0.5
+LEAST_WAIT = 1.5  # steps a token spends at a node at least: half the step under way, then its own
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,6 @@ def solve(chains: Chains, nodes: Nodes, start: Floats | None = None, iterations:
         present = arrivals * at_node
         rows = np.minimum(present, MAX_BATCH)
         step = nodes.fixed + rows * blocks_per_row * nodes.token_time
-        waits = 0.5 + np.maximum(1.0, present / MAX_BATCH)  # the step under way, then the steps it needs
+        waits = LEAST_WAIT - 1.0 + np.maximum(1.0, present / MAX_BATCH)  # the step under way, then the steps it needs
         at_node = DAMPING * at_node + (1 - DAMPING) * step * waits
     return Rates(np.asarray(rates, dtype=np.float64), present, at_node)

@@ -26,8 +26,8 @@ class Scenario:
     nodes: int = 100
     seed: int = 1
     duration: float = 720.0
-    traffic_from: float = 200.0  # arrivals start once the first nodes are online
-    measure_from: float = 400.0  # the steady-state window starts here
+    traffic_from: float = 120.0  # arrivals start once the first nodes are online
+    measure_from: float = 420.0  # the steady-state window starts here
     load: float = 0.8  # offered tokens/s, as a multiple of the bound when traffic starts (KV memory binds first)
     event: str | None = None  # "leave" (a share of nodes crash at once), "region" (one goes dark), "flash"
     event_at: float = 520.0
@@ -40,8 +40,8 @@ class Scenario:
 
     def quick(self) -> Scenario:
         """A small, short version for tests."""
-        return replace(self, nodes=min(self.nodes, 40), duration=300.0, traffic_from=120.0, measure_from=180.0,
-                       event_at=220.0)  # fmt: skip
+        return replace(self, nodes=min(self.nodes, 40), duration=480.0, traffic_from=120.0, measure_from=330.0,
+                       event_at=360.0)  # fmt: skip
 
 
 @dataclass
@@ -74,8 +74,8 @@ def _populate(scenario: Scenario) -> World:
 
 def run(scenario: Scenario) -> Result:
     world = _populate(scenario)
-    mean_output, mean_length = mean_request()
-    world.clock.at(scenario.traffic_from, lambda: _start_traffic(world, scenario, mean_output, mean_length))
+    mean_output, held_length = mean_request()
+    world.clock.at(scenario.traffic_from, lambda: _start_traffic(world, scenario, mean_output, held_length))
     if scenario.event is not None:
         world.clock.at(scenario.event_at, lambda: _event(world, scenario))
     latest = (0.0, 0.0)
@@ -84,7 +84,7 @@ def run(scenario: Scenario) -> Result:
         world.clock.run_until(t)
         throughput = tick(world)
         if not world.metrics.bound or t % BOUND_EVERY < TICK:
-            latest = bound(world, mean_length)
+            latest = bound(world, held_length)
         _record(world, t, throughput, latest)
         t += TICK
     spans = [n.span for n in world.node_list]
@@ -116,15 +116,15 @@ def _replacements(world: World, scenario: Scenario) -> None:
     world.clock.after(JOIN_WINDOW + float(world.rng.exponential(1 / rate)), next_join)
 
 
-def _start_traffic(world: World, scenario: Scenario, mean_output: float, mean_length: float) -> None:
-    held, _ = bound(world, mean_length)
+def _start_traffic(world: World, scenario: Scenario, mean_output: float, held_length: float) -> None:
+    held, _ = bound(world, held_length)
     if held <= 0:  # a block is not served yet: the swarm has no throughput to size the load by
-        world.clock.after(10.0, lambda: _start_traffic(world, scenario, mean_output, mean_length))
+        world.clock.after(10.0, lambda: _start_traffic(world, scenario, mean_output, held_length))
         return
     arrivals = Arrivals(world.rng, held * scenario.load / mean_output, scenario.duration)
     if scenario.event == "flash":
         arrivals.add_window(scenario.event_at, scenario.event_at + 60.0, 5.0)
-    world.offered = arrivals.rate * mean_output
+    world.offered = lambda now: arrivals.rate * arrivals.factor(now) * mean_output
 
     def next_session() -> None:
         clients.arrive(world, _gateway_for(world), sample_request(world.rng))
@@ -157,21 +157,27 @@ def _record(world: World, t: float, throughput: float, latest: tuple[float, floa
     m.throughput.append(throughput)
     m.bound.append(latest[0])
     m.compute_bound.append(latest[1])
+    m.offered.append(world.offered(t))
     m.decoding.append(len(world.decoding))
     m.missing.append(len(world.dht.view(t).missing_blocks()))
 
 
 def summarize(world: World, scenario: Scenario) -> dict[str, float]:
+    """Means over the steady window. ``ratio`` is ours over the bound; ``served`` ours over what could be served at
+    best: the bound, or the offered load where that is lower (below capacity throughput is what is asked for)."""
     m = world.metrics
     times = np.array(m.times)
     ours, held, compute = np.array(m.throughput), np.array(m.bound), np.array(m.compute_bound)
+    servable = np.minimum(held, np.array(m.offered))
     steady_end = scenario.event_at if scenario.event else scenario.duration
     steady = (times >= scenario.measure_from) & (times < steady_end)
     summary = {
         "throughput": float(ours[steady].mean()),
         "bound": float(held[steady].mean()),
         "compute_bound": float(compute[steady].mean()),
+        "offered": float(np.array(m.offered)[steady].mean()),
         "ratio": float(ours[steady].mean() / max(held[steady].mean(), 1e-9)),
+        "served": float(ours[steady].mean() / max(servable[steady].mean(), 1e-9)),
         "finished": m.finished,
         "lost": m.lost,
         "refused": m.refused,
@@ -180,15 +186,16 @@ def summarize(world: World, scenario: Scenario) -> dict[str, float]:
         "ttft_p50": float(np.median(m.ttft)) if m.ttft else float("nan"),
     }
     if scenario.event in ("leave", "region"):
-        summary |= _recovery(times, ours, held, scenario.event_at)
+        summary |= _recovery(times, ours, servable, scenario.event_at)
     if scenario.event == "flash":
         window = (times >= scenario.event_at) & (times < scenario.event_at + 60.0)
-        summary["flash_ratio"] = float(ours[window].mean() / max(held[window].mean(), 1e-9))
+        summary["flash_ratio"] = float(ours[window].mean() / max(servable[window].mean(), 1e-9))
     return summary
 
 
 def _recovery(times: np.ndarray, ours: np.ndarray, held: np.ndarray, at: float) -> dict[str, float]:
-    """Seconds after the event until our 10 s mean is back above 80 % of the bound (and the ratio 2 periods on)."""
+    """Seconds after the event until our 10 s mean is back above 80 % of ``held`` (what could be served at best),
+    and the ratio 2 balance periods on."""
     after = times >= at
     smooth = np.convolve(ours, np.ones(10) / 10, mode="same")
     ratio = np.divide(smooth, held, out=np.zeros_like(smooth), where=held > 0)

@@ -49,10 +49,18 @@ def sample_request(rng: np.random.Generator) -> Request:
 
 
 def mean_request(samples: int = 20_000, seed: int = 0) -> tuple[float, float]:
-    """Mean output tokens and mean max_length, estimated once by sampling (the clipped lognormals)."""
+    """Mean output tokens, and the KV tokens a decoded token costs per second of holding: E[max_length x output] /
+    E[output] (estimated once by sampling the clipped lognormals).
+
+    A session holds its max_length on a node for as long as it decodes, output / rate seconds, so a node of ``pool``
+    tokens whose sessions each decode at most ``r`` tokens/s gives at most ``pool x r / that length`` tokens/s
+    (Little's law over sessions, weighted by how long each holds). It is longer than the mean max_length: long
+    outputs hold the pool longest."""
     rng = np.random.default_rng(seed)
     requests = [sample_request(rng) for _ in range(samples)]
-    return float(np.mean([r.output for r in requests])), float(np.mean([r.max_length for r in requests]))
+    outputs = np.array([r.output for r in requests], dtype=float)
+    held = np.array([r.max_length for r in requests], dtype=float) * outputs
+    return float(outputs.mean()), float(held.mean() / outputs.mean())
 
 
 class Arrivals:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,6 +20,7 @@ from sim.hardware import ModelShape, NodeHardware
 from sim.swarm import Dht, SimNode
 from sim.workload import Request
 
+GATEWAY_LAST_MILE = 0.0005  # one-way seconds: gateways sit in data centres
 VIEW_MAX_AGE = 10.0  # a gateway re-reads the DHT at most this often (its monitor; nodes re-announce every 10 s)
 
 
@@ -59,7 +61,7 @@ class SimGateway:
         view = self.view(fresh)
         for peer in view.servers:
             if peer not in self.rtts:
-                self.rtts[peer] = self.world.rtt_to(self.city, 0.0005, self.world.nodes[peer])
+                self.rtts[peer] = self.world.rtt_to(self.city, GATEWAY_LAST_MILE, self.world.nodes[peer])
         request = RouteRequest(
             session.request.max_length,
             start,
@@ -82,6 +84,7 @@ class Metrics:
     throughput: list[float] = field(default_factory=list)  # decoded tokens/s
     bound: list[float] = field(default_factory=list)  # the max-flow bound then
     compute_bound: list[float] = field(default_factory=list)  # the bound without the KV-memory limit
+    offered: list[float] = field(default_factory=list)  # tokens/s the arrivals ask for then (bursts included)
     decoding: list[int] = field(default_factory=list)
     missing: list[int] = field(default_factory=list)  # blocks no ONLINE node serves
     finished: int = 0
@@ -107,7 +110,7 @@ class World:
         self._node_rtts: dict[tuple[str, str], float] = {}
         self.decoding: dict[int, tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.float64]]] = {}
         self.at_node: npt.NDArray[np.float64] | None = None  # the data plane's last solution
-        self.offered = 0.0  # tokens/s the arrivals ask for
+        self.offered: Callable[[float], float] = lambda now: 0.0  # tokens/s the arrivals ask for at a time
         self.balancing = True  # nodes run their rebalancing check (a scenario may turn it off to compare)
 
     def rtt_to(self, city: City, last_mile: float, node: SimNode) -> float:
@@ -131,9 +134,9 @@ class World:
             return
         nodes = [self.nodes[h.peer_id] for h in session.hops]
         gateway = session.gateway
-        links = [self.rtt_to(gateway.city, 0.0005, nodes[0]) / 2]
+        links = [self.rtt_to(gateway.city, GATEWAY_LAST_MILE, nodes[0]) / 2]
         links += [self.rtt_between(a, b) / 2 for a, b in zip(nodes, nodes[1:], strict=False)]
-        links[-1] += self.rtt_to(gateway.city, 0.0005, nodes[-1]) / 2
+        links[-1] += self.rtt_to(gateway.city, GATEWAY_LAST_MILE, nodes[-1]) / 2
         self.decoding[session.index] = (
             np.array([n.index for n in nodes]),
             np.array([h.end - h.start for h in session.hops], dtype=float),

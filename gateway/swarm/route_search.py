@@ -12,7 +12,7 @@ without push and 475 ms with it (the simulator's finding, ``bench/results/sim.md
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -31,6 +31,7 @@ class Legs:
     where the route enters them: a leg entered at ``b`` costs ``fixed + (reach - b) * block_time + link``."""
 
     links: Sequence[dict[int, float]]  # ServerTable.links
+    measured: npt.NDArray[np.bool_]  # ServerTable.measured
     reach: Ints  # the boundary each takes the route to
     block_time: Floats
     fixed: Floats  # the cache penalty, and when pushing from the last hop the half RTT back to the gateway
@@ -49,6 +50,8 @@ class ServerTable:
     cache_left: Ints
     peers: list[str]
     links: list[dict[int, float]]  # per server: the RTTs it measured to others (``next_rtts``), by their row
+    measured: npt.NDArray[np.bool_]  # per server: whether it measured any link
+    covers: dict[tuple[int, int], dict[int, Ints]] = field(default_factory=dict)  # ``_cover``'s, by block range
 
 
 def table_of(servers: Sequence[ServerRecord]) -> ServerTable:
@@ -63,6 +66,7 @@ def table_of(servers: Sequence[ServerRecord]) -> ServerTable:
         np.array([s.cache_tokens_left for s in ordered], dtype=np.int64),
         [s.peer_id for s in ordered],
         links,
+        np.array([bool(row) for row in links], dtype=bool),
     )
 
 
@@ -80,18 +84,30 @@ def overlapping(table: ServerTable, start: int, end: int, excluded: frozenset[st
 
 def usable(table: ServerTable, banned: frozenset[str], start: int, end: int) -> dict[int, Ints]:
     """Per block, who a route may enter there: its servers less the banned ones, unless every one is banned."""
+    cover = _cover(table, start, end)
+    if not banned:
+        return cover
+    allowed = np.array([p not in banned for p in table.peers], dtype=bool)
+    chosen = {}
+    for block, servers in cover.items():
+        kept = servers[allowed[servers]]
+        chosen[block] = kept if len(kept) else servers
+    return chosen
+
+
+def _cover(table: ServerTable, start: int, end: int) -> dict[int, Ints]:
+    """Per block of [start, end), its servers (kept on the table: every route over the range shares them)."""
+    if (start, end) in table.covers:
+        return table.covers[(start, end)]
     if not table.servers:
         raise MissingBlocks(list(range(start, end)))
-    starts, ends = table.starts, table.ends
-    allowed = np.array([p not in banned for p in table.peers]) if banned else np.ones(len(starts), dtype=bool)
     blocks = np.arange(start, end)[:, None]
-    cover = (starts[None, :] <= blocks) & (ends[None, :] > blocks)  # [blocks, servers]
+    cover = (table.starts[None, :] <= blocks) & (table.ends[None, :] > blocks)  # [blocks, servers]
     missing = [int(b) for b in np.flatnonzero(~cover.any(axis=1)) + start]
     if missing:
         raise MissingBlocks(missing)
-    unbanned = cover & allowed[None, :]
-    chosen = np.where(unbanned.any(axis=1)[:, None], unbanned, cover)
-    return {start + row: np.flatnonzero(mask) for row, mask in enumerate(chosen)}
+    table.covers[(start, end)] = {start + row: np.flatnonzero(mask) for row, mask in enumerate(cover)}
+    return table.covers[(start, end)]
 
 
 def cheapest(legs: Legs, start: int, end: int, push: bool) -> list[tuple[int, int, int]]:
@@ -103,12 +119,11 @@ def cheapest(legs: Legs, start: int, end: int, push: bool) -> list[tuple[int, in
     order = np.argsort(legs.reach, kind="stable")
     bounds = np.searchsorted(legs.reach[order], np.arange(start, end + 1))
     for block in range(start, end):
-        if block == start:
-            states = [NO_SERVER]
-        else:
-            reached = order[bounds[block - start] : bounds[block - start + 1]]
-            reached = reached[np.isfinite(cost[reached])]
-            states = reached[np.lexsort((reached, cost[reached]))].tolist()  # cheapest first, then by peer
+        states = (
+            [NO_SERVER]
+            if block == start
+            else _states(legs, order[bounds[block - start] : bounds[block - start + 1]], cost, push)
+        )
         if states:
             _relax(legs, block, states, cost, before, entered, push)
     last = int(np.argmin(np.where(legs.reach == end, cost, np.inf)))
@@ -119,6 +134,17 @@ def cheapest(legs: Legs, start: int, end: int, push: bool) -> list[tuple[int, in
     return hops[::-1]
 
 
+def _states(legs: Legs, reached: Ints, cost: Floats, push: bool) -> list[int]:
+    """The servers whose legs end at a boundary and were reached, cheapest first, then by peer. Only the cheapest
+    prices the legs from there unless some measured links (``_relax``): then all of them, in that order."""
+    reached = reached[np.isfinite(cost[reached])]  # in peer order: ``order`` sorts by reach stably
+    if not len(reached):
+        return []
+    if push and legs.measured[reached].any():
+        return reached[np.lexsort((reached, cost[reached]))].tolist()
+    return [int(reached[cost[reached].argmin()])]  # the first of the cheapest: the lowest peer
+
+
 def _relax(legs: Legs, block: int, states: list[int], cost: Floats, before: Ints, entered: Ints, push: bool) -> None:
     """Price every leg enterable at ``block`` from the states that reached it, cheapest first (all final: they
     entered earlier boundaries)."""
@@ -127,30 +153,38 @@ def _relax(legs: Legs, block: int, states: list[int], cost: Floats, before: Ints
     base = _base(cost, best)
     idx = legs.enterable[block]
     priced = base + legs.fixed[idx] + (legs.reach[idx] - block) * legs.block_time[idx] + legs.own_link[idx]
-    special = np.zeros(len(idx), dtype=bool)
+    better = priced < cost[idx]
     if links[best]:
         by_best = np.zeros(len(legs.reach), dtype=bool)
         by_best[list(links[best])] = True
-        special = by_best[idx]
-    better = (priced < cost[idx]) & ~special
+        better &= ~by_best[idx]  # the best state's measured legs are priced below
     _update(cost, before, entered, idx[better], priced[better], best, block)
-    # Legs whose price some state's measured link changes: the cheapest of those measured offers and the plain one
-    # from the cheapest state that measured nothing to the leg.
-    can_enter = np.zeros(len(legs.reach), dtype=bool)
-    can_enter[idx] = True
-    offers: dict[int, list[tuple[float, int]]] = {}
+    if any(links.values()):
+        _relax_measured(legs, block, states, links, cost, before, entered)
+
+
+def _relax_measured(
+    legs: Legs, block: int, states: list[int], links: dict[int, dict[int, float]], cost: Floats, before: Ints,
+    entered: Ints,
+) -> None:  # fmt: skip
+    """Legs whose price some state's measured link changes: the cheapest of those measured offers and the plain one
+    from the cheapest state that measured nothing to the leg."""
+    can_enter = set(legs.enterable[block].tolist())
+    offers: dict[int, tuple[float, int]] = {}  # per leg: the cheapest measured offer, then the lowest state
     for state in states:
+        base = _base(cost, state)
         for leg, rtt in links[state].items():
-            if can_enter[leg]:
-                offers.setdefault(leg, []).append((_base(cost, state) + rtt / 2, state))
-    for leg, measured in offers.items():
+            if leg in can_enter:
+                offer = (base + rtt / 2, state)
+                if leg not in offers or offer < offers[leg]:
+                    offers[leg] = offer
+    for leg, offer in offers.items():
         plain = next((k for k in states if leg not in links[k]), None)
         if plain is not None:
-            measured.append((_base(cost, plain) + float(legs.own_link[leg]), plain))
-        total, state = min(measured)
-        total += _leg_cost(legs, leg, block)
+            offer = min(offer, (_base(cost, plain) + float(legs.own_link[leg]), plain))
+        total = offer[0] + _leg_cost(legs, leg, block)
         if total < cost[leg]:
-            _update(cost, before, entered, np.array([leg]), np.array([total]), state, block)
+            cost[leg], before[leg], entered[leg] = total, offer[1], block
 
 
 def _base(cost: Floats, state: int) -> float:

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from itertools import repeat
 
 import numpy as np
 
@@ -103,7 +104,7 @@ def _legs(
     table: route_search.ServerTable, enterable: dict[int, route_search.Ints], request: RouteRequest, end: int
 ) -> route_search.Legs:
     """``hop_cost``'s terms per server, split into what depends on where a route enters it and what does not."""
-    own = np.fromiter((request.rtts.get(p, UNKNOWN_RTT) for p in table.peers), np.float64, len(table.peers))
+    own = np.fromiter(map(request.rtts.get, table.peers, repeat(UNKNOWN_RTT)), np.float64, len(table.peers))
     reach = np.minimum(table.ends, end)
     measured = table.throughput > 0
     rate = np.where(measured, table.throughput * (table.ends - table.starts), 1.0)
@@ -114,7 +115,7 @@ def _legs(
     if request.push:
         fixed = fixed + np.where(reach == end, own / 2, 0.0)
     own_link = own / 2 if request.push else own
-    return route_search.Legs(table.links, reach, block_time, fixed, own_link, enterable)
+    return route_search.Legs(table.links, table.measured, reach, block_time, fixed, own_link, enterable)
 
 
 def _max_throughput(

@@ -50,7 +50,7 @@ def test_a_quick_scenario_with_nodes_leaving_end_to_end(tmp_path: Path) -> None:
     assert summary["throughput"] > 0 and 0 < summary["ratio"] <= 1.0
     assert summary["failovers"] > 0  # the crashed nodes' sessions moved
     assert "recovered_after" in summary
-    path = report.write([result], {30: result.route_times}, tmp_path, "test")
+    path = report.write([result], {30: (result.route_times, result.route_times)}, tmp_path, "test")
     text = path.read_text()
     assert "| leave | 30 |" in text and "Route choice" in text and "DHT traffic" in text
     assert (tmp_path / "sim-leave-30.png").stat().st_size > 0

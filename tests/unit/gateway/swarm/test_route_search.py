@@ -4,7 +4,9 @@ pushing, measured links, bans, cache-short nodes and unmeasured ones."""
 from __future__ import annotations
 
 import heapq
+import json
 import random
+from pathlib import Path
 
 import pytest
 
@@ -81,3 +83,36 @@ def test_the_array_search_finds_routes_as_cheap_as_dijkstra(push: bool) -> None:
         banned = frozenset(p for p in peers if rng.random() < 0.15)
         request = RouteRequest(1000, rtts=rtts, banned=banned, push=push)
         assert route_cost(view, request) == pytest.approx(reference_cost(view, request), rel=1e-9, abs=1e-12)
+
+
+def golden_cases() -> list[tuple[SwarmView, RouteRequest]]:
+    """Random swarms, and (every other one) swarms of few distinct speeds and round trips: many equal costs."""
+    rng = random.Random(11)
+    cases = []
+    for i in range(300):
+        view = random_swarm(rng, rng.randint(3, 60), rng.randint(4, 30))
+        peers = sorted(view.servers)
+        rtts = {p: round(rng.uniform(0.002, 0.2), 4) for p in peers if rng.random() < 0.8}
+        if i % 2:
+            view = SwarmView(view.num_blocks, {p: tied(rng, s) for p, s in view.servers.items()})
+            rtts = {p: rng.choice([0.01, 0.02]) for p in peers}
+        banned = frozenset(p for p in peers if rng.random() < 0.15)
+        start = rng.randint(0, view.num_blocks - 1) if rng.random() < 0.3 else 0
+        cases.append((view, RouteRequest(1000, start, rtts=rtts, banned=banned, push=i % 4 < 2)))
+    return cases
+
+
+def tied(rng: random.Random, server: ServerRecord) -> ServerRecord:
+    links = dict.fromkeys(server.next_rtts, 0.02) if rng.random() < 0.5 else {}
+    return server.model_copy(update={"throughput": 40.0 / (server.end - server.start), "next_rtts": links})
+
+
+def test_the_search_chooses_the_hops_it_chose_before_its_speed_up() -> None:
+    """Ties included: data/route_hops.json holds the hops the search chose on these swarms before it kept per-block
+    servers on the table and priced from the cheapest state alone where no state measured a link."""
+    expected = json.loads((Path(__file__).parent / "data" / "route_hops.json").read_text())
+    chosen = [
+        [[h.peer_id, h.start, h.end] for h in plan_route(view, request, RoutingMode.MIN_LATENCY)]
+        for view, request in golden_cases()
+    ]
+    assert chosen == expected
