@@ -84,8 +84,10 @@ def test_a_liar_is_kept_out_by_its_challenge_and_honest_nodes_serve(
         checks = {(c["kind"], c["result"]): c["count"] for c in http.get("/v1/swarm").json()["checks"]}
         metrics = http.get("/metrics").text
     assert checks.get(("spot", "agreed"), 0) > 0 and ("spot", "disputed") not in checks, checks
-    # The liar is caught at its own challenge (failed) or, seen first, at a newcomer's (outvoted).
-    assert re.search(r'swarmgate_verification_checks_total\{kind="challenge",result="(failed|outvoted)"\} 1', metrics)
+    # The liar is caught at its own challenge (failed) or, seen first, at a newcomer's (outvoted: both honest nodes'
+    # challenges may run against it at once, each decided by the other, so it may be outvoted twice).
+    caught = r'swarmgate_verification_checks_total\{kind="challenge",result="(failed|outvoted)"\} [12]\.0'
+    assert re.search(caught, metrics), metrics
 
 
 @pytest.mark.timeout(600)  # the liar's 2 s a message keeps the stream going while two nodes start under load
