@@ -82,9 +82,11 @@ class EngineSettings(P2PSettings):
     )
     speculative_max_k: int = Field(8, ge=1, le=32, description="most draft tokens verified in one step")
     speculative_trees: bool = Field(
-        True,
+        False,
         description="drafts may branch: several continuations verified in one step (nodes attend each to its own"
-        " branch, and keep the accepted one), as many as the cost model finds worth their positions; off: chains",
+        " branch, and keep the accepted one), as many as the cost model finds worth their positions; off (the"
+        " default: trees measured no more tokens per traversal than chains, and tree steps are not spot-checked):"
+        " chains",
     )
     speculative_min_rtt: float = Field(
         0.01,

@@ -414,7 +414,8 @@ class DecodePlan:
         drafter = self._drafter
         if trees and self._others == 0 and isinstance(drafter, TreeDrafter):
             scored = drafter.propose_tree(depth, forced)
-            drafted = self._pruned(scored, depth) if scored is not None else DraftTree([], [])
+            slots = room - len(forced)  # every tree token takes a slot of the session, a branch or not
+            drafted = self._pruned(scored, depth, slots) if scored is not None else DraftTree([], [])
         else:
             drafted = DraftTree.chain(drafter.propose(depth, forced))
         drafter.tuner.record_draft(time.perf_counter() - started, len(drafted.tokens))
@@ -422,14 +423,14 @@ class DecodePlan:
         parents = [below + 1 + parent if parent >= 0 else below for parent in drafted.parents]
         return DraftTree(forced + drafted.tokens, list(range(-1, below)) + parents), len(forced)
 
-    def _pruned(self, scored: ScoredTree, depth: int) -> DraftTree:
+    def _pruned(self, scored: ScoredTree, depth: int, slots: int) -> DraftTree:
         """The likeliest nodes of the drafter's tree that pay for their positions (a chain of them where a chain
         pays best)."""
         assert self._drafter is not None
         tuner = self._drafter.tuner
         chances = node_chances(scored, tuner.acceptance)
         ranked = sorted(chances, reverse=True)
-        size = choose_tree(ranked, self._rtt, tuner.compute, TREE_WIDTH * depth, self._plain_rtt)
+        size = choose_tree(ranked, self._rtt, tuner.compute, min(TREE_WIDTH * depth, slots), self._plain_rtt)
         return prune_tree(scored, chances, max(1, size))
 
     def verified(self, drafted: int, accepted: int, forced: int = 0) -> None:

@@ -145,10 +145,14 @@ class LocalEngine(GenerationEngine):
         return self.rtt, self.rtt
 
 
-def local_engine(folder: Path, chain: Chain, speculative: str, oracle: list[int] | None = None) -> LocalEngine:
+def local_engine(
+    folder: Path, chain: Chain, speculative: str, oracle: list[int] | None = None, trees: bool = False
+) -> LocalEngine:
     if not (folder / "tokenizer.json").exists():
         save_tiny_tokenizer(folder, VOCAB)
-    settings = EngineSettings(model=str(folder), speculative=speculative, speculative_min_rtt=0.0)
+    settings = EngineSettings(
+        model=str(folder), speculative=speculative, speculative_min_rtt=0.0, speculative_trees=trees
+    )
     return LocalEngine(settings, chain, oracle)
 
 

@@ -80,7 +80,7 @@ class TreeEngine(LocalEngine):
 
 
 def tree_engine(tiny: TinyModel, speculative: str, oracle: list[int] | None = None) -> TreeEngine:
-    engine = local_engine(tiny.folder, build_chain(tiny.folder, (3,)), speculative, oracle)
+    engine = local_engine(tiny.folder, build_chain(tiny.folder, (3,)), speculative, oracle, trees=True)
     engine.__class__ = TreeEngine
     return engine  # type: ignore[return-value]
 
@@ -127,7 +127,7 @@ def test_the_tree_walk_keeps_the_models_distribution(tiny_model: GetTinyModel) -
     those exact probabilities (chi-square)."""
     tiny = tiny_model("llama")
     chain = build_chain(tiny.folder, (3,))
-    engine = local_engine(tiny.folder, chain, "ngram")
+    engine = local_engine(tiny.folder, chain, "ngram", trees=True)
     temperature, penalty = 0.5, 0.8
     prompt = PROMPT[:8]
     with torch.inference_mode():
