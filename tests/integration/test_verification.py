@@ -132,7 +132,8 @@ def test_a_liar_caught_mid_stream_hands_the_stream_to_verified_nodes(
         assert wrong[-1] < len(ids) - 20, f"tokens still wrong at {wrong[-5:]}: the stream never left the liar"
         nodes = _nodes(gateway)
         assert nodes[liar.peer_id]["verification"]["state"] == "distrusted", nodes[liar.peer_id]
-        assert all(nodes[node.peer_id]["verification"]["state"] == "verified" for node in honest)
+        # The tie-breaker's own challenge may still be waiting for a slot when the stream ends (a loaded machine).
+        wait_until(lambda: all(_nodes(gateway)[n.peer_id]["verification"]["state"] == "verified" for n in honest), 60)
         assert swarm_counters(gateway)["failovers"] >= 1
     finally:
         stop_gracefully(local_swarm)
