@@ -145,6 +145,15 @@ class LocalEngine(GenerationEngine):
         return self.rtt, self.rtt
 
 
+def pooled_chi_square_pvalue(counts: torch.Tensor, expected: torch.Tensor) -> float:
+    """The chi-square p-value of ``counts`` against ``expected``, cells too small for the test pooled into one."""
+    big = expected >= 5
+    observed = torch.cat([counts[big], counts[~big].sum().view(1)])
+    wanted = torch.cat([expected[big], expected[~big].sum().view(1)])
+    wanted = wanted * observed.sum() / wanted.sum()  # float64 rounding: the totals must agree exactly
+    return float(chisquare(observed.numpy(), wanted.numpy()).pvalue)
+
+
 def local_engine(
     folder: Path, chain: Chain, speculative: str, oracle: list[int] | None = None, trees: bool = False
 ) -> LocalEngine:
@@ -328,11 +337,7 @@ def test_the_acceptance_rule_keeps_the_models_distribution(tiny_model: GetTinyMo
         else:
             counts[1, tokens[1].token_id] += 1
     expected = torch.stack([p0 * (torch.arange(VOCAB) != draft), p0[draft] * p1]) * 20_000
-    big = expected >= 5  # cells too small for chi-square are pooled into one
-    observed = torch.cat([counts[big], counts[~big].sum().view(1)])
-    wanted = torch.cat([expected[big], expected[~big].sum().view(1)])
-    wanted = wanted * observed.sum() / wanted.sum()  # float64 rounding: the totals must agree exactly
-    assert float(chisquare(observed.numpy(), wanted.numpy()).pvalue) > 1e-3
+    assert pooled_chi_square_pvalue(counts, expected) > 1e-3
 
 
 async def test_a_kept_conversation_is_rolled_back_to_its_tokens_before_it_shrinks(tiny_model: GetTinyModel) -> None:
