@@ -91,7 +91,7 @@ function verification(check) {
   // The verifier's state (probation, verified, unverified, failed, distrusted, off); the reason as a tooltip.
   const state = el("td", check.state || "\u2013", "verify-" + (check.state || "none"));
   state.title = (check.reason || "") + (check.evidence
-    ? "\nreceipt: " + check.evidence.signer + " session " + check.evidence.session + " position "
+    ? "\\nreceipt: " + check.evidence.signer + " session " + check.evidence.session + " position "
       + check.evidence.position + " blocks " + check.evidence.blocks + " output sha256 " + check.evidence.output_sha256
     : "");
   const reputation = el("td", check.reputation === null || check.reputation === undefined
