@@ -126,6 +126,9 @@ class Failover:
             except Exception as error:
                 await asyncio.gather(*(self.drop(s) for s in segments))
                 raise _ReplacementFailed(segment.session.hop, error) from error
+            except BaseException:  # cancelled: the new sessions are in no chain yet, so nobody else would close them
+                await asyncio.shield(asyncio.gather(*(self.drop(s) for s in segments)))
+                raise
             self._router.stats.record_replay(sum(chunk.shape[1] for _, chunk in inputs))
             segment.history, segment.tree = inputs, tree
             if tree is not None:
