@@ -163,13 +163,18 @@ class Verifier:
         assert blocks is not None  # references share blocks by construction
         challenge = new_challenge(blocks, self.settings.hidden_size, self.settings.dtype, CHALLENGE_TOKENS)
         timeout = self.settings.timeout
+        unverified = self.book.nodes[reference.peer_id].state is Verification.UNVERIFIED  # before the calls
         got, want = await asyncio.gather(
             session_outputs(self._p2p, peer_id, blocks, challenge.inputs, timeout, self._auth),
             forward_outputs(self._p2p, reference.peer_id, blocks, challenge.inputs, timeout, self._auth),
         )
         verdict = judge(challenge, candidate, reference, got, want)
         where = f"blocks {blocks[0]}:{blocks[1]} against {reference.peer_id} (seed {challenge.seed})"
-        if not verdict.agrees and self.book.nodes[reference.peer_id].state is Verification.UNVERIFIED:
+        if not verdict.agrees and not self.book.routable(reference.peer_id):
+            # Another challenge outvoted the reference while this one ran: disagreeing with it says nothing.
+            self._again(peer_id, f"its reference {reference.peer_id} lost its trust during the challenge")
+            return
+        if not verdict.agrees and unverified:
             decided = await self._tie_break(view, candidate, reference, challenge, got)
             if decided is None:  # one against one, and nobody to ask: wait for a third node
                 self._undecided(peer_id, f"disagrees with unverified {reference.peer_id} ({verdict.describe()})")
@@ -211,6 +216,13 @@ class Verifier:
         self._retry[peer_id] = asyncio.get_running_loop().time() + CHALLENGE_RETRY
         self.counts["challenge", "undecided"] += 1
         logger.warning("node %s stays in probation: %s", peer_id, self.book.nodes[peer_id].reason)
+
+    def _again(self, peer_id: str, reason: str) -> None:
+        """The node stays in probation and is challenged again at the next look, against another reference."""
+        self.book.nodes[peer_id].reason = f"{reason}; challenged again"
+        self._retry[peer_id] = asyncio.get_running_loop().time()
+        self.counts["challenge", "undecided"] += 1
+        logger.info("node %s stays in probation: %s", peer_id, self.book.nodes[peer_id].reason)
 
     def _fail(self, peer_id: str, reason: str) -> None:
         self.book.failed(peer_id, reason)
