@@ -142,6 +142,12 @@ class SpanHandlers:
     ) -> AsyncIterator[runtime_pb2.ExpertResponse]:
         """One session per stream: opened by its first message, then steps and edits; each reply in order."""
         stream = _SessionStream(self, context)
+        # hivemind runs this generator in one task per stream; when the caller cuts the stream it cancels that task,
+        # and cancelled while it sends a reply, the task ends with this generator suspended at its ``yield``: the
+        # ``finally`` below would run only once the garbage collector finalizes it. The task's end frees the room.
+        task = asyncio.current_task()
+        if task is not None:
+            task.add_done_callback(lambda _: self._close_stream_session(stream))
         try:
             async for request in requests:
                 await self._emulate_distance()
@@ -152,6 +158,10 @@ class SpanHandlers:
         finally:  # the stream closed, ended or was cancelled: its session's room goes back to the pool
             if stream.session is not None:
                 self.sessions.close(stream.session)
+
+    def _close_stream_session(self, stream: _SessionStream) -> None:
+        if stream.session is not None:
+            self.sessions.close(stream.session)  # idempotent: the stream's own end may have closed it already
 
     async def batch(
         self, requests: AsyncIterator[runtime_pb2.ExpertRequest], context: P2PContext

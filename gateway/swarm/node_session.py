@@ -34,6 +34,20 @@ from shared.rpc_client import decode_reply, over_transport
 T = TypeVar("T")
 
 _CLOSED = None  # sentinel that ends the request stream
+CLOSE_DRAIN = 5.0  # seconds a closed session's node has to end its stream before the gateway cuts it
+_CLOSING: set[asyncio.Task[None]] = set()  # streams being drained (held: a task nobody references may vanish)
+
+
+async def _drained(replies: AsyncIterator[runtime_pb2.ExpertResponse]) -> None:
+    """Read what the node still sends until it ends the stream (it has closed the session then), then close."""
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(CLOSE_DRAIN):
+            async for _ in replies:
+                pass
+    aclose = getattr(replies, "aclose", None)
+    if aclose is not None:
+        with contextlib.suppress(Exception):
+            await aclose()
 
 
 @dataclass(frozen=True)
@@ -210,16 +224,19 @@ class NodeSession:
         return outputs
 
     async def close(self) -> None:
+        """Ask the node to close the session and end the stream; the node's answers are drained in the background
+        (up to ``CLOSE_DRAIN`` seconds) before the stream is torn down. Cutting the stream at once instead left the
+        node's handler cancelled wherever it was: cancelled while it sent a reply, its session was freed only when
+        the garbage collector got to it."""
         if self.closed:
             return
         self.closed = True
         self._outbox.put_nowait(wire.encode_request(wire.CloseSession()))
         self._outbox.put_nowait(_CLOSED)
         if self._replies is not None:
-            aclose = getattr(self._replies, "aclose", None)
-            if aclose is not None:
-                with contextlib.suppress(Exception):
-                    await aclose()
+            task = asyncio.create_task(_drained(self._replies))
+            _CLOSING.add(task)
+            task.add_done_callback(_CLOSING.discard)
 
     async def _requests(self) -> AsyncIterator[runtime_pb2.ExpertRequest]:
         while (request := await self._outbox.get()) is not _CLOSED:
