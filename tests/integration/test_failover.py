@@ -163,7 +163,7 @@ STREAMS = 32
 FREEZE_SECONDS = 40.0
 
 
-@pytest.mark.slow
+@pytest.mark.soak  # ~2 minutes: `make test-soak`; a kill and a freeze mid-stream are in test_push, test_churn
 async def test_32_streams_through_a_sigkill_and_a_40_second_freeze_all_complete_with_the_reference_text(
     local_swarm: LocalSwarm, tiny_with_tokenizer: GetTinyModel
 ) -> None:
