@@ -42,7 +42,10 @@ async def over_transport(peer_id: str, what: str, work: Awaitable[T], limit: flo
     ``limit`` seconds (None: no limit); its failures come out typed (module docstring). Cancelling the caller
     cancels ``work``."""
     try:
-        return await asyncio.wait_for(work, limit)
+        # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the result of work that completes just as
+        # the caller is cancelled, dropping the cancel (a generation stopped that way decoded on to its end).
+        async with asyncio.timeout(limit):
+            return await work
     except TimeoutError:
         raise StepTimeout(f"node {peer_id} did not {what} within {limit:g}s") from None
     except StopAsyncIteration:

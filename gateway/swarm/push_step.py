@@ -67,7 +67,8 @@ async def push_step(chain: PushChain, hidden: torch.Tensor, position: int) -> to
         for index, (segment, future) in enumerate(zip(segments[1:], later, strict=True), start=1):
             grace = PUSH_GRACE + 2 * chain.router.rtts.get(segment.session.hop.peer_id, 0.0)
             try:
-                received, result = await asyncio.wait_for(asyncio.shield(future), grace)
+                async with asyncio.timeout(grace):  # not wait_for: on 3.11 it may drop a cancel (rpc_client)
+                    received, result = await asyncio.shield(future)
                 if not torch.equal(received, output):
                     raise PushMissing("the pushed input is not the previous hop's output")
             except (TimeoutError, PushMissing):

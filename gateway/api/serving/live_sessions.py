@@ -149,6 +149,9 @@ class LiveSession:
     async def _settled(self, pump: asyncio.Future[None]) -> None:
         """Wait for a stopped generation's cleanup; one that takes long is logged (its node caches stay held)."""
         began = time.monotonic()
+        while not pump.done():  # cancelled again now and then: one await that swallows a cancel must not keep it going
+            await asyncio.wait({pump}, timeout=SLOW_STOP_SECONDS)
+            pump.cancel()
         await asyncio.gather(pump, return_exceptions=True)
         if (took := time.monotonic() - began) > SLOW_STOP_SECONDS:
             logger.warning("session %s: its generation took %.1fs to stop", self.id, took)
