@@ -156,8 +156,7 @@ class SpanHandlers:
                     return
                 yield reply
         finally:  # the stream closed, ended or was cancelled: its session's room goes back to the pool
-            if stream.session is not None:
-                self.sessions.close(stream.session)
+            self._close_stream_session(stream)
 
     def _close_stream_session(self, stream: _SessionStream) -> None:
         if stream.session is not None:

@@ -123,11 +123,10 @@ class Failover:
             try:
                 await segment.session.open(room_wait)
                 outputs = await segment.session.replay(inputs, tree)
-            except Exception as error:
-                await asyncio.gather(*(self.drop(s) for s in segments))
-                raise _ReplacementFailed(segment.session.hop, error) from error
-            except BaseException:  # cancelled: the new sessions are in no chain yet, so nobody else would close them
+            except BaseException as error:  # cancelled too: the new sessions are in no chain yet, none else closes them
                 await asyncio.shield(asyncio.gather(*(self.drop(s) for s in segments)))
+                if isinstance(error, Exception):
+                    raise _ReplacementFailed(segment.session.hop, error) from error
                 raise
             self._router.stats.record_replay(sum(chunk.shape[1] for _, chunk in inputs))
             segment.history, segment.tree = inputs, tree

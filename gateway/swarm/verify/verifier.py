@@ -172,7 +172,7 @@ class Verifier:
         where = f"blocks {blocks[0]}:{blocks[1]} against {reference.peer_id} (seed {challenge.seed})"
         if not verdict.agrees and not self.book.routable(reference.peer_id):
             # Another challenge outvoted the reference while this one ran: disagreeing with it says nothing.
-            self._again(peer_id, f"its reference {reference.peer_id} lost its trust during the challenge")
+            self._undecided(peer_id, f"its reference {reference.peer_id} lost its trust during the challenge", 0.0)
             return
         if not verdict.agrees and unverified:
             decided = await self._tie_break(view, candidate, reference, challenge, got)
@@ -210,19 +210,14 @@ class Verifier:
         self.counts["challenge", "outvoted"] += 1
         logger.warning("node %s is out of routing: %s", reference.peer_id, reason)
 
-    def _undecided(self, peer_id: str, reason: str) -> None:
-        """The node stays in probation, unrouted, and is challenged again later (a third node may have come)."""
-        self.book.nodes[peer_id].reason = f"{reason}; waiting for a third node to break the tie"
-        self._retry[peer_id] = asyncio.get_running_loop().time() + CHALLENGE_RETRY
+    def _undecided(self, peer_id: str, reason: str, retry_in: float = CHALLENGE_RETRY) -> None:
+        """The node stays in probation, unrouted, and is challenged again in ``retry_in`` seconds (a third node may
+        have come by then; 0: at the next look, against another reference)."""
+        then = "challenged again" if retry_in == 0 else "waiting for a third node to break the tie"
+        self.book.nodes[peer_id].reason = f"{reason}; {then}"
+        self._retry[peer_id] = asyncio.get_running_loop().time() + retry_in
         self.counts["challenge", "undecided"] += 1
         logger.warning("node %s stays in probation: %s", peer_id, self.book.nodes[peer_id].reason)
-
-    def _again(self, peer_id: str, reason: str) -> None:
-        """The node stays in probation and is challenged again at the next look, against another reference."""
-        self.book.nodes[peer_id].reason = f"{reason}; challenged again"
-        self._retry[peer_id] = asyncio.get_running_loop().time()
-        self.counts["challenge", "undecided"] += 1
-        logger.info("node %s stays in probation: %s", peer_id, self.book.nodes[peer_id].reason)
 
     def _fail(self, peer_id: str, reason: str) -> None:
         self.book.failed(peer_id, reason)
