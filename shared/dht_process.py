@@ -26,6 +26,7 @@ from hivemind.dht.node import DHTNode
 from hivemind.p2p import P2P
 
 from shared.identity import PeerIdentity, register_identity
+from shared.unary_calls import guard_unary_calls
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ def start_dht(
     ``daemon_flags``: p2pd command-line flags hivemind's ``P2P.create`` has no parameter for (the relay service's
     limits: ``relayService``, ``relayMaxCircuits``, ...).
     """
+    guard_unary_calls()  # before any P2P exists: the DHT child (forked) and every replica of its P2P get the guard
     with _extra_daemon_flags(daemon_flags or {}):
         if identity is None:
             dht = DHT(start=True, **kwargs)

@@ -23,10 +23,14 @@ async def eventually(check: Callable[[], bool | Awaitable[bool]], within: float 
         await asyncio.sleep(every)
 
 
-def wait_until(check: Callable[[], bool], within: float = 30.0, every: float = 0.1) -> None:
-    """``eventually`` for tests outside an event loop (blocking clients, processes)."""
+def wait_until(
+    check: Callable[[], bool], within: float = 30.0, every: float = 0.1, state: Callable[[], object] | None = None
+) -> None:
+    """``eventually`` for tests outside an event loop (blocking clients, processes); ``state``: what to show when the
+    deadline passes (what was seen instead)."""
     deadline = time.monotonic() + within
     while not check():
         if time.monotonic() > deadline:
-            raise AssertionError(f"{getattr(check, '__name__', check)} did not hold within {within}s")
+            seen = "" if state is None else f"; seen: {state()}"
+            raise AssertionError(f"{getattr(check, '__name__', check)} did not hold within {within}s{seen}")
         time.sleep(every)

@@ -133,7 +133,11 @@ def test_a_liar_caught_mid_stream_hands_the_stream_to_verified_nodes(
         nodes = _nodes(gateway)
         assert nodes[liar.peer_id]["verification"]["state"] == "distrusted", nodes[liar.peer_id]
         # The tie-breaker's own challenge may still be waiting for a slot when the stream ends (a loaded machine).
-        wait_until(lambda: all(_nodes(gateway)[n.peer_id]["verification"]["state"] == "verified" for n in honest), 60)
+        wait_until(
+            lambda: all(_nodes(gateway)[n.peer_id]["verification"]["state"] == "verified" for n in honest),
+            60,
+            state=lambda: {n.name: _nodes(gateway)[n.peer_id]["verification"] for n in honest},
+        )
         assert swarm_counters(gateway)["failovers"] >= 1
     finally:
         stop_gracefully(local_swarm)

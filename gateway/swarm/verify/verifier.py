@@ -142,11 +142,12 @@ class Verifier:
                 self._fail(peer_id, f"answered its challenge with garbage: {error}")
             except Exception as error:  # could not be challenged now (busy, gone, timed out): stays in probation
                 self.counts["challenge", "error"] += 1
+                why = f"no answer within {CHALLENGE_TIMEOUT:g}s" if isinstance(error, TimeoutError) else str(error)
                 node = self.book.nodes.get(peer_id)
                 if node is not None and node.state is Verification.PROBATION:
-                    node.reason = f"its challenge could not run ({error}); trying again"
+                    node.reason = f"its challenge could not run ({why}); trying again"
                     self._retry[peer_id] = asyncio.get_running_loop().time() + CHALLENGE_RETRY
-                logger.info("challenge of node %s could not run: %s", peer_id, error)
+                logger.info("challenge of node %s could not run: %s", peer_id, why)
 
     async def _challenge(self, peer_id: str) -> None:
         view = self._view
