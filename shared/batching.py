@@ -69,7 +69,8 @@ async def wait_for_arrivals(arrival: asyncio.Event, count: Callable[[], int], wa
     while count() < wanted and (remaining := deadline - loop.time()) > 0:
         arrival.clear()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(arrival.wait(), remaining)
+            async with asyncio.timeout(remaining):
+                await arrival.wait()
 
 
 class Batcher(Generic[Item, Result]):

@@ -115,7 +115,8 @@ async def _exit_with_parent(dht: DHT, node: DHTNode, *, parent: int) -> None:
         await asyncio.sleep(PARENT_POLL_SECONDS)
     daemons = _descendants(os.getpid())
     try:
-        await asyncio.wait_for(node.shutdown(), timeout=5)
+        async with asyncio.timeout(5):
+            await node.shutdown()
     finally:
         _kill(daemons)  # a p2pd that did not stop with the node would otherwise run on alone
         os._exit(0)

@@ -108,7 +108,8 @@ def circuit_addrs(relays: Sequence[str], peer_id: str) -> list[str]:
 async def open_path(p2p: P2P, peer_id: str, addrs: Sequence[str]) -> None:
     """Connect to ``peer_id`` through ``addrs`` (its relay circuits); a no-op when already connected."""
     maddrs = [_RawMaddr(maddr_bytes(a)) for a in addrs]
-    await asyncio.wait_for(p2p._client.connect(PeerID.from_base58(peer_id), maddrs), DIAL_TIMEOUT)
+    async with asyncio.timeout(DIAL_TIMEOUT):
+        await p2p._client.connect(PeerID.from_base58(peer_id), maddrs)
 
 
 async def open_paths(p2p: P2P, relayed: dict[str, list[str]]) -> None:
@@ -192,10 +193,10 @@ async def ask_dial_back(p2p: P2P, helper: str, addrs: Sequence[str]) -> list[str
     request = runtime_pb2.ExpertRequest(
         metadata=DialBack(addrs=list(addrs)[:MAX_DIALBACK_ADDRS]).model_dump_json().encode()
     )
-    response = await asyncio.wait_for(
-        p2p.call_protobuf_handler(PeerID.from_base58(helper), DIALBACK_HANDLER, request, runtime_pb2.ExpertResponse),
-        DIALBACK_ANSWER_TIMEOUT,
-    )
+    async with asyncio.timeout(DIALBACK_ANSWER_TIMEOUT):
+        response = await p2p.call_protobuf_handler(
+            PeerID.from_base58(helper), DIALBACK_HANDLER, request, runtime_pb2.ExpertResponse
+        )
     return DialBackResult.model_validate_json(response.metadata).reached
 
 

@@ -90,7 +90,8 @@ class CachePool:
                 waited = f" after waiting {wait}s" if wait > 0 else ""
                 raise CacheFull(f"{tokens} tokens asked, {self.tokens_left} free{waited}")
             with contextlib.suppress(TimeoutError):  # then the loop's check raises with the final count
-                await asyncio.wait_for(self._next_release(), remaining)
+                async with asyncio.timeout(remaining):
+                    await self._next_release()
 
     @asynccontextmanager
     async def reserve(self, tokens: int, wait: float = 0.0) -> AsyncIterator[Allocation]:

@@ -289,14 +289,16 @@ class SpanServer:
         self.status.state = NodeState.DRAINING
         await self._announce_leaving()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.pool.wait_until_empty(), self.settings.drain_timeout)
+            async with asyncio.timeout(self.settings.drain_timeout):
+                await self.pool.wait_until_empty()
         if self.pool.sessions:
             logger.warning("drain timeout: leaving %d sessions behind", self.pool.sessions)
 
     async def _announce_leaving(self, expiration: float | None = None) -> None:
         """Announce on the way out, bounded (``dht_answers`` says whether it went through)."""
         try:
-            await asyncio.wait_for(self._announce(expiration), STOP_ANNOUNCE_TIMEOUT)
+            async with asyncio.timeout(STOP_ANNOUNCE_TIMEOUT):
+                await self._announce(expiration)
         except Exception as exc:  # a timeout, or whatever the DHT raised: either way we are leaving
             logger.warning("the DHT did not take our %s record: %r", self.status.state.value, exc)
             self.dht_answers = False

@@ -68,7 +68,8 @@ class StepSlots:
                 raise UnknownSession("the session ended while waiting for a pushed step")
             changed = self._changed
             try:
-                await asyncio.wait_for(changed.wait(), max(deadline - loop.time(), 0))
+                async with asyncio.timeout(max(deadline - loop.time(), 0)):
+                    await changed.wait()
             except TimeoutError:
                 raise PushMissing(f"no input for position {position} arrived within {within:.1f}s") from None
         return slot.hidden, await asyncio.shield(slot.output)

@@ -285,7 +285,8 @@ class SessionStore:
     async def _wait_for_change(self, session_id: str, last_event: int) -> None:
         if session_id in self._events or not self.link.up:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), TAIL_BLOCK_MS / 1000)
+                async with asyncio.timeout(TAIL_BLOCK_MS / 1000):
+                    await self._changed.wait()
             return
         with contextlib.suppress(RedisDown):  # another replica writes it: block on the stream itself
             await self.link.run(

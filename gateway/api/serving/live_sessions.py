@@ -318,7 +318,8 @@ class SessionTracker:
             with contextlib.suppress(RedisDown):
                 await self.store.mark_reader(session_id)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(gone.wait(), 1.0)
+                async with asyncio.timeout(1.0):
+                    await gone.wait()
 
     async def remote_reader(self, session_id: str) -> bool:
         try:
