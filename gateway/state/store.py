@@ -20,7 +20,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections import Counter
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from enum import StrEnum
 
 import redis.asyncio as aioredis
@@ -103,6 +104,8 @@ class SessionStore:
         self._stored_events: dict[str, int] = {}  # session id -> events Redis holds (as far as we know)
         self._tees: dict[str, asyncio.Task[None]] = {}  # session id -> its writer of events Redis lacks
         self._unsynced_events: dict[str, int] = {}  # session id -> first event number not yet in Redis
+        self._tailing: Counter[str] = Counter()  # session id -> readers on this replica tailing its events
+        self._forget_after_tail: set[str] = set()  # ended and synced, dropped once its last local reader is done
         # Set (and replaced) on every change: waiters hold the event of their time. Not an asyncio.Condition:
         # Python 3.11's wait_for() on Condition.wait() can time out mid-reacquire and leave the lock broken,
         # which stalls every later writer.
@@ -246,6 +249,22 @@ class SessionStore:
     ) -> AsyncIterator[tuple[int, str] | None]:
         """Every event after ``last_event``, then the live tail until the session ends (or its replica is gone);
         with ``idle``, a ``None`` whenever that many seconds passed without an event (a keep-alive's cue)."""
+        self._tailing[session_id] += 1  # keeps this replica's copy while it reads: no Redis read for the end
+        try:
+            async with contextlib.aclosing(self._tail(session_id, last_event, idle)) as tail:
+                async for item in tail:
+                    yield item
+        finally:
+            self._tailing[session_id] -= 1
+            if self._tailing[session_id] <= 0:
+                del self._tailing[session_id]
+                if session_id in self._forget_after_tail:
+                    self._forget_after_tail.discard(session_id)
+                    self.forget(session_id)
+
+    async def _tail(
+        self, session_id: str, last_event: int, idle: float | None
+    ) -> AsyncGenerator[tuple[int, str] | None, None]:
         quiet_since = time.monotonic()
         while True:
             batch = await self._read_events(session_id, last_event)
@@ -309,8 +328,12 @@ class SessionStore:
                 self._stored_events.pop(session_id, None)
 
     def forget(self, session_id: str) -> None:
-        """Drop this replica's copy of an ended session once Redis holds it."""
+        """Drop this replica's copy of an ended session once Redis holds it (and no reader here tails it: a reader
+        woken by the end would otherwise read it all from Redis)."""
         synced = session_id not in self._unsynced_records and session_id not in self._unsynced_events
+        if synced and session_id not in self._tees and self._tailing[session_id] > 0:
+            self._forget_after_tail.add(session_id)
+            return
         if synced and session_id not in self._tees:
             self._records.pop(session_id, None)
             self._events.pop(session_id, None)

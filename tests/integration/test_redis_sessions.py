@@ -55,6 +55,21 @@ async def test_events_resume_after_any_id_then_follow_the_live_tail_on_another_r
     await reader.link.close()
 
 
+async def test_a_session_forgotten_while_read_here_ends_from_memory_then_is_dropped(link: RedisLink) -> None:
+    store = SessionStore(link, "A")
+    await store.save(store.new_record("s", "m", None, 1))
+    await store.append_event("s", "chunk0")
+    tail = store.events_after("s", last_event=0)
+    assert await anext(tail) == (1, "chunk0")  # the reader waits for more, here
+    await store.append_event("s", "[DONE]")
+    await store.update("s", status=SessionStatus.FINISHED)
+    store.forget("s")  # what a session's end does: the local reader still tails it
+    await store._flush_events("s")
+    await link.client.flushdb()  # so any read of Redis would miss the end: the reader must take it from memory
+    assert [event async for event in tail] == [(2, "[DONE]")]
+    assert await store.get("s") is None  # dropped once its reader was done (and Redis no longer has it)
+
+
 async def test_a_cancel_published_on_one_replica_reaches_the_other(link: RedisLink) -> None:
     runner, other = SessionStore(link, "A"), SessionStore(RedisLink(link.url), "B")
     cancelled: asyncio.Queue[str] = asyncio.Queue()
