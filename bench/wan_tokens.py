@@ -12,10 +12,14 @@ included), both modes' tokens compared (they must be the same). Workloads:
 * novel: a short story, nothing to copy;
 * mixed: 8 streams at once, two of each (aggregate tokens/s).
 
-``chain`` is ``spec`` with ``--no-speculative-trees`` (every step's drafts one chain). ``--workloads`` and
-``--modes`` run a subset (``mixed`` is the 8 streams).
+``draft`` is ``--speculative draft --draft-model PATH`` (default: the served model's weights rounded to bfloat16,
+``bench/draft_copy.py``); its greedy agreement with the served model (the per-token acceptance a greedy verify sees)
+is measured teacher-forced over push's tokens of every workload. ``chain`` is ``spec`` with
+``--no-speculative-trees`` (every step's drafts one chain). ``--workloads`` and ``--modes`` run a subset (``mixed``
+is the 8 streams). Besides the table, each speculating mode's accepted / drafted tokens (the grammar's forced
+tokens count as drafts) and a plot of tok/s against RTT per workload (``wan_tokens.png``).
 
-    .venv/bin/python -m bench.wan_tokens --rtts 0,50 --repeats 1
+    .venv/bin/python -m bench.wan_tokens                                # RTT 0/50/100, push, spec and draft
     .venv/bin/python -m bench.wan_tokens --rtts 50 --workloads mixed   # only the 8 concurrent streams
 """
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import statistics
@@ -36,18 +41,24 @@ from typing import Any
 import torch
 
 from bench.capacity import SPANS, LocalSwarm, smollm2_path, wait_covered
+from bench.draft_copy import bfloat16_copy, greedy_agreement
 from bench.wan import free_port, start_proxy
 from gateway.generation import Grammar, SamplingParams
+from gateway.metrics import GatewayMetrics, current_metrics
 from gateway.model import decode_loop
 from gateway.model.engine import GenerationEngine, GenerationRequest
+from gateway.model.suffix_drafts import OutputStore
 from gateway.settings import EngineSettings
 
 NEW_TOKENS = 96
 MODES: dict[str, dict[str, Any]] = {
     "push": {"speculative": "off"},
     "chain": {"speculative": "ngram", "speculative_trees": False},  # drafts verified as one chain per step
-    "spec": {"speculative": "ngram"},  # the defaults: tree drafts where the drafter branches
+    "spec": {"speculative": "ngram"},  # the defaults (trees off since part 3 measured no gain)
+    "draft": {"speculative": "draft"},  # draft_model: the --draft-model argument
 }
+DEFAULT_MODES = "push,spec,draft"
+PUSH_TOKENS: dict[str, list[int]] = {}  # per workload, push's greedy tokens of the last run (for the draft agreement)
 CUSTOMER = {
     "type": "object",
     "properties": {
@@ -121,6 +132,28 @@ WORKLOADS: dict[str, tuple[list[dict[str, str]], Grammar | None]] = {
 }
 
 
+class Acceptance:
+    """Accepted and drafted tokens per mode, read from the gateway's speculation counters around each run."""
+
+    def __init__(self) -> None:
+        self.metrics = GatewayMetrics()
+        current_metrics.set(self.metrics)  # the engine's tasks, created after this, count into it
+        self.by_mode: dict[str, list[float]] = {}
+
+    def _read(self) -> tuple[float, float]:
+        registry = self.metrics.registry
+        drafted = registry.get_sample_value("swarmgate_spec_draft_tokens_total") or 0.0
+        return drafted, registry.get_sample_value("swarmgate_spec_accepted_tokens_total") or 0.0
+
+    async def counted(self, mode: str, run: Awaitable[Any]) -> Any:
+        (drafted, accepted), result = self._read(), await run
+        now = self._read()
+        totals = self.by_mode.setdefault(mode, [0.0, 0.0])
+        totals[0] += now[0] - drafted
+        totals[1] += now[1] - accepted
+        return result
+
+
 class Traversals:
     """Counts chain steps of every generation (``Generation.advance``; the prefill adds one per stream)."""
 
@@ -132,12 +165,14 @@ class Traversals:
             self.steps += 1
             await original(generation, round_)
 
-        decode_loop.Generation.advance = counted  # type: ignore[method-assign]
+        decode_loop.Generation.advance = counted  # type: ignore[method-assign,assignment]
 
 
-async def one(engine: GenerationEngine, prompt: list[int], grammar: Grammar | None) -> tuple[list[int], float]:
-    """(the tokens, decode tokens/s after the first) of one greedy stream."""
-    request = GenerationRequest(prompt, NEW_TOKENS, SamplingParams(temperature=0.0), grammar=grammar)
+async def one(
+    engine: GenerationEngine, prompt: list[int], grammar: Grammar | None, new_tokens: int = NEW_TOKENS
+) -> tuple[list[int], float]:
+    """(the tokens, decode tokens/s after the first) of one greedy stream of up to ``new_tokens``."""
+    request = GenerationRequest(prompt, new_tokens, SamplingParams(temperature=0.0), grammar=grammar)
     stamps, tokens = [], []
     async for token in engine.generate(request):
         stamps.append(time.perf_counter())
@@ -145,22 +180,25 @@ async def one(engine: GenerationEngine, prompt: list[int], grammar: Grammar | No
     return tokens, (len(stamps) - 1) / max(stamps[-1] - stamps[0], 1e-9)
 
 
-async def timed(run: Callable[[], Awaitable[int]], counter: Traversals, streams: int) -> tuple[float, float, int]:
-    """(tokens/s, tokens per traversal, tokens) of ``run`` (which returns its token count)."""
+async def timed(
+    run: Callable[[], Awaitable[list[list[int]]]], counter: Traversals, streams: int
+) -> tuple[float, float, list[list[int]]]:
+    """(tokens/s, tokens per traversal, each stream's tokens) of ``run`` (which returns each stream's tokens)."""
     steps, began = counter.steps, time.perf_counter()
-    tokens = await run()
-    seconds = time.perf_counter() - began
-    return tokens / seconds, tokens / (counter.steps - steps + streams), tokens
+    outputs = await run()
+    seconds, tokens = time.perf_counter() - began, sum(len(output) for output in outputs)
+    return tokens / seconds, tokens / (counter.steps - steps + streams), outputs
 
 
 async def measure(
     engines: dict[str, GenerationEngine],
     prompts: dict[str, list[int]],
     counter: Traversals,
+    acceptance: Acceptance,
     rtt: float,
-    repeats: int,
-    workloads: set[str],
+    args: argparse.Namespace,
 ) -> list[dict[str, Any]]:
+    repeats, workloads = args.repeats, args.workloads
     rows: list[dict[str, Any]] = []
     for name, (_, grammar) in WORKLOADS.items():
         if name not in workloads:
@@ -168,25 +206,55 @@ async def measure(
         got: dict[str, list[tuple[float, float, list[int]]]] = {mode: [] for mode in engines}
         for _ in range(repeats):
             for mode, engine in engines.items():
+                _forget_outputs(engine)
                 steps = counter.steps
-                tokens, speed = await one(engine, prompts[name], grammar)
+                tokens, speed = await acceptance.counted(mode, one(engine, prompts[name], grammar, args.new_tokens))
                 got[mode].append((speed, len(tokens) / (counter.steps - steps + 1), tokens))
         same = len({tuple(runs[0][2]) for runs in got.values()}) == 1
+        PUSH_TOKENS[name] = got["push"][0][2]
         for mode, runs in got.items():
             rows.append(_row(name, mode, rtt, [r[0] for r in runs], [r[1] for r in runs], len(runs[0][2]), same))
-    for mode, engine in engines.items() if "mixed" in workloads else ():
-        speeds, per = [], []
-        for _ in range(repeats):
-            speed, tpt, tokens = await timed(lambda e=engine: _mixed(e, prompts), counter, 8)
-            speeds.append(speed)
-            per.append(tpt)
-        rows.append(_row("mixed x8", mode, rtt, speeds, per, tokens, True))
+    if "mixed" in workloads:
+        rows += await _measure_mixed(engines, prompts, counter, acceptance, rtt, args)
     return rows
 
 
-async def _mixed(engine: GenerationEngine, prompts: dict[str, list[int]]) -> int:
-    jobs = [one(engine, prompts[name], grammar) for name, (_, grammar) in WORKLOADS.items() for _ in range(2)]
-    return sum(len(tokens) for tokens, _ in await asyncio.gather(*jobs))
+async def _measure_mixed(
+    engines: dict[str, GenerationEngine],
+    prompts: dict[str, list[int]],
+    counter: Traversals,
+    acceptance: Acceptance,
+    rtt: float,
+    args: argparse.Namespace,
+) -> list[dict[str, Any]]:
+    """The 8 streams at once, per mode; the same tokens: every stream's, compared with the same stream's in push."""
+    got: dict[str, list[tuple[float, float, list[list[int]]]]] = {mode: [] for mode in engines}
+    for _ in range(args.repeats):
+        for mode, engine in engines.items():
+            _forget_outputs(engine)
+            mixed = timed(functools.partial(_mixed, engine, prompts, args.new_tokens), counter, 8)
+            got[mode].append(await acceptance.counted(mode, mixed))
+    same = len({tuple(map(tuple, runs[0][2])) for runs in got.values()}) == 1
+    return [
+        _row("mixed x8", mode, rtt, [r[0] for r in runs], [r[1] for r in runs], sum(map(len, runs[0][2])), same)
+        for mode, runs in got.items()
+    ]
+
+
+def _forget_outputs(engine: GenerationEngine) -> None:
+    """Every run starts with no earlier outputs for suffix drafts to copy: the same prompts run at every RTT and in
+    the warm-up, and a greedy rerun of a prompt would draft its whole answer from the last run's (novel chat would
+    measure 4 tokens per traversal). What a run's own streams emit stays: that is the suffix drafts' cross-session
+    store at work (the mixed run has each workload twice, started together)."""
+    engine.outputs = OutputStore()
+
+
+async def _mixed(engine: GenerationEngine, prompts: dict[str, list[int]], new_tokens: int) -> list[list[int]]:
+    """Each of the 8 streams' tokens, in a fixed order (two of each workload)."""
+    jobs = [
+        one(engine, prompts[name], grammar, new_tokens) for name, (_, grammar) in WORKLOADS.items() for _ in range(2)
+    ]
+    return [tokens for tokens, _ in await asyncio.gather(*jobs)]
 
 
 def _row(
@@ -209,7 +277,25 @@ def _row(
     return row
 
 
-async def run(args: argparse.Namespace, workdir: Path) -> list[dict[str, Any]]:
+def _accepted(mode: str, totals: list[float]) -> str:
+    drafted, accepted = totals
+    share = f"{accepted / drafted:.2f}" if drafted else "-"
+    return f"{mode}: {accepted:.0f} of {drafted:.0f} drafted tokens accepted ({share}; every run and RTT)"
+
+
+async def _agreement(engine: GenerationEngine, prompts: dict[str, list[int]]) -> str:
+    """The draft model's greedy token against push's, teacher-forced over every workload's output."""
+    if engine.draft_model is None:
+        return "no draft model loaded"
+    parts, hits, total = [], 0, 0
+    for name, tokens in PUSH_TOKENS.items():
+        got, count = await asyncio.to_thread(greedy_agreement, engine.draft_model.model, prompts[name], tokens)
+        parts.append(f"{name} {got / count:.2f}")
+        hits, total = hits + got, total + count
+    return f"draft model greedy agreement with the served model: {hits / max(total, 1):.3f} ({', '.join(parts)})"
+
+
+async def run(args: argparse.Namespace, workdir: Path) -> tuple[list[dict[str, Any]], list[str]]:
     model, rtt_file = smollm2_path(), workdir / "rtt"
     rtt_file.write_text("0")
     swarm = LocalSwarm(workdir, 1)
@@ -233,6 +319,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> list[dict[str, Any]]:
         for mode, extra in MODES.items():
             if mode not in args.modes:
                 continue
+            if mode == "draft":
+                extra = {**extra, "draft_model": str(args.draft_model or bfloat16_copy(model, workdir / "draft"))}
             settings = EngineSettings(model=str(model), initial_peers=swarm.initial_peers, num_threads=1, **extra)
             engines[mode] = await GenerationEngine.create(settings)
             await wait_covered(engines[mode])
@@ -241,7 +329,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> list[dict[str, Any]]:
             name: tokenizer.encode(tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True))
             for name, (chat, _) in WORKLOADS.items()
         }
-        counter = Traversals()
+        counter, acceptance = Traversals(), Acceptance()
         for engine in engines.values():  # warm-up: routes, grammar compiler, batchers
             await one(engine, prompts["structured"], WORKLOADS["structured"][1])
         rows = []
@@ -251,8 +339,11 @@ async def run(args: argparse.Namespace, workdir: Path) -> list[dict[str, Any]]:
             for engine in engines.values():
                 for _ in range(4):
                     await asyncio.gather(*(engine.router._probe_one(p) for p in list(engine.router.rtts)))  # noqa: SLF001
-            rows += await measure(engines, prompts, counter, rtt, args.repeats, args.workloads)
-        return rows
+            rows += await measure(engines, prompts, counter, acceptance, rtt, args)
+        notes = [_accepted(mode, totals) for mode, totals in acceptance.by_mode.items() if mode != "push"]
+        if "draft" in engines:
+            notes.append(await _agreement(engines["draft"], prompts))
+        return rows, notes
     finally:
         for engine in engines.values():
             await engine.close()
@@ -280,24 +371,60 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """tok/s against RTT, one panel per workload, one line per mode."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    from matplotlib import pyplot
+
+    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    figure, axes = pyplot.subplots(1, len(workloads), figsize=(3.2 * len(workloads), 3.4), squeeze=False)
+    for panel, workload in zip(axes[0], workloads, strict=True):
+        own = [r for r in rows if r["workload"] == workload]
+        for mode in dict.fromkeys(r["mode"] for r in own):
+            line = [r for r in own if r["mode"] == mode]
+            panel.plot([r["rtt"] * 1000 for r in line], [r["tok/s"] for r in line], marker="o", label=mode)
+        panel.set_title(workload)
+        panel.set_xlabel("RTT per link, ms")
+        panel.grid(True, alpha=0.3)
+    axes[0][0].set_ylabel("decode tokens/s")
+    axes[0][0].legend(fontsize=7)
+    figure.suptitle("SmolLM2-135M, two CPU nodes behind added latency: speculation against plain push", fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rtts", default="0,50,100", help="round-trip times in ms (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=1, help="runs per measurement, median (default: 1)")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument("--workloads", default=",".join([*WORKLOADS, "mixed"]), help="default: %(default)s")
-    parser.add_argument("--modes", default=",".join(MODES), help="push and others (default: %(default)s)")
+    parser.add_argument("--modes", default=DEFAULT_MODES, help=f"of {','.join(MODES)} (default: %(default)s)")
+    parser.add_argument("--new-tokens", type=int, default=NEW_TOKENS, help="per stream (default: %(default)s)")
+    parser.add_argument("--draft-model", help="draft mode's model (default: a bfloat16 copy of the served one)")
     args = parser.parse_args()
     args.workloads, args.modes = set(args.workloads.split(",")), {"push", *args.modes.split(",")}
     args.rtts = [int(ms) / 1000 for ms in args.rtts.split(",")]
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="swarmgate-wan-tokens-") as tmp:
-        rows = asyncio.run(run(args, Path(tmp)))
-    text = table(rows) + f"\n\n{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; greedy, {NEW_TOKENS} tokens max."
+        rows, notes = asyncio.run(run(args, Path(tmp)))
+    load = os.getloadavg()
+    text = "\n\n".join(
+        [
+            table(rows),
+            "\n".join(f"- {note}" for note in notes),
+            f"{os.cpu_count()} CPUs, load {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 min) at the end;"
+            f" greedy, {args.new_tokens} tokens max.",
+        ]
+    )
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "wan_tokens.md").write_text(text + "\n")
     (args.out / "wan_tokens.json").write_text(json.dumps(rows, indent=1))
+    if len(args.rtts) > 1:
+        plot(rows, args.out / "wan_tokens.png")
 
 
 if __name__ == "__main__":
