@@ -15,6 +15,7 @@ by the decode plan where its chance pays for it (a draft model's second choice i
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import torch
@@ -60,6 +61,7 @@ class DraftSession:
         self._read: list[int] = []  # the tokens whose keys and values the cache holds, in order
         self.context = list(prompt_ids)
         self.tuner = tuner
+        self.unpriced = 0.0  # seconds of the last proposal spent reading into an empty cache (``Drafter.unpriced``)
 
     def emitted(self, token_id: int) -> None:
         self.context.append(token_id)
@@ -92,7 +94,9 @@ class DraftSession:
         keep = min(common_prefix(self._read, context), len(context) - 1)  # at least one token to read
         if keep < len(self._read):
             self._forget(len(self._read) - keep)
+        started, from_empty = time.perf_counter(), not self._read  # the prompt: read once, not per drafted token
         drafts = [self._next(context[keep:])]
+        self.unpriced = time.perf_counter() - started if from_empty else 0.0
         while len(drafts) < k:
             drafts.append(self._next([drafts[-1][0]]))
         return drafts

@@ -285,7 +285,7 @@ class SpecTuner:
 
     def record_draft(self, seconds: float, drafted: int) -> None:
         if drafted > 0:
-            self.draft_cost += EWMA * (seconds / drafted - self.draft_cost)
+            self.draft_cost += EWMA * (max(0.0, seconds) / drafted - self.draft_cost)
 
     def record_round(self, drafted: int, accepted: int, forced: int = 0) -> None:
         """``drafted`` drafts, the first ``forced`` of them the grammar's: each kind's acceptance on its own (the
@@ -304,6 +304,10 @@ class Drafter(Protocol):
 
     threaded: bool  # ``propose`` is costly: the engine runs it in a thread of its own, not the head batcher's
     tuner: SpecTuner
+    # Seconds of the last ``propose`` that were no cost per drafted token: a draft model reading the whole prompt
+    # into its cache on its first proposal. Charged to the drafted tokens, that one read would price drafting out
+    # for the rest of the generation (k = 0 drafts nothing more, so the estimate would never be corrected).
+    unpriced: float
 
     def emitted(self, token_id: int) -> None: ...
 
@@ -326,6 +330,7 @@ class PromptLookup:
     """One generation's drafter: prompt lookup over the prompt and the tokens emitted so far."""
 
     threaded = False  # microseconds: done in the head batcher's thread, beside the sampling
+    unpriced = 0.0
 
     def __init__(self, prompt_ids: Sequence[int], tuner: SpecTuner) -> None:
         self.context = list(prompt_ids)
@@ -418,7 +423,7 @@ class DecodePlan:
             drafted = self._pruned(scored, depth, slots) if scored is not None else DraftTree([], [])
         else:
             drafted = DraftTree.chain(drafter.propose(depth, forced))
-        drafter.tuner.record_draft(time.perf_counter() - started, len(drafted.tokens))
+        drafter.tuner.record_draft(time.perf_counter() - started - drafter.unpriced, len(drafted.tokens))
         below = len(forced) - 1  # the drafts hang below the last forced token
         parents = [below + 1 + parent if parent >= 0 else below for parent in drafted.parents]
         return DraftTree(forced + drafted.tokens, list(range(-1, below)) + parents), len(forced)

@@ -152,6 +152,7 @@ class SuffixDrafts:
     """One generation's drafter: suffix matches over its prompt and output, and over the store's outputs."""
 
     threaded = False  # microseconds: done in the head batcher's thread, beside the sampling
+    unpriced = 0.0
 
     def __init__(self, prompt_ids: Sequence[int], tuner: SpecTuner, store: OutputStore | None = None) -> None:
         self.context = list(prompt_ids)

@@ -75,6 +75,16 @@ def test_drafts_are_the_draft_models_greedy_tokens_also_after_a_rejection(llama:
     assert session.propose(4) == greedy(draft.model, session.context, 4)
 
 
+def test_only_the_read_into_an_empty_cache_is_left_out_of_the_draft_cost(llama: TinyModel, draft_folder: Path) -> None:
+    draft = DraftModel.load(str(draft_folder), _tokenizer(llama))
+    session = draft.session(PROMPT * 8, SpecTuner(k_max=8, min_rtt=0.0))
+    drafts = session.propose(3)
+    assert session.unpriced > 0.0  # the prompt's read: once per generation, not per drafted token
+    session.emitted(drafts[0])
+    session.propose(3)
+    assert session.unpriced == 0.0  # later rounds read only the tokens emitted since: a cost of drafting
+
+
 def test_a_draft_model_with_another_tokenizer_is_refused_at_start(llama: TinyModel, tmp_path: Path) -> None:
     other = tmp_path / "other"
     AutoModelForCausalLM.from_config(llama.model.config).save_pretrained(other)

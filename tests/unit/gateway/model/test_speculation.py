@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from types import SimpleNamespace
+
 import pytest
 
 from gateway.generation import GenerationRequest
-from gateway.model.speculation import DecodePlan, PromptLookup, SpecTuner, choose_k, expected_tokens, propose_ngram
+from gateway.model import speculation
+from gateway.model.speculation import (
+    EWMA,
+    DecodePlan,
+    PromptLookup,
+    SpecTuner,
+    choose_k,
+    expected_tokens,
+    propose_ngram,
+)
 
 
 def test_prompt_lookup_continues_the_latest_earlier_occurrence_of_the_longest_suffix() -> None:
@@ -73,3 +85,26 @@ def test_verify_steps_relayed_must_beat_decode_steps_pushed() -> None:
     assert choose_k(0.25, rtt=0.1, compute=0.01, k_max=8, min_rtt=0.01) > 0
     assert choose_k(0.25, rtt=0.1, compute=0.01, k_max=8, min_rtt=0.01, plain_rtt=0.075) == 0
     assert choose_k(0.9, rtt=0.1, compute=0.01, k_max=8, min_rtt=0.01, plain_rtt=0.075) > 0
+
+
+class SlowFirstRead(PromptLookup):
+    """A drafter whose proposal takes 2 s of ``clock``, 1.8 of them reading the prompt (as a draft model's first)."""
+
+    def __init__(self, clock: SimpleNamespace, tuner: SpecTuner) -> None:
+        super().__init__([1, 2, 3], tuner)
+        self.clock = clock
+
+    def propose(self, k: int, after: Sequence[int] = ()) -> list[int]:
+        self.clock.now += 2.0
+        self.unpriced = 1.8
+        return [7] * k
+
+
+def test_a_drafters_prompt_read_is_not_charged_per_drafted_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = SimpleNamespace(now=0.0)
+    monkeypatch.setattr(speculation, "time", SimpleNamespace(perf_counter=lambda: clock.now))
+    tuner = SpecTuner(k_max=8, min_rtt=0.01, acceptance=0.9, compute=0.08)
+    plan = DecodePlan(GenerationRequest([1, 2, 3], 50), SlowFirstRead(clock, tuner))
+    assert plan.propose(4) == ([7, 7, 7, 7], 0)
+    assert tuner.draft_cost == pytest.approx(EWMA * 0.2 / 4)  # 0.2 s of drafting for 4 tokens; the read is not
+    assert plan.next_k(0.1, others=0) > 0  # charged 2 s / 4 a token, drafting would price itself out for good
