@@ -115,7 +115,7 @@ def _legs(
     if request.push:
         fixed = fixed + np.where(reach == end, own / 2, 0.0)
     own_link = own / 2 if request.push else own
-    return route_search.Legs(table.links, table.measured, reach, block_time, fixed, own_link, enterable)
+    return route_search.Legs(table.links, reach, block_time, fixed, own_link, enterable, bool(request.banned))
 
 
 def _max_throughput(
