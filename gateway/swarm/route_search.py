@@ -61,17 +61,19 @@ class LinksAt:
 
 def measured_links(ordered: Sequence[ServerRecord], index: dict[str, int]) -> MeasuredLinks:
     rtts = [{index[p]: rtt for p, rtt in s.next_rtts.items() if p in index} if s.next_rtts else {} for s in ordered]
+    starts, ends = [s.start for s in ordered], [s.end for s in ordered]
     # Only a server of its end block can follow a server in a route: links to others are never priced.
     offers = [
-        [(row, rtt / 2) for row, rtt in sorted(out.items()) if ordered[row].start <= s.end < ordered[row].end]
-        for s, out in zip(ordered, rtts, strict=True)
+        [(row, rtt / 2) for row, rtt in sorted(out.items()) if starts[row] <= end < ends[row]] if out else []
+        for end, out in zip(ends, rtts, strict=True)
     ]
-    ending = Counter(s.end for s in ordered)
     measuring: dict[int, list[int]] = {}
-    for row, (server, out) in enumerate(zip(ordered, offers, strict=True)):
+    for row, out in enumerate(offers):
         if out:
-            measuring.setdefault(server.end, []).append(row)
-    offered = [np.array([row for row, _ in out], dtype=np.int64) for out in offers]
+            measuring.setdefault(ends[row], []).append(row)
+    ending = Counter(ends)
+    none = np.zeros(0, dtype=np.int64)
+    offered = [np.array([row for row, _ in out], dtype=np.int64) if out else none for out in offers]
     return MeasuredLinks(
         rtts, offers, offered, {end: _links_at(rows, offers, ending[end]) for end, rows in measuring.items()}
     )
@@ -100,7 +102,8 @@ class Legs:
     fixed: Floats  # the cache penalty, and when pushing from the last hop the half RTT back to the gateway
     own_link: Floats  # the link into it when its predecessor measured none
     enterable: dict[int, Ints]  # per boundary: the servers a route may enter there
-    banned: bool = False  # whether some server is banned: then a measured leg is checked against ``enterable``
+    banned: bool = False  # whether some server is banned or excluded: then a measured leg is checked against
+    # ``enterable`` (a measured link may lead to a server a route must not enter)
 
     @cached_property
     def scalars(self) -> LegScalars:
@@ -145,28 +148,27 @@ def table_of(servers: Sequence[ServerRecord]) -> ServerTable:
     )
 
 
-def overlapping(table: ServerTable, start: int, end: int, excluded: frozenset[str] = frozenset()) -> ServerTable:
-    """The servers of some block of [start, end), less the ``excluded`` (a whole route with nobody excluded keeps
-    the view's table)."""
-    keep = (table.starts < end) & (table.ends > start)
-    if excluded:
-        keep &= np.array([p not in excluded for p in table.peers], dtype=bool)
-    rows = np.flatnonzero(keep)
-    if len(rows) == len(table.servers):
-        return table
-    return table_of([table.servers[int(i)] for i in rows])
-
-
-def usable(table: ServerTable, banned: frozenset[str], start: int, end: int) -> dict[int, Ints]:
-    """Per block, who a route may enter there: its servers less the banned ones, unless every one is banned."""
+def usable(
+    table: ServerTable, banned: frozenset[str], start: int, end: int, excluded: frozenset[str] = frozenset()
+) -> dict[int, Ints]:
+    """Per block of [start, end), who a route may enter there: its servers less the excluded (never used: a block
+    left with none is missing) and less the banned ones, unless every one left is banned. The table stays the
+    view's whole one (servers outside the range are never enterable): rebuilding it per route would cost more
+    than the route (``MeasuredLinks``)."""
     cover = _cover(table, start, end)
-    if not banned:
+    if not banned and not excluded:
         return cover
     allowed = np.array([p not in banned for p in table.peers], dtype=bool)
-    chosen = {}
+    trusted = np.array([p not in excluded for p in table.peers], dtype=bool)
+    chosen, missing = {}, []
     for block, servers in cover.items():
-        kept = servers[allowed[servers]]
-        chosen[block] = kept if len(kept) else servers
+        left = servers[trusted[servers]]
+        if not len(left):
+            missing.append(block)
+        kept = left[allowed[left]]
+        chosen[block] = kept if len(kept) else left
+    if missing:
+        raise MissingBlocks(missing)
     return chosen
 
 
