@@ -69,3 +69,18 @@ def test_the_search_chooses_the_hops_it_chose_before_it_priced_probed_links_at_o
         for view, request in golden_cases()
     ]
     assert chosen == expected
+
+
+def test_a_measured_link_never_leads_into_an_excluded_server() -> None:
+    """Excluded servers stay in the view's table (not enterable): a link measured to one is never priced."""
+    rng = random.Random(17)
+    for _ in range(80):
+        view = probed(rng, random_swarm(rng, rng.randint(10, 60), rng.randint(6, 30)), False)
+        peers = sorted(view.servers)
+        excluded = frozenset(p for p in peers[len(peers) // 3 :] if rng.random() < 0.2)  # the first chain stays
+        rtts = {p: round(rng.uniform(0.002, 0.2), 3) for p in peers}
+        request = RouteRequest(1000, rtts=rtts, excluded=excluded, push=True)
+        hops = plan_route(view, request, RoutingMode.MIN_LATENCY)
+        assert not {h.peer_id for h in hops} & excluded
+        trusted = SwarmView(view.num_blocks, {p: s for p, s in view.servers.items() if p not in excluded})
+        assert route_cost(view, request) == pytest.approx(reference_cost(trusted, request), rel=1e-9, abs=1e-12)
