@@ -9,6 +9,7 @@ Records that fail validation are dropped on read, never trusted.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -81,14 +82,24 @@ async def fetch_servers(dht: DHT, model: str, num_blocks: int) -> dict[str, Serv
     return (await fetch_announcements(dht, model, num_blocks))[0]
 
 
+async def fetch_block_servers(dht: DHT, model: str, blocks: Sequence[int]) -> dict[str, ServerRecord]:
+    """The valid, unexpired records of the servers of ``blocks`` only, by peer id: one key per block, where
+    ``fetch_servers`` reads every block's (a swarm of 1,000 nodes holds about 60 records under each)."""
+    return (await _fetch(dht, model, blocks))[0]
+
+
 async def fetch_announcements(
     dht: DHT, model: str, num_blocks: int
 ) -> tuple[dict[str, ServerRecord], dict[str, float]]:
     """``fetch_servers``, and each record's expiration time (DHT time): it grows with every announcement, so a
     reader can tell a node that announced again from the record it saw before."""
-    keys = [block_key(model, i) for i in range(num_blocks)]
+    return await _fetch(dht, model, range(num_blocks))
+
+
+async def _fetch(dht: DHT, model: str, blocks: Sequence[int]) -> tuple[dict[str, ServerRecord], dict[str, float]]:
+    keys = [block_key(model, i) for i in blocks]
     found = await dht.run_coroutine(partial(_get_many, keys=keys), return_future=True)
-    servers = parse_server_entries([{peer: value for peer, (value, _) in entry.items()} for entry in found])
+    servers = parse_server_entries([{peer: value for peer, (value, _) in entry.items()} for entry in found], blocks)
     stamps: dict[str, float] = {}
     for entry in found:
         for peer, (_, expiration) in entry.items():

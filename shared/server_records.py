@@ -87,14 +87,16 @@ def record_json(server: ServerRecord) -> dict[str, Any]:
     return data
 
 
-def parse_server_entries(entries: Sequence[dict[str, Any]]) -> dict[str, ServerRecord]:
-    """``entries[i]`` holds the records stored under block ``i``, by subkey.
+def parse_server_entries(
+    entries: Sequence[dict[str, Any]], blocks: Sequence[int] | None = None
+) -> dict[str, ServerRecord]:
+    """``entries[i]`` holds the records stored under block ``blocks[i]`` (default: block ``i``), by subkey.
 
     A record is kept only if its owner stored it (subkey == peer id) and its span covers the block it was found
     under: after a node moves, records left under its old blocks name the new span and are ignored there.
     """
     servers: dict[str, ServerRecord] = {}
-    for block, entry in enumerate(entries):
+    for block, entry in zip(range(len(entries)) if blocks is None else blocks, entries, strict=True):
         for subkey, value in entry.items():
             try:
                 record = ServerRecord.model_validate(value)

@@ -1,16 +1,21 @@
 """Route choice's cost by swarm size: the real ``plan_route`` (push, min_latency: the gateway's defaults) timed on
 a settled swarm of N simulated nodes (placed by our span choice, no traffic), from each gateway in turn: as the
 simulator's nodes announce (no measured next hops), and as swarm_node's do (``next_rtts`` to the first
-``NEXT_HOPS_PROBED`` servers of its end block by peer id), which makes the search price those links one by one."""
+``NEXT_HOPS_PROBED`` servers of its end block by peer id), which makes the search price those links one by one.
+
+``python -m sim.route_timing [--nodes N ...]`` times only this (no scenarios) and prints the table."""
 
 from __future__ import annotations
 
+import argparse
 import time
 from dataclasses import replace
 
+import numpy as np
+
 from gateway.swarm.routing import RouteRequest, RoutingMode, plan_route
 from gateway.swarm.view import SwarmView
-from sim.hardware import ModelShape
+from sim.hardware import LLAMA_405B, ModelShape
 from sim.scenario import JOIN_WINDOW, Scenario, settle
 from sim.world import GATEWAY_LAST_MILE, World
 
@@ -47,3 +52,28 @@ def _timed(world: World, view: SwarmView) -> list[float]:
         plan_route(view, request, RoutingMode.MIN_LATENCY)
         times.append(time.process_time() - began)
     return times
+
+
+def table(times: dict[int, tuple[list[float], list[float]]]) -> list[str]:
+    """Markdown rows: p50 and p99 in ms per size, without next hops and with them."""
+    rows = ["| nodes | calls | p50 ms | p99 ms | with next hops: p50 ms | p99 ms |", "|---|---|---|---|---|---|"]
+    for nodes, (plain, linked) in sorted(times.items()):
+        a, b = np.array(plain) * 1e3, np.array(linked) * 1e3
+        rows.append(
+            f"| {nodes} | {len(a)} | {np.median(a):.2f} | {np.percentile(a, 99):.2f} | {np.median(b):.2f}"
+            f" | {np.percentile(b, 99):.2f} |"
+        )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m sim.route_timing", description=__doc__)
+    parser.add_argument("--nodes", type=int, nargs="+", default=[100, 300, 1000], help="swarm sizes to time")
+    parser.add_argument("--seed", type=int, default=1, help="the settled swarm's seed (python -m sim uses 1)")
+    args = parser.parse_args()
+    times = {n: time_routes(LLAMA_405B, n, args.seed) for n in args.nodes}
+    print("\n".join(table(times)))  # noqa: T201
+
+
+if __name__ == "__main__":
+    main()

@@ -47,6 +47,7 @@ from swarm_node.faults import computed_quant, receipt_keys, wrong_weights
 from swarm_node.handlers import NodeStatus, SpanHandlers
 from swarm_node.layer_api import cache_keyword
 from swarm_node.metrics import NodeGauges, NodeMetrics
+from swarm_node.next_hops import next_hops
 from swarm_node.quantize import block_transform, resolve_quant
 from swarm_node.reachability_probe import Reach, settle_reachability
 from swarm_node.self_test import SelfTestFailed, run_self_test
@@ -58,7 +59,6 @@ from swarm_node.throughput import BlockSpeed, block_speed, load_cached, speed_ke
 logger = logging.getLogger(__name__)
 
 OFFLINE_RECORD_TTL = 30.0  # how long an OFFLINE record lingers so readers see the node left rather than vanished
-NEXT_HOPS_PROBED = 4  # nodes serving our end block whose round-trip time we measure and announce
 PROBE_TIMEOUT = 2.0
 # A DHT store on the way out (DRAINING, then OFFLINE) waits for peers that may be gone or for a stuck p2pd: each is
 # bounded so that a node exits within its drain timeout + 10 s of SIGTERM, whoever else is gone (two of these and
@@ -340,11 +340,7 @@ class SpanServer:
         assert self.dht is not None  # started in run()
         if self.end >= self.num_model_blocks:
             return
-        servers = await fetch_servers(self.dht, self.source.name, self.num_model_blocks)
-        me = self.dht.peer_id.to_base58()
-        nexts = sorted(
-            (s for s in servers.values() if s.start <= self.end < s.end and s.peer_id != me), key=lambda s: s.peer_id
-        )[:NEXT_HOPS_PROBED]
+        nexts = await next_hops(self.dht, self.source.name, self.end, self.dht.peer_id.to_base58())
         await open_paths(p2p, {s.peer_id: s.relay_addrs for s in nexts})
         rtts: dict[str, float] = {}
         for peer in (s.peer_id for s in nexts):

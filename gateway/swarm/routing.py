@@ -68,8 +68,8 @@ class RouteRequest:
 def plan_route(view: SwarmView, request: RouteRequest, mode: RoutingMode) -> list[Hop]:
     """Hops covering blocks [start, end); raises ``MissingBlocks`` naming every block nobody serves."""
     end = view.num_blocks if request.end is None else request.end
-    table = route_search.overlapping(_table(view, request.adapter), request.start, end, request.excluded)
-    enterable = route_search.usable(table, request.banned, request.start, end)
+    table = _table(view, request.adapter)
+    enterable = route_search.usable(table, request.banned, request.start, end, request.excluded)
     if mode is RoutingMode.MIN_LATENCY:
         legs = _legs(table, enterable, request, end)
         hops = route_search.cheapest(legs, request.start, end, request.push)
@@ -115,7 +115,9 @@ def _legs(
     if request.push:
         fixed = fixed + np.where(reach == end, own / 2, 0.0)
     own_link = own / 2 if request.push else own
-    return route_search.Legs(table.links, table.measured, reach, block_time, fixed, own_link, enterable)
+    return route_search.Legs(
+        table.links, reach, block_time, fixed, own_link, enterable, bool(request.banned or request.excluded)
+    )
 
 
 def _max_throughput(
