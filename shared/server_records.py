@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -37,10 +37,17 @@ class ModelRecord(BaseModel):
     dtype: str
 
 
+# A measured round trip in seconds: finite and not negative (a record is a stranger's word: NaN would poison every
+# sum the route search makes, a negative one would pull routes through its sender).
+RoundTrip = Annotated[float, Field(ge=0)]
+
+
 class ServerRecord(BaseModel):
     """One node's announcement; the same record is stored under every block of its span."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: a record announcing an infinite throughput (or a NaN anything) would draw every route to
+    # its sender or break the search's comparisons; such a record is dropped as malformed.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     peer_id: str
     start: int = Field(ge=0)
@@ -52,7 +59,8 @@ class ServerRecord(BaseModel):
     # The node's whole KV-cache pool: the longest session it can ever hold (0: not said, an older node).
     cache_tokens_total: int = Field(0, ge=0)
     queue_depth: int = Field(0, ge=0)  # steps waiting for the compute thread when announced
-    next_rtts: dict[str, float] = Field(default_factory=dict)  # seconds to the nodes that serve our `end` block
+    # Seconds to the nodes that serve our `end` block (swarm_node.next_hops measures 4).
+    next_rtts: dict[str, RoundTrip] = Field(default_factory=dict, max_length=64)
     # How peers reach the node (shared.reachability): directly, through a relay (dial relay_addrs first), or not at
     # all (it announces itself so operators see it, but nobody routes to it).
     reachability: Reachability = Reachability.DIRECT
