@@ -84,6 +84,11 @@ class Dht:
         self.num_blocks = num_blocks
         self.records: dict[str, tuple[ServerRecord, float]] = {}
         self.announcements = 0
+        # What the DHT holds is a function of (now, announcements so far): readers at the same instant with no
+        # announcement between them get the same dict and the same view, so what is derived from a view (routing's
+        # server table, the simulator's route memo) is shared instead of rebuilt for each of a thousand readers.
+        self._servers: tuple[float, int, dict[str, ServerRecord]] | None = None
+        self._view: SwarmView | None = None
 
     def announce(self, node: SimNode, now: float) -> None:
         ttl = OFFLINE_TTL if node.state is NodeState.OFFLINE else RECORD_TTL
@@ -91,10 +96,17 @@ class Dht:
         self.announcements += 1
 
     def servers(self, now: float) -> dict[str, ServerRecord]:
-        return {peer: record for peer, (record, until) in self.records.items() if until > now}
+        """The unexpired records (shared between readers at the same state: do not change the dict)."""
+        if self._servers is None or self._servers[:2] != (now, self.announcements):
+            records = {peer: record for peer, (record, until) in self.records.items() if until > now}
+            self._servers = (now, self.announcements, records)
+        return self._servers[2]
 
     def view(self, now: float) -> SwarmView:
-        return SwarmView(self.num_blocks, self.servers(now), now)
+        servers = self.servers(now)
+        if self._view is None or self._view.servers is not servers:
+            self._view = SwarmView(self.num_blocks, servers, now)
+        return self._view
 
 
 def join_start(dht: Dht, node: SimNode, now: float) -> int:

@@ -50,6 +50,9 @@ class SimGateway:
         self.load: Counter[str] = Counter()
         self.rtts: dict[str, float] = {}
         self._view: SwarmView | None = None
+        self._rtts_for: SwarmView | None = None  # the view whose nodes' RTTs ``rtts`` holds
+        self._routes: dict[tuple[object, ...], list[Hop]] = {}  # searches made (``_memo_key``)
+        self._routes_structure: tuple[tuple[str, int, int, float], ...] = ()
 
     def view(self, fresh: bool = False) -> SwarmView:
         now = self.world.clock.now
@@ -59,9 +62,11 @@ class SimGateway:
 
     def route(self, session: Session, start: int, end: int, avoid: frozenset[str], fresh: bool) -> list[Hop]:
         view = self.view(fresh)
-        for peer in view.servers:
-            if peer not in self.rtts:
-                self.rtts[peer] = self.world.rtt_to(self.city, GATEWAY_LAST_MILE, self.world.nodes[peer])
+        if self._rtts_for is not view:
+            for peer in view.servers:
+                if peer not in self.rtts:
+                    self.rtts[peer] = self.world.rtt_to(self.city, GATEWAY_LAST_MILE, self.world.nodes[peer])
+            self._rtts_for = view
         request = RouteRequest(
             session.request.max_length,
             start,
@@ -71,11 +76,57 @@ class SimGateway:
             load=self.load,
             push=True,
         )
+        key = self._memo_key(view, request)
+        if key is not None and key in self._routes:
+            return list(self._routes[key])
         began = time.process_time()
         try:
-            return plan_route(view, request, self.mode)
+            hops = plan_route(view, request, self.mode)
         finally:
             self.world.route_times.append(time.process_time() - began)
+        if key is not None:
+            self._routes[key] = hops
+        return list(hops)
+
+    def _memo_key(self, view: SwarmView, request: RouteRequest) -> tuple[object, ...] | None:
+        """What a ``min_latency`` route depends on, so that a search already made is not made again: this
+        gateway's RTTs (fixed per node), the blocks, who is banned or passed over, the serving nodes' spans and
+        announced throughputs, and which of them are short of room for the session (``plan_route`` reads
+        ``cache_tokens_left`` only as ``< max_length``). In a busy swarm most opens repeat the same searches (the
+        same full nodes found one by one, view after view), so they are kept while the serving nodes' spans and
+        throughputs stay the same. ``max_throughput`` reads this gateway's load, which changes with every open:
+        not kept."""
+        if self.mode is not RoutingMode.MIN_LATENCY:
+            return None
+        known = view.memo.get("sim_routing_inputs")
+        if not isinstance(known, _RoutingInputs):
+            known = view.memo["sim_routing_inputs"] = _RoutingInputs.of(view)
+        if known.structure != self._routes_structure:
+            self._routes.clear()
+            self._routes_structure = known.structure
+        return (request.start, request.end, request.banned, known.short_of(request.max_length))
+
+
+@dataclass(frozen=True)
+class _RoutingInputs:
+    """A view's serving nodes as routing prices them: spans and throughputs (``structure``), and their room
+    (``peers_by_room``, fewest tokens left first; ``rooms`` the matching sorted counts)."""
+
+    structure: tuple[tuple[str, int, int, float], ...]
+    peers_by_room: tuple[str, ...]
+    rooms: npt.NDArray[np.int64]
+
+    @staticmethod
+    def of(view: SwarmView) -> _RoutingInputs:
+        online = view.online()
+        structure = tuple(sorted((s.peer_id, s.start, s.end, s.throughput) for s in online))
+        by_room = sorted(online, key=lambda s: (s.cache_tokens_left, s.peer_id))
+        rooms = np.array([s.cache_tokens_left for s in by_room], dtype=np.int64)
+        return _RoutingInputs(structure, tuple(s.peer_id for s in by_room), rooms)
+
+    def short_of(self, max_length: int) -> frozenset[str]:
+        """The nodes without room for a session of ``max_length`` tokens."""
+        return frozenset(self.peers_by_room[: int(np.searchsorted(self.rooms, max_length, side="left"))])
 
 
 @dataclass
