@@ -84,7 +84,7 @@ class SpanServer:
         """Raises ``ModelLoadError`` or ``ValueError`` (bad span, too little memory) before anything starts."""
         self.settings = settings
         self.source: ModelSource = resolve_model(settings.model, settings.revision)
-        self.config = load_config(self.source)
+        self.config = load_config(self.source, Path(settings.config_cache).expanduser())
         self.num_model_blocks = int(self.config.num_hidden_layers)
         self.device = resolve_device(settings.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
