@@ -95,7 +95,8 @@ class SpanServer:
         self.quant = resolve_quant(settings.quant, self.device)
         span = settings.span()
         self.num_blocks = self._checked_num_blocks(span)
-        self.speed_key = speed_key(self.source.name, self.device, self.dtype, self.quant)
+        threads = settings.num_threads or torch.get_num_threads()  # what _join sets torch to
+        self.speed_key = speed_key(self.source.name, self.device, self.dtype, self.quant, threads)
         self.cache_path = Path(settings.throughput_cache).expanduser()
         self.speed: BlockSpeed | None = load_cached(self.cache_path, self.speed_key)
         self.status = self._new_status()
