@@ -78,6 +78,7 @@ ENV PATH=/opt/venv/bin:$PATH \
     HF_HOME=/var/cache/swarmgate/huggingface \
     XDG_CACHE_HOME=/var/cache/swarmgate \
     SWARMGATE_THROUGHPUT_CACHE=/var/cache/swarmgate/throughput.json \
+    SWARMGATE_CONFIG_CACHE=/var/cache/swarmgate/configs \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
 
 VOLUME ["/var/cache/swarmgate"]

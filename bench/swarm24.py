@@ -281,6 +281,9 @@ def run(args: argparse.Namespace, gguf: Path, work: Path) -> None:
     layout = spans(args.nodes, shortest, longest)
     quants = ["int8" if args.int8_every and i % args.int8_every == args.int8_every - 1 else "none"
               for i in range(len(layout))]  # fmt: skip
+    # The reference first, on a machine not yet busy with the swarm: computed after the 24 nodes were up (2026-12-03,
+    # load ~30), transformers' generate of 4 prompts was still running 8 minutes later and the churn never started.
+    reference = reference_texts(gguf, args.max_tokens)
     try:
         swarm.start_dht()
         # The gateways first: started beside two dozen nodes' p2pd and DHT processes on 2 cores, one took over 10
@@ -293,7 +296,6 @@ def run(args: argparse.Namespace, gguf: Path, work: Path) -> None:
         report_startup(report, nodes, time.monotonic() - began)
         for gateway in gateways:
             gateway.wait_ready(900)
-        reference = reference_texts(gguf, args.max_tokens)
         rates = idle_traffic(nodes, args.idle)
         if rates:
             report.say(f"idle control-plane traffic per node: median {statistics.median(rates) / 1024:.1f} KiB/min, "

@@ -50,6 +50,11 @@ class EngineSettings(P2PSettings):
         2, gt=0, description="spot checks running at once (a step sampled while they all run is not checked)"
     )
     num_threads: int | None = Field(None, gt=0, description="torch CPU threads; default: torch's own choice")
+    config_cache: str = Field(
+        "~/.cache/swarmgate/configs",
+        description="folder keeping each GGUF file's transformers config once converted (per file and transformers"
+        " version; the nodes' --config-cache), so a restart does not convert it again",
+    )
     allowed_peers: list[str] = Field(
         default_factory=list, description="if given, route only through these node peer ids (an allowlist)"
     )

@@ -64,7 +64,19 @@ def resolve_model(spec: str, revision: str | None = None) -> ModelSource:
     raise ModelLoadError(f"{spec!r} is neither a local folder, a .gguf file, nor a hub repo id")
 
 
-def load_config(source: ModelSource) -> PretrainedConfig:
-    """The model's transformers config (reads only metadata: config.json, or the GGUF header)."""
-    config: PretrainedConfig = source.load(AutoConfig.from_pretrained, "the config")
-    return config
+def load_config(source: ModelSource, cache_dir: Path | None = None) -> PretrainedConfig:
+    """The model's transformers config (reads only metadata: config.json, or the GGUF header).
+
+    With ``cache_dir``, a GGUF file's config comes from there once transformers has converted it (its conversion
+    parses the whole file, vocabulary included: seconds; ``shared.config_cache``).
+    """
+
+    def convert() -> PretrainedConfig:
+        config: PretrainedConfig = source.load(AutoConfig.from_pretrained, "the config")
+        return config
+
+    if source.kind == "gguf" and cache_dir is not None:
+        from shared.config_cache import cached_config
+
+        return cached_config(Path(source.location), cache_dir, convert)
+    return convert()

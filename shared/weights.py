@@ -104,6 +104,8 @@ class GgufReader:
     def __init__(self, path: str, config: PretrainedConfig) -> None:
         import gguf
 
+        from shared.gguf_file import read_gguf
+
         self._gguf = gguf
         self._config = config
         self._family = family_of(config)
@@ -113,16 +115,18 @@ class GgufReader:
         if check is not None:
             check(config, None)  # what the config alone rules out, before opening the file
         self.loaded: list[str] = []
-        self._reader = gguf.GGUFReader(path)
+        self._file = read_gguf(path)
         if check is not None:
             check(config, self._kv_heads())
-        self._tensors = {t.name: t for t in self._reader.tensors}
+        self._tensors = self._file.tensors
         arch = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == self._family.gguf_arch)
         self._name_map = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
 
     def _kv_heads(self) -> int | None:
-        field = self._reader.fields.get(f"{self._family.gguf_arch}.attention.head_count_kv")
-        return None if field is None else int(field.parts[field.data[0]][0])
+        value = self._file.metadata.get(f"{self._family.gguf_arch}.attention.head_count_kv")
+        if isinstance(value, tuple):  # one count per layer: the check needs the first layer's
+            value = value[0]
+        return None if value is None else int(value)
 
     def _gguf_names(self, hf_name: str) -> tuple[str, ...] | None:
         """The GGUF tensors ``hf_name`` is made of (several for fused experts), or None if the file lacks them."""
@@ -165,9 +169,7 @@ class GgufReader:
 
     def _dequantize(self, gguf_name: str) -> np.ndarray:
         tensor = self._tensors[gguf_name]
-        # dequantize() returns the row-major (HF) shape: ggml lists dimensions innermost first.
-        weights = self._gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
-        weights = weights.reshape([int(d) for d in reversed(tensor.shape)])
+        weights = self._gguf.quants.dequantize(tensor.data, tensor.kind).astype(np.float32).reshape(tensor.shape)
         if self._family.gguf_permutes_qk and (".attn_q." in gguf_name or ".attn_k." in gguf_name):
             heads = self._config.num_attention_heads
             if ".attn_k." in gguf_name:

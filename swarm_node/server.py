@@ -36,7 +36,7 @@ from shared.membership import CallAuth, ReplayGuard
 from shared.model_source import ModelSource, load_config, resolve_model
 from shared.reachability import DialBackService, Reachability, open_paths
 from shared.rpc_client import fetch_info
-from shared.weights import open_weights
+from shared.weights import WeightReader, open_weights
 from shared.wire import PROTOCOL_VERSION
 from swarm_node.adapters import load_span_adapters
 from swarm_node.backend import SpanBackend
@@ -84,7 +84,7 @@ class SpanServer:
         """Raises ``ModelLoadError`` or ``ValueError`` (bad span, too little memory) before anything starts."""
         self.settings = settings
         self.source: ModelSource = resolve_model(settings.model, settings.revision)
-        self.config = load_config(self.source)
+        self.config = load_config(self.source, Path(settings.config_cache).expanduser())
         self.num_model_blocks = int(self.config.num_hidden_layers)
         self.device = resolve_device(settings.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
@@ -95,7 +95,8 @@ class SpanServer:
         self.quant = resolve_quant(settings.quant, self.device)
         span = settings.span()
         self.num_blocks = self._checked_num_blocks(span)
-        self.speed_key = speed_key(self.source.name, self.device, self.dtype, self.quant)
+        threads = settings.num_threads or torch.get_num_threads()  # what _join sets torch to
+        self.speed_key = speed_key(self.source.name, self.device, self.dtype, self.quant, threads)
         self.cache_path = Path(settings.throughput_cache).expanduser()
         self.speed: BlockSpeed | None = load_cached(self.cache_path, self.speed_key)
         self.status = self._new_status()
@@ -111,6 +112,7 @@ class SpanServer:
         self.relay_addrs: list[str] = []
         self.auth = CallAuth(None, "")
         self.dht: DHT | None = None
+        self._reader: WeightReader | None = None  # opened once: the load, the self-test and every move read it
         self.handlers: SpanHandlers | None = None
         self.metrics = NodeMetrics(self._gauges()) if settings.metrics_port is not None else None
 
@@ -253,7 +255,7 @@ class SpanServer:
 
     async def _load(self, start: int, end: int) -> SpanBackend:
         logger.info("loading blocks %d:%d of %s", start, end, self.source.name)
-        reader = await asyncio.to_thread(open_weights, self.source, self.config)
+        reader = await self._weights()
         fault = self.settings.faulty_outputs
         quant = computed_quant(fault, self.quant)  # what the span computes (self.quant is what is announced)
         transform = await asyncio.to_thread(
@@ -269,12 +271,18 @@ class SpanServer:
         span.forget_kv = fault == "stale-cache"
         return SpanBackend(span, self.settings.batch_policy(), self.metrics, fault)
 
+    async def _weights(self) -> WeightReader:
+        """The checkpoint's reader, opened on first use (a GGUF file's header, a folder's or hub repo's index)."""
+        if self._reader is None:
+            self._reader = await asyncio.to_thread(open_weights, self.source, self.config)
+        return self._reader
+
     async def _self_test(self, backend: SpanBackend) -> None:
         """The known-answer test of the loaded span (swarm_node.self_test); raises ``SelfTestFailed``."""
         if self.settings.skip_self_test:
             logger.warning("--skip-self-test: serving a span whose known-answer test did not run (for tests only)")
             return
-        reader = await asyncio.to_thread(open_weights, self.source, self.config)
+        reader = await self._weights()
         await backend.call(lambda: run_self_test(backend.span, self.config, reader, self.quant))
 
     async def _choose_start(self, num_blocks: int) -> int:

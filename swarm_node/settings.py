@@ -130,6 +130,11 @@ class NodeSettings(P2PSettings):
         "~/.cache/swarmgate/throughput.json",
         description="file caching measured speed per (model, device, dtype, quant); delete it to measure again",
     )
+    config_cache: str = Field(
+        "~/.cache/swarmgate/configs",
+        description="folder keeping each GGUF file's transformers config once converted (per file and transformers"
+        " version), so nodes on a machine convert a file's config once, not at every start",
+    )
     metrics_port: int | None = Field(
         None, ge=0, le=65535, description="serve Prometheus metrics (swarmgate_node_*) on this port; default: off"
     )

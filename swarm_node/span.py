@@ -18,7 +18,6 @@ import torch
 from torch import nn
 from transformers import AttentionInterface, PretrainedConfig
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.models.bloom import modeling_bloom
 
 from shared.block_tensors import read_block
 from shared.errors import ModelLoadError
@@ -206,12 +205,15 @@ class _LayerInputs:
         """BLOOM's ALiBi bias [B * heads, 1, total]: a per-head slope times each key's absolute position (a tree's
         keys: their tokens' depth positions, not their slots)."""
         if self._alibi is None:
+            # Only BLOOM spans get here, and their family imported this module already (shared.families).
+            from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+
             heads = int(self.span.config.n_head)
             if self.cache.parents is None:
                 keys = torch.ones(len(self.cache.sessions), self.cache.total, device=self.device)
-                self._alibi = modeling_bloom.build_alibi_tensor(keys, heads, self.dtype)
+                self._alibi = build_alibi_tensor(keys, heads, self.dtype)
             else:  # one row: the slopes (the bias at position 1) times each key's position
-                slopes = modeling_bloom.build_alibi_tensor(torch.ones(1, 2, device=self.device), heads, self.dtype)
+                slopes = build_alibi_tensor(torch.ones(1, 2, device=self.device), heads, self.dtype)
                 positions = self.cache.key_positions(self.device).to(self.dtype)
                 self._alibi = slopes[:, :, 1:] * positions.view(1, 1, -1)
         return self._alibi

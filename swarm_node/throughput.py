@@ -1,14 +1,24 @@
-"""A node's speed: measured once per (model, device, dtype, quantization) and cached on disk.
+"""A node's speed: measured once per machine and setup, and cached on disk.
 
-Speed is kept per block (seconds one decode token spends in one block, and per prompt token in a prefill chunk),
-so a cached figure serves any span length the node later takes.
+The cache key is everything that changes the figure: the model, the device (and the GPU's name), dtype,
+quantization, torch's version and the compute threads. Speed is kept per block (seconds one decode token spends in
+one block, and per prompt token in a prefill chunk), so a cached figure serves any span the node later takes.
+
+Nodes that start together on one machine measure one at a time (a lock file beside the cache): the first measures,
+the others find its figure when they get the lock. Measuring side by side, each figure was taken while the other
+nodes competed for the same cores, and every node paid for a measurement.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import fcntl
 import json
 import logging
+import os
 import time
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -20,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 DECODE_STEPS = 8
 PREFILL_TOKENS = 128
+LOCK_POLL_SECONDS = 0.1  # a waiting node polls the lock: a blocking flock would hold a thread past cancellation
 
 
 @dataclass(frozen=True)
@@ -32,8 +43,10 @@ class BlockSpeed:
         return 1.0 / (self.decode_seconds * num_blocks), 1.0 / (self.prefill_seconds * num_blocks)
 
 
-def speed_key(model: str, device: torch.device, dtype: torch.dtype, quant: str) -> str:
-    return f"{model}|{device.type}|{str(dtype).removeprefix('torch.')}|{quant}"
+def speed_key(model: str, device: torch.device, dtype: torch.dtype, quant: str, threads: int) -> str:
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    kind = str(dtype).removeprefix("torch.")
+    return f"{model}|{name}|{kind}|{quant}|torch {torch.__version__}|{threads} threads"
 
 
 def load_cached(path: Path, key: str) -> BlockSpeed | None:
@@ -49,7 +62,9 @@ def store_cached(path: Path, key: str, speed: BlockSpeed) -> None:
         entries = json.loads(path.read_text()) if path.exists() else {}
         entries[key] = asdict(speed)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(entries, indent=1))
+        partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        partial.write_text(json.dumps(entries, indent=1))
+        partial.replace(path)  # readers that do not hold the lock (a node's start) never see half a file
     except (OSError, ValueError):
         logger.warning("cannot write the throughput cache %s", path, exc_info=True)
 
@@ -73,10 +88,32 @@ async def measure(backend: SpanBackend) -> BlockSpeed:
 
 
 async def block_speed(backend: SpanBackend, cache_path: Path, key: str) -> BlockSpeed:
-    cached = load_cached(cache_path, key)
-    if cached is not None:
-        logger.info("using cached speed for %s", key)
-        return cached
-    speed = await measure(backend)
-    store_cached(cache_path, key, speed)
+    async with _measuring_turn(cache_path.with_name(cache_path.name + ".lock")):
+        cached = load_cached(cache_path, key)  # read under the lock: another node may have just measured it
+        if cached is not None:
+            logger.info("speed from the cache: %s", key)
+            return cached
+        speed = await measure(backend)
+        store_cached(cache_path, key, speed)
+    logger.info("speed measured: %.2f ms a decode token per block (%s)", 1000 * speed.decode_seconds, key)
     return speed
+
+
+@contextlib.asynccontextmanager
+async def _measuring_turn(lock: Path) -> AsyncIterator[None]:
+    """This node's turn to measure among the nodes sharing the cache (no lock when its folder is not writable)."""
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        handle = lock.open("a")
+    except OSError:
+        logger.warning("cannot lock %s; measuring without waiting for other nodes", lock, exc_info=True)
+        yield
+        return
+    with handle:
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                await asyncio.sleep(LOCK_POLL_SECONDS)
+        yield  # closing the handle releases the lock, also when this process dies

@@ -23,6 +23,7 @@ import contextlib
 import functools
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -114,7 +115,11 @@ class GenerationEngine:
         if settings.num_threads:
             torch.set_num_threads(settings.num_threads)
         source = resolve_model(settings.model, settings.revision)
-        config = await asyncio.to_thread(load_config, source)
+
+        def read_config() -> PretrainedConfig:  # a GGUF's from the config cache once converted (shared.config_cache)
+            return load_config(source, Path(settings.config_cache).expanduser())
+
+        config = await asyncio.to_thread(read_config)
         tokenizer, head, defaults, adapters = await asyncio.gather(
             asyncio.to_thread(load_tokenizer, source, settings.chat_template),
             asyncio.to_thread(load_head, source, config),

@@ -4,31 +4,25 @@ We drive transformers' own decoder-layer classes (so every family matches transf
 releases) and give them our own KV cache and an explicit attention mask. A family is plain data (``Family``): the
 classes to build, how its checkpoints and GGUF files name tensors, how its layers are called, and which layers use
 sliding-window attention.
+
+A process imports only the transformers modeling module of the family its model belongs to (``family_of`` builds
+that one family on first use): each module costs an import at start, and a node serves one model.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 from collections.abc import Callable
+from types import ModuleType
 
 from torch import nn
 from transformers import PretrainedConfig
-from transformers.models.bloom import modeling_bloom
-from transformers.models.falcon import modeling_falcon
-from transformers.models.gemma2 import modeling_gemma2
-from transformers.models.gemma3 import modeling_gemma3
-from transformers.models.llama import modeling_llama
-from transformers.models.mistral import modeling_mistral
-from transformers.models.mixtral import modeling_mixtral
-from transformers.models.phi3 import modeling_phi3
-from transformers.models.qwen2 import modeling_qwen2
-from transformers.models.qwen2_moe import modeling_qwen2_moe
-from transformers.models.qwen3 import modeling_qwen3
-from transformers.models.qwen3_moe import modeling_qwen3_moe
 
 from shared.errors import ModelLoadError
 from shared.families.family import ExpertLayout, Family, TensorLayout
 
-__all__ = ["FAMILIES", "ExpertLayout", "Family", "TensorLayout", "context_length", "family_of"]
+__all__ = ["FAMILY_NAMES", "ExpertLayout", "Family", "TensorLayout", "context_length", "family_of"]
 
 # BLOOM (ALiBi) has no position table; its models were trained on sequences of this length.
 ALIBI_CONTEXT = 2048
@@ -100,83 +94,105 @@ _TRANSFORMER = TensorLayout(
     blocks="transformer.h", embed="transformer.word_embeddings.weight", final_norm="transformer.ln_f"
 )
 
-FAMILIES: dict[str, Family] = {
-    "llama": Family(
+
+def _llama(m: ModuleType) -> Family:
+    return Family(
         "llama",
-        modeling_llama.LlamaDecoderLayer,
-        modeling_llama.LlamaRotaryEmbedding,
-        _rms(modeling_llama.LlamaRMSNorm),
+        m.LlamaDecoderLayer,
+        m.LlamaRotaryEmbedding,
+        _rms(m.LlamaRMSNorm),
         gguf_arch="llama",
         gguf_permutes_qk=True,
         sliding_window=_no_window,
         gguf_supported=True,
-    ),
-    "mistral": Family(
+    )
+
+
+def _mistral(m: ModuleType) -> Family:
+    return Family(
         "mistral",
-        modeling_mistral.MistralDecoderLayer,
-        modeling_mistral.MistralRotaryEmbedding,
-        _rms(modeling_mistral.MistralRMSNorm),
+        m.MistralDecoderLayer,
+        m.MistralRotaryEmbedding,
+        _rms(m.MistralRMSNorm),
         gguf_arch="llama",  # llama.cpp converts Mistral checkpoints to its llama arch
         gguf_permutes_qk=True,
         sliding_window=_model_window,
         gguf_supported=True,
-    ),
-    "qwen2": Family(
+    )
+
+
+def _qwen2(m: ModuleType) -> Family:
+    return Family(
         "qwen2",
-        modeling_qwen2.Qwen2DecoderLayer,
-        modeling_qwen2.Qwen2RotaryEmbedding,
-        _rms(modeling_qwen2.Qwen2RMSNorm),
+        m.Qwen2DecoderLayer,
+        m.Qwen2RotaryEmbedding,
+        _rms(m.Qwen2RMSNorm),
         gguf_arch="qwen2",
         gguf_permutes_qk=False,
         sliding_window=_per_layer_window,
         gguf_supported=True,
-    ),
-    "qwen3": Family(
+    )
+
+
+def _qwen3(m: ModuleType) -> Family:
+    return Family(
         "qwen3",
-        modeling_qwen3.Qwen3DecoderLayer,
-        modeling_qwen3.Qwen3RotaryEmbedding,
-        _rms(modeling_qwen3.Qwen3RMSNorm),
+        m.Qwen3DecoderLayer,
+        m.Qwen3RotaryEmbedding,
+        _rms(m.Qwen3RMSNorm),
         gguf_arch="qwen3",
         gguf_permutes_qk=False,
         sliding_window=_per_layer_window,
         gguf_supported=True,
-    ),
-    "mixtral": Family(
+    )
+
+
+def _mixtral(m: ModuleType) -> Family:
+    return Family(
         "mixtral",
-        modeling_mixtral.MixtralDecoderLayer,
-        modeling_mixtral.MixtralRotaryEmbedding,
-        _rms(modeling_mixtral.MixtralRMSNorm),
+        m.MixtralDecoderLayer,
+        m.MixtralRotaryEmbedding,
+        _rms(m.MixtralRMSNorm),
         gguf_arch="llama",
         gguf_permutes_qk=True,
         sliding_window=_model_window,
         experts=ExpertLayout("block_sparse_moe", "w1", "w3", "w2", lambda c: int(c.num_local_experts)),
-    ),
-    "qwen2_moe": Family(
+    )
+
+
+def _qwen2_moe(m: ModuleType) -> Family:
+    return Family(
         "qwen2_moe",
-        modeling_qwen2_moe.Qwen2MoeDecoderLayer,
-        modeling_qwen2_moe.Qwen2MoeRotaryEmbedding,
-        _rms(modeling_qwen2_moe.Qwen2MoeRMSNorm),
+        m.Qwen2MoeDecoderLayer,
+        m.Qwen2MoeRotaryEmbedding,
+        _rms(m.Qwen2MoeRMSNorm),
         gguf_arch="qwen2moe",
         gguf_permutes_qk=False,
         gguf_supported=True,
         sliding_window=_per_layer_window,
         experts=ExpertLayout("mlp", "gate_proj", "up_proj", "down_proj", lambda c: int(c.num_experts)),
-    ),
-    "qwen3_moe": Family(
+    )
+
+
+def _qwen3_moe(m: ModuleType) -> Family:
+    return Family(
         "qwen3_moe",
-        modeling_qwen3_moe.Qwen3MoeDecoderLayer,
-        modeling_qwen3_moe.Qwen3MoeRotaryEmbedding,
-        _rms(modeling_qwen3_moe.Qwen3MoeRMSNorm),
+        m.Qwen3MoeDecoderLayer,
+        m.Qwen3MoeRotaryEmbedding,
+        _rms(m.Qwen3MoeRMSNorm),
         gguf_arch="qwen3moe",
         gguf_permutes_qk=False,
         gguf_supported=True,
         sliding_window=_model_window,
         experts=ExpertLayout("mlp", "gate_proj", "up_proj", "down_proj", lambda c: int(c.num_experts)),
-    ),
-    "falcon": Family(
+    )
+
+
+def _falcon(m: ModuleType) -> Family:
+    return Family(
         "falcon",
-        modeling_falcon.FalconDecoderLayer,
-        modeling_falcon.FalconRotaryEmbedding,
+        m.FalconDecoderLayer,
+        m.FalconRotaryEmbedding,
         _layer_norm,
         gguf_arch="falcon",
         gguf_permutes_qk=False,
@@ -189,10 +205,13 @@ FAMILIES: dict[str, Family] = {
         kv_broadcast=_falcon_kv_broadcast,
         validate=_falcon_validate,
         attn_implementation="sdpa",  # FalconDecoderLayer picks its attention class by this name
-    ),
-    "bloom": Family(
+    )
+
+
+def _bloom(m: ModuleType) -> Family:
+    return Family(
         "bloom",
-        modeling_bloom.BloomBlock,
+        m.BloomBlock,
         None,  # ALiBi: positions enter as a per-head bias on the attention scores
         _layer_norm,
         gguf_arch="bloom",
@@ -208,24 +227,30 @@ FAMILIES: dict[str, Family] = {
         layer_call="bloom",
         own_attention=True,
         kv_heads=_all_heads,
-    ),
-    "gemma2": Family(
+    )
+
+
+def _gemma2(m: ModuleType) -> Family:
+    return Family(
         "gemma2",
-        modeling_gemma2.Gemma2DecoderLayer,
-        modeling_gemma2.Gemma2RotaryEmbedding,
-        _rms(modeling_gemma2.Gemma2RMSNorm),
+        m.Gemma2DecoderLayer,
+        m.Gemma2RotaryEmbedding,
+        _rms(m.Gemma2RMSNorm),
         gguf_arch="gemma2",
         gguf_permutes_qk=False,
         gguf_supported=True,
         sliding_window=_per_layer_window,
         embed_scale=_gemma_embed_scale,
         final_logit_softcap=_final_softcap,
-    ),
-    "gemma3_text": Family(
+    )
+
+
+def _gemma3_text(m: ModuleType) -> Family:
+    return Family(
         "gemma3_text",
-        modeling_gemma3.Gemma3DecoderLayer,
-        modeling_gemma3.Gemma3RotaryEmbedding,
-        _rms(modeling_gemma3.Gemma3RMSNorm),
+        m.Gemma3DecoderLayer,
+        m.Gemma3RotaryEmbedding,
+        _rms(m.Gemma3RMSNorm),
         gguf_arch="gemma3",
         gguf_permutes_qk=False,
         gguf_supported=True,
@@ -233,26 +258,51 @@ FAMILIES: dict[str, Family] = {
         layer_kind=_layer_type,
         embed_scale=_gemma_embed_scale,
         final_logit_softcap=_final_softcap,
-    ),
-    "phi3": Family(
+    )
+
+
+def _phi3(m: ModuleType) -> Family:
+    return Family(
         "phi3",
-        modeling_phi3.Phi3DecoderLayer,
-        modeling_phi3.Phi3RotaryEmbedding,
-        _rms(modeling_phi3.Phi3RMSNorm),
+        m.Phi3DecoderLayer,
+        m.Phi3RotaryEmbedding,
+        _rms(m.Phi3RMSNorm),
         gguf_arch="phi3",
         gguf_permutes_qk=False,
         sliding_window=_model_window,
         gguf_supported=True,
-    ),
+    )
+
+
+# Each family's modeling module (transformers.models.PACKAGE.MODULE) and how to build it from that module.
+_BUILDERS: dict[str, tuple[str, Callable[[ModuleType], Family]]] = {
+    "llama": ("llama.modeling_llama", _llama),
+    "mistral": ("mistral.modeling_mistral", _mistral),
+    "qwen2": ("qwen2.modeling_qwen2", _qwen2),
+    "qwen3": ("qwen3.modeling_qwen3", _qwen3),
+    "mixtral": ("mixtral.modeling_mixtral", _mixtral),
+    "qwen2_moe": ("qwen2_moe.modeling_qwen2_moe", _qwen2_moe),
+    "qwen3_moe": ("qwen3_moe.modeling_qwen3_moe", _qwen3_moe),
+    "falcon": ("falcon.modeling_falcon", _falcon),
+    "bloom": ("bloom.modeling_bloom", _bloom),
+    "gemma2": ("gemma2.modeling_gemma2", _gemma2),
+    "gemma3_text": ("gemma3.modeling_gemma3", _gemma3_text),
+    "phi3": ("phi3.modeling_phi3", _phi3),
 }
+FAMILY_NAMES = tuple(sorted(_BUILDERS))
+
+
+@functools.cache
+def _family(name: str) -> Family:
+    module_name, build = _BUILDERS[name]
+    return build(importlib.import_module(f"transformers.models.{module_name}"))
 
 
 def family_of(config: PretrainedConfig) -> Family:
-    try:
-        family = FAMILIES[config.model_type]
-    except KeyError:
-        supported = ", ".join(sorted(FAMILIES))
-        raise ModelLoadError(f"model type {config.model_type!r} is not supported (supported: {supported})") from None
+    if config.model_type not in _BUILDERS:
+        supported = ", ".join(FAMILY_NAMES)
+        raise ModelLoadError(f"model type {config.model_type!r} is not supported (supported: {supported})")
+    family = _family(config.model_type)
     family.validate(config)
     return family
 

@@ -66,6 +66,7 @@ class LocalSwarm:
             "HF_HUB_OFFLINE": "1",
             "OMP_NUM_THREADS": "1",
             "SWARMGATE_THROUGHPUT_CACHE": str(self.workdir / "throughput.json"),
+            "SWARMGATE_CONFIG_CACHE": str(self.workdir / "configs"),
         }
         with log.open("wb") as out:
             popen = subprocess.Popen(

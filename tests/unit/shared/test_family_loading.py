@@ -6,14 +6,19 @@ tensor per expert and projection in hub checkpoints, fused by us into transforme
 
 from __future__ import annotations
 
+import ast
+import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+from transformers import GPT2Config
 
 from gateway.model.head import build_head
 from shared.errors import ModelLoadError
@@ -113,3 +118,35 @@ def test_gguf_of_families_we_cannot_read_right_is_refused(tiny_model: GetTinyMod
     config = load_config(resolve_model(str(tiny_model(variant).folder)))
     with pytest.raises(ModelLoadError, match="GGUF files"):
         GgufReader("unused.gguf", config)
+
+
+def test_a_process_imports_only_its_own_familys_modeling_module(smollm2_gguf: Path) -> None:
+    """A fresh interpreter that builds SmolLM2's span and self-tests it, as a node does, imports modeling_llama and
+    no other family's modeling module (each one costs an import at start)."""
+    script = f"""
+import sys
+import torch
+from shared.model_source import load_config, resolve_model
+from shared.weights import open_weights
+from swarm_node.self_test import run_self_test
+from swarm_node.server import SpanServer
+from swarm_node.span import build_span
+source = resolve_model({str(smollm2_gguf)!r})
+config = load_config(source)
+span = build_span(config, open_weights(source, config), 0, 2, torch.float32, torch.device("cpu"))
+run_self_test(span, config, open_weights(source, config), "none")
+print(sorted(name.rsplit(".", 1)[1] for name in sys.modules if name.startswith("transformers.models.")
+             and name.rsplit(".", 1)[1].startswith("modeling_")))
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=400, env={**os.environ}
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    modules = ast.literal_eval(result.stdout.splitlines()[-1])
+    assert [module for module in modules if module != "modeling_auto"] == ["modeling_llama"]  # auto: no family
+
+
+def test_an_unknown_model_type_names_the_supported_ones() -> None:
+    config = GPT2Config(n_layer=2)
+    with pytest.raises(ModelLoadError, match=r"'gpt2' is not supported \(supported: bloom, falcon, .*qwen3_moe\)"):
+        family_of(config)

@@ -3,6 +3,7 @@ HTTP probes (liveness, and readiness only once the span is loaded and announced)
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from pathlib import Path
@@ -109,3 +110,30 @@ def test_probes_say_alive_at_once_and_ready_only_when_told() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_node_parses_its_gguf_file_once_for_the_load_and_the_self_test(
+    smollm2_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The int8 self-test rebuilds each block in float from the checkpoint: from the reader the load opened."""
+    from shared import gguf_file
+    from swarm_node.server import SpanServer
+    from swarm_node.settings import NodeSettings
+
+    parsed: list[str] = []
+    read_gguf = gguf_file.read_gguf
+    monkeypatch.setattr(gguf_file, "read_gguf", lambda path: parsed.append(str(path)) or read_gguf(path))
+    settings = NodeSettings(
+        model=str(smollm2_gguf), blocks="0:2", quant="int8", device="cpu", throughput_cache=str(tmp_path / "t.json")
+    )
+    server = SpanServer(settings)
+
+    async def load_and_test() -> None:
+        backend = await server._load(0, 2)
+        try:
+            await server._self_test(backend)
+        finally:
+            backend.shutdown()
+
+    asyncio.run(load_and_test())
+    assert parsed == [str(smollm2_gguf)]

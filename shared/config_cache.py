@@ -1,0 +1,83 @@
+"""A GGUF file's transformers config, converted once per machine and kept on disk.
+
+transformers builds a GGUF file's config by parsing the whole file with gguf-py, vocabulary included: 4.3-5.1 s for
+SmolLM2 on a quiet core here, and every node on a machine did it at every start (24 nodes starting together on two
+cores: two minutes of CPU). transformers stays the one that converts — the config is exactly its own — and the result
+is stored as its ``to_dict()`` under a key of everything that can change it: the file (resolved path, size,
+modification time) and the transformers version. A lock file makes nodes that start together wait for the first
+one's conversion instead of each doing it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import transformers
+from transformers import PretrainedConfig
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+logger = logging.getLogger(__name__)
+
+
+def cache_key(gguf_path: Path) -> str:
+    stat = gguf_path.stat()
+    identity = f"{gguf_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
+    return hashlib.sha256(identity.encode()).hexdigest()[:32]
+
+
+def cached_config(gguf_path: Path, cache_dir: Path, convert: Callable[[], PretrainedConfig]) -> PretrainedConfig:
+    """The config ``convert`` gives for ``gguf_path``, from ``cache_dir`` when an entry for this exact file exists.
+
+    A cache that cannot be read or written costs only the conversion (logged), never the start.
+    """
+    entry = cache_dir / f"{cache_key(gguf_path)}.json"
+    with _locked(entry.with_suffix(".lock")):
+        config = _read(entry)
+        if config is not None:
+            return config
+        config = convert()
+        try:
+            _write(entry, config)
+        except (OSError, TypeError, ValueError):
+            logger.warning("cannot write the config cache entry %s", entry, exc_info=True)
+        return config
+
+
+@contextlib.contextmanager
+def _locked(lock: Path) -> Iterator[None]:
+    """Holds an exclusive lock on ``lock`` (or nothing, when the folder is not writable: then we convert alone)."""
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        handle = lock.open("a")
+    except OSError:
+        logger.warning("cannot lock %s; converting the GGUF config without the cache's lock", lock, exc_info=True)
+        yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the handle closes, also when this process dies
+        yield
+
+
+def _read(entry: Path) -> PretrainedConfig | None:
+    try:
+        values = json.loads(entry.read_text())
+        config: PretrainedConfig = CONFIG_MAPPING[values["model_type"]].from_dict(values)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError):
+        logger.warning("config cache entry %s unreadable; converting again", entry, exc_info=True)
+        return None
+    return config
+
+
+def _write(entry: Path, config: PretrainedConfig) -> None:
+    partial = entry.with_suffix(f".{os.getpid()}.tmp")
+    partial.write_text(json.dumps(config.to_dict()))
+    partial.replace(entry)  # a reader without the lock (none today) never sees half an entry

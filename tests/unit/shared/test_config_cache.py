@@ -1,0 +1,84 @@
+"""A GGUF file's config is converted by transformers once per file and transformers version, then read from disk;
+nodes starting together wait for one conversion instead of each doing their own."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+
+from transformers import PretrainedConfig
+
+from shared.config_cache import cache_key, cached_config
+from shared.model_source import ModelSource, load_config, resolve_model
+
+
+def counting(source: ModelSource, calls: list[int]) -> PretrainedConfig:
+    calls.append(1)
+    return load_config(source)  # transformers' own conversion
+
+
+def test_a_config_is_converted_once_then_read_back_equal(smollm2_gguf: Path, tmp_path: Path) -> None:
+    source, calls = resolve_model(str(smollm2_gguf)), []
+    first = cached_config(smollm2_gguf, tmp_path, lambda: counting(source, calls))
+    again = cached_config(smollm2_gguf, tmp_path, lambda: counting(source, calls))
+    assert len(calls) == 1
+    assert type(again) is type(first) and again.to_dict() == first.to_dict()
+    assert load_config(source, tmp_path).to_dict() == first.to_dict()  # the node's path reads the same entry
+
+
+def test_a_changed_file_is_converted_again(smollm2_gguf: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "model.gguf"
+    shutil.copyfile(smollm2_gguf, copy)
+    source, calls = resolve_model(str(copy)), []
+    cached_config(copy, tmp_path / "cache", lambda: counting(source, calls))
+    before = cache_key(copy)
+    os.utime(copy, ns=(time.time_ns(), time.time_ns() + 10**9))  # replaced in place: a new modification time
+    assert cache_key(copy) != before
+    cached_config(copy, tmp_path / "cache", lambda: counting(source, calls))
+    assert len(calls) == 2
+
+
+def test_an_unreadable_entry_is_converted_again(smollm2_gguf: Path, tmp_path: Path) -> None:
+    source, calls = resolve_model(str(smollm2_gguf)), []
+    (tmp_path / f"{cache_key(smollm2_gguf)}.json").write_text("{not json")
+    config = cached_config(smollm2_gguf, tmp_path, lambda: counting(source, calls))
+    assert len(calls) == 1 and config.model_type == "llama"
+    assert cached_config(smollm2_gguf, tmp_path, lambda: counting(source, calls)).to_dict() == config.to_dict()
+    assert len(calls) == 1  # the bad entry was replaced
+
+
+def blocked_lock_waiters() -> int:
+    return sum(" -> " in line for line in Path("/proc/locks").read_text().splitlines())
+
+
+def test_nodes_starting_together_convert_once(smollm2_gguf: Path, tmp_path: Path) -> None:
+    """The second waits on the lock (seen in /proc/locks) while the first converts, then reads its entry."""
+    source, calls = resolve_model(str(smollm2_gguf)), []
+    converting, release = threading.Event(), threading.Event()
+
+    def first_convert() -> PretrainedConfig:
+        converting.set()
+        assert release.wait(60)
+        return counting(source, calls)
+
+    configs: list[PretrainedConfig] = []
+    first = threading.Thread(target=lambda: configs.append(cached_config(smollm2_gguf, tmp_path, first_convert)))
+    second = threading.Thread(
+        target=lambda: configs.append(cached_config(smollm2_gguf, tmp_path, lambda: counting(source, calls)))
+    )
+    waiting = blocked_lock_waiters()
+    first.start()
+    assert converting.wait(60)
+    second.start()
+    deadline = time.monotonic() + 60
+    while blocked_lock_waiters() <= waiting:
+        assert time.monotonic() < deadline, "the second never waited on the lock"
+        time.sleep(0.01)
+    release.set()
+    first.join(120)
+    second.join(120)
+    assert len(calls) == 1 and len(configs) == 2
+    assert configs[0].to_dict() == configs[1].to_dict()
