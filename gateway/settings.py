@@ -97,7 +97,8 @@ class EngineSettings(P2PSettings):
         0.01,
         ge=0,
         description="draft only when the chain's round trips add up to at least this (seconds): on loopback the"
-        " extra positions cost more than the round trips they save",
+        " extra positions cost more than the round trips they save; a generation that drafts stops only below 0.7 of"
+        " it (hysteresis: a probed round trip jittering around it does not switch drafting every round)",
     )
     routing: Literal["min_latency", "max_throughput"] = Field(
         "min_latency", description="default route choice: lowest latency, or spread sessions for throughput"

@@ -3,7 +3,8 @@ loaded whole with transformers, that proposes the next k tokens greedily for the
 
 Each generation has its own ``DraftSession``: a transformers ``DynamicCache`` over the tokens it has read. Before
 drafting, the cache is cropped to the longest prefix it shares with the text so far (the drafts the chain rejected
-go), the tokens after that prefix are read in one forward, and k tokens are drafted one forward each. It runs in a
+go), the tokens after that prefix are read in one forward (a long catch-up, the prompt or rounds that drafted
+nothing, in one of its own, not charged to the drafts), and k tokens are drafted one forward each. It runs in a
 worker thread of its own (``asyncio.to_thread`` from the engine), never in the head batcher's: k forwards of a
 model would hold up every other session's scoring. Greedy drafts are point masses q, so the engine's acceptance (the
 request's own sampler, draft kept while the sample equals it) is the speculative sampling rule here too.
@@ -27,6 +28,11 @@ from shared.errors import ModelLoadError
 from shared.model_source import resolve_model
 
 __all__ = ["DraftModel", "DraftSession"]
+
+# Tokens a drafting round leaves the cache to read at most: its last draft and the token after (all kept). More are
+# the prompt or the tokens of rounds that drafted nothing (the tuner's k = 0): read in a forward of their own,
+# ``unpriced``, since charged per drafted token they would price a re-probing tuner's one draft out again.
+ROUND_UNREAD = 2
 
 
 class DraftModel:
@@ -61,7 +67,7 @@ class DraftSession:
         self._read: list[int] = []  # the tokens whose keys and values the cache holds, in order
         self.context = list(prompt_ids)
         self.tuner = tuner
-        self.unpriced = 0.0  # seconds of the last proposal spent reading into an empty cache (``Drafter.unpriced``)
+        self.unpriced = 0.0  # seconds of the last proposal spent catching the cache up (``Drafter.unpriced``)
 
     def emitted(self, token_id: int) -> None:
         self.context.append(token_id)
@@ -94,9 +100,14 @@ class DraftSession:
         keep = min(common_prefix(self._read, context), len(context) - 1)  # at least one token to read
         if keep < len(self._read):
             self._forget(len(self._read) - keep)
-        started, from_empty = time.perf_counter(), not self._read  # the prompt: read once, not per drafted token
+        self.unpriced = 0.0
+        behind = len(self.context) - keep  # tokens emitted that the cache has not read
+        if behind > ROUND_UNREAD:  # the prompt, or rounds that drafted nothing: read apart from the drafting
+            started, upto = time.perf_counter(), len(self.context) - 1
+            self._model(input_ids=torch.tensor([context[keep:upto]]), cache=self._cache, use_cache=True)
+            self._read += context[keep:upto]
+            keep, self.unpriced = upto, time.perf_counter() - started
         drafts = [self._next(context[keep:])]
-        self.unpriced = time.perf_counter() - started if from_empty else 0.0
         while len(drafts) < k:
             drafts.append(self._next([drafts[-1][0]]))
         return drafts

@@ -18,7 +18,8 @@ per-draft acceptance a. Under load the verify step rides in the same batched nod
 generations' decode steps (a node's batch carries rows of different lengths): its k extra positions cost the
 batched forward a fraction of a row each, which the round pays for every row that waits on it (its own and the B
 others'), not "off while another generation runs". Below ``min_rtt`` (loopback) nothing is drafted: there the
-extra positions cost more than the round trips they save.
+extra positions cost more than the round trips they save. The cost model and the per-generation estimates live in
+``spec_tuner`` (with how a priced-out tuner re-probes, and the gate's hysteresis around ``min_rtt``).
 
 **Trees.** A drafter may propose several continuations at once (``DraftTree``: each draft's parent among them; the
 nodes verify them in one step, each attending to its own ancestors only). The walk (``verify_tree``) is the chain
@@ -45,8 +46,10 @@ import torch
 
 from gateway.generation import GeneratedToken, GenerationRequest
 from gateway.metrics import spec_verified
+from gateway.model.spec_tuner import EWMA, MIN_GAIN, POSITION_COST, SpecTuner, choose_k, expected_tokens
 
 __all__ = [
+    "EWMA",
     "DecodePlan",
     "DraftTree",
     "ScoredTree",
@@ -66,18 +69,6 @@ __all__ = [
 
 MAX_NGRAM = 4  # longest suffix looked up in the text so far
 MIN_NGRAM = 2  # a single repeated token predicts too little to pay for its positions
-# An extra verified position in a batched forward, as a fraction of one row's share of that forward's compute.
-# Measured with ``python -m bench.row_cost`` (SmolLM2, one node's 15 blocks, float32, one torch thread, 2 CPUs under
-# load 10-38, sessions at 200 tokens): a verify row of k + 1 tokens beside B - 1 decode rows adds 0.24 (B=1, k=4),
-# 0.21 (B=1, k=8), 0.23 (B=4, k=4), 0.13 (B=4, k=8), 0.19 (B=8, k=8) of a row's share per extra position (B=8, k=4
-# drowned in the load's noise). On an accelerator decode is memory-bound and the figure is far smaller; 0.2 is the
-# CPU nodes' (the conservative side). Charged to every row of the forward, a round's extra positions cost
-# position_cost * k * compute in all, however many rows share it: a verify step costs no more under load.
-POSITION_COST = 0.2
-ACCEPTANCE_PRIOR = 0.6  # a fresh generation's guess (prompt lookup drafts only where the text repeats)
-FORCED_PRIOR = 0.9  # the same for the grammar's forced tokens: the model rarely spells forced bytes otherwise
-EWMA = 0.3  # weight of the newest round in the acceptance and compute estimates
-MIN_GAIN = 1.1  # draft only when a round is expected to beat plain decoding by this factor
 TREE_WIDTH = 2  # a tree's nodes per depth of its drafts, at most: its positions cost compute
 
 
@@ -200,14 +191,6 @@ def propose_ngram(context: Sequence[int], k: int, max_ngram: int = MAX_NGRAM, mi
     return []
 
 
-def expected_tokens(acceptance: float, k: int) -> float:
-    """Tokens one verify round of k drafts emits on average (each draft accepted with ``acceptance``, in order,
-    plus the token sampled after the last accepted one)."""
-    if acceptance >= 1.0:
-        return float(k + 1)
-    return (1.0 - acceptance ** (k + 1)) / (1.0 - acceptance)
-
-
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """How many leading tokens ``a`` and ``b`` share."""
     for index, (x, y) in enumerate(zip(a, b, strict=False)):
@@ -216,97 +199,14 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return min(len(a), len(b))
 
 
-def choose_k(
-    acceptance: float,
-    rtt: float,
-    compute: float,
-    k_max: int,
-    min_rtt: float,
-    draft_cost: float = 0.0,
-    plain_rtt: float | None = None,
-    position_cost: float = POSITION_COST,
-    batch_rows: int = 0,
-) -> int:
-    """Drafts for the next round: the k in 0..k_max with the least expected time per token, against
-    ``plain_rtt + compute`` for a plain decode step (default ``rtt``; less when decode steps are pushed node to node
-    and verify steps are relayed). 0 below ``min_rtt`` or when drafting gains under ``MIN_GAIN``.
-
-    ``compute``: seconds of the chain's forwards per step, as measured now — batched with ``batch_rows`` other
-    generations' rows, each forward's compute shared by 1 + batch_rows rows. A verify round's k extra positions
-    ride in those forwards and cost ``position_cost`` of one row's share each, paid by every row the forward
-    carries (this one waits, and so do the others): the round is charged ``rtt + compute + (1 + batch_rows) *
-    position_cost * row * k + draft_cost * k`` with ``row = compute / (1 + batch_rows)`` (``draft_cost``: drafting
-    one token, a draft model's forward). A verify step under load is as cheap as its extra positions — no forward
-    or message of its own."""
-    if k_max <= 0 or rtt < min_rtt:
-        return 0
-    plain = (rtt if plain_rtt is None else plain_rtt) + compute
-    rows = 1 + max(0, batch_rows)
-    row = compute / rows  # one row's share of a batched forward
-    best_k, best = 0, plain
-    for k in range(1, k_max + 1):
-        cost = rtt + compute + rows * position_cost * row * k + draft_cost * k
-        per_token = cost / expected_tokens(acceptance, k)
-        if per_token < best:
-            best_k, best = k, per_token
-    return best_k if best * MIN_GAIN <= plain else 0
-
-
-@dataclass
-class SpecTuner:
-    """One generation's estimates: acceptance per draft and the chain's compute per step (EWMAs)."""
-
-    k_max: int
-    min_rtt: float
-    acceptance: float = ACCEPTANCE_PRIOR
-    compute: float = 0.0  # seconds a step takes beyond the round trip
-    draft_cost: float = 0.0  # seconds drafting one token takes (a draft model's forward; ~0 for prompt lookup)
-    forced_acceptance: float = FORCED_PRIOR  # per forced token (``Constraint.forced``): its own estimate
-
-    def forcing_pays(self, rtt: float, plain_rtt: float | None = None, batch_rows: int = 0) -> bool:
-        """Whether a verify step carrying the grammar's forced tokens beats a plain decode step: the cost model for
-        one such draft (more pay more), at any round trip — they cost no drafting and are nearly always kept."""
-        forced = self.forced_acceptance
-        return choose_k(forced, rtt, self.compute, 1, 0.0, 0.0, plain_rtt, batch_rows=batch_rows) > 0
-
-    def next_k(self, rtt: float, limit: int, plain_rtt: float | None = None, batch_rows: int = 0) -> int:
-        """Drafts for the next round (``choose_k`` on this generation's estimates), at most ``limit``."""
-        k = choose_k(
-            self.acceptance,
-            rtt,
-            self.compute,
-            self.k_max,
-            self.min_rtt,
-            self.draft_cost,
-            plain_rtt,
-            batch_rows=batch_rows,
-        )
-        return min(k, max(0, limit))
-
-    def record_draft(self, seconds: float, drafted: int) -> None:
-        if drafted > 0:
-            self.draft_cost += EWMA * (max(0.0, seconds) / drafted - self.draft_cost)
-
-    def record_round(self, drafted: int, accepted: int, forced: int = 0) -> None:
-        """``drafted`` drafts, the first ``forced`` of them the grammar's: each kind's acceptance on its own (the
-        drafter's drafts count only when every forced one before them was kept, else they went unjudged)."""
-        if forced > 0:
-            self.forced_acceptance += EWMA * (min(accepted, forced) / forced - self.forced_acceptance)
-        if drafted > forced and accepted >= forced:
-            self.acceptance += EWMA * ((accepted - forced) / (drafted - forced) - self.acceptance)
-
-    def record_step(self, seconds: float, rtt: float) -> None:
-        self.compute += EWMA * (max(0.0, seconds - rtt) - self.compute)
-
-
 class Drafter(Protocol):
     """One generation's source of drafts."""
 
     threaded: bool  # ``propose`` is costly: the engine runs it in a thread of its own, not the head batcher's
     tuner: SpecTuner
     # Seconds of the last ``propose`` that were no cost per drafted token: a draft model reading the whole prompt
-    # into its cache on its first proposal. Charged to the drafted tokens, that one read would price drafting out
-    # for the rest of the generation (k = 0 drafts nothing more, so the estimate would never be corrected).
+    # into its cache on its first proposal, or the tokens of the rounds that drafted nothing before a probe.
+    # Charged to the drafted tokens, such a read would price drafting out again (``spec_tuner``'s re-probing).
     unpriced: float
 
     def emitted(self, token_id: int) -> None: ...

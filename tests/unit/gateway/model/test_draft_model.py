@@ -85,6 +85,19 @@ def test_only_the_read_into_an_empty_cache_is_left_out_of_the_draft_cost(llama: 
     assert session.unpriced == 0.0  # later rounds read only the tokens emitted since: a cost of drafting
 
 
+def test_tokens_emitted_while_nothing_was_drafted_are_read_apart_from_the_drafting(
+    llama: TinyModel, draft_folder: Path
+) -> None:
+    draft = DraftModel.load(str(draft_folder), _tokenizer(llama))
+    session = draft.session(PROMPT, SpecTuner(k_max=8, min_rtt=0.0))
+    for token in session.propose(2)[:1] + [3, 5, 7, 9, 11]:  # k = 0 for some rounds: six tokens the cache lacks
+        session.emitted(token)
+    drafts = session.propose(3)
+    # the tuner's probe after k = 0 rounds: its one-draft price must not carry the catch-up's read
+    assert session.unpriced > 0.0
+    assert drafts == greedy(draft.model, session.context, 3)  # the split read drafts the same tokens
+
+
 def test_a_draft_model_with_another_tokenizer_is_refused_at_start(llama: TinyModel, tmp_path: Path) -> None:
     other = tmp_path / "other"
     AutoModelForCausalLM.from_config(llama.model.config).save_pretrained(other)

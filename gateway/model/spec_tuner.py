@@ -1,0 +1,174 @@
+"""How many tokens to draft: speculation's cost model (``choose_k``) and one generation's estimates behind it
+(``SpecTuner``: acceptance per draft, the chain's compute per step, a drafted token's cost, all EWMAs).
+
+Two rules keep the decision from sticking or flipping on noise:
+
+- **Re-probing.** Estimates move only when drafts are made and judged, so a tuner that once priced drafting out
+  (k = 0: a draft model's forward measured slow under load, drafts rejected for a while) would never see the cost
+  fall or the text turn repetitive. While k = 0 it saves up ``PROBE_BUDGET`` of each plain round's time and spends
+  it on a probe round of one draft when the savings cover what that draft can add to a round (drafting it, its
+  extra position, a verify step's longer trip), at most every ``PROBE_EVERY`` rounds: where drafting truly does not
+  pay, probes cost about ``PROBE_BUDGET`` of the decode time. A probe's draft cost replaces an estimate by the
+  weight the rounds since its last measurement earn (the EWMA over rounds, skipped rounds counted), so one probe
+  after a long gap says what drafting costs now; acceptance, judged draft by draft (0 or 1 each), stays a plain
+  EWMA and needs a few probes to turn.
+- **Hysteresis on ``min_rtt``.** Below ``min_rtt`` (loopback) nothing is drafted. On loopback the probed round trip
+  (5-12 ms) sits around the 10 ms default, so a bare threshold flips with every probe; a tuner starts drafting once
+  the round trip reaches ``min_rtt`` and stops only when it falls below ``GATE_OFF * min_rtt``. Per tuner, so per
+  generation: another chain's round trip says nothing about this one's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = [
+    "ACCEPTANCE_PRIOR",
+    "EWMA",
+    "FORCED_PRIOR",
+    "GATE_OFF",
+    "MIN_GAIN",
+    "POSITION_COST",
+    "PROBE_BUDGET",
+    "PROBE_EVERY",
+    "SpecTuner",
+    "choose_k",
+    "expected_tokens",
+]
+
+# An extra verified position in a batched forward, as a fraction of one row's share of that forward's compute.
+# Measured with ``python -m bench.row_cost`` (SmolLM2, one node's 15 blocks, float32, one torch thread, 2 CPUs under
+# load 10-38, sessions at 200 tokens): a verify row of k + 1 tokens beside B - 1 decode rows adds 0.24 (B=1, k=4),
+# 0.21 (B=1, k=8), 0.23 (B=4, k=4), 0.13 (B=4, k=8), 0.19 (B=8, k=8) of a row's share per extra position (B=8, k=4
+# drowned in the load's noise). On an accelerator decode is memory-bound and the figure is far smaller; 0.2 is the
+# CPU nodes' (the conservative side). Charged to every row of the forward, a round's extra positions cost
+# position_cost * k * compute in all, however many rows share it: a verify step costs no more under load.
+POSITION_COST = 0.2
+ACCEPTANCE_PRIOR = 0.6  # a fresh generation's guess (prompt lookup drafts only where the text repeats)
+FORCED_PRIOR = 0.9  # the same for the grammar's forced tokens: the model rarely spells forced bytes otherwise
+EWMA = 0.3  # weight of the newest round in the acceptance and compute estimates
+MIN_GAIN = 1.1  # draft only when a round is expected to beat plain decoding by this factor
+PROBE_BUDGET = 0.03  # of a generation's plain decode time, what re-probing a priced-out drafter may spend
+PROBE_EVERY = 10  # rounds at least between probes: a probe that costs ~nothing (cheap drafts) still not every round
+GATE_OFF = 0.7  # a drafting tuner stops below GATE_OFF * min_rtt, not at min_rtt: a probe's jitter is no switch
+
+
+def expected_tokens(acceptance: float, k: int) -> float:
+    """Tokens one verify round of k drafts emits on average (each draft accepted with ``acceptance``, in order,
+    plus the token sampled after the last accepted one)."""
+    if acceptance >= 1.0:
+        return float(k + 1)
+    return (1.0 - acceptance ** (k + 1)) / (1.0 - acceptance)
+
+
+def choose_k(
+    acceptance: float,
+    rtt: float,
+    compute: float,
+    k_max: int,
+    min_rtt: float,
+    draft_cost: float = 0.0,
+    plain_rtt: float | None = None,
+    position_cost: float = POSITION_COST,
+    batch_rows: int = 0,
+) -> int:
+    """Drafts for the next round: the k in 0..k_max with the least expected time per token, against
+    ``plain_rtt + compute`` for a plain decode step (default ``rtt``; less when decode steps are pushed node to node
+    and verify steps are relayed). 0 below ``min_rtt`` (a bare threshold: ``SpecTuner`` adds hysteresis) or when
+    drafting gains under ``MIN_GAIN``.
+
+    ``compute``: seconds of the chain's forwards per step, as measured now — batched with ``batch_rows`` other
+    generations' rows, each forward's compute shared by 1 + batch_rows rows. A verify round's k extra positions
+    ride in those forwards and cost ``position_cost`` of one row's share each, paid by every row the forward
+    carries (this one waits, and so do the others): the round is charged ``rtt + compute + (1 + batch_rows) *
+    position_cost * row * k + draft_cost * k`` with ``row = compute / (1 + batch_rows)`` (``draft_cost``: drafting
+    one token, a draft model's forward). A verify step under load is as cheap as its extra positions — no forward
+    or message of its own."""
+    if k_max <= 0 or rtt < min_rtt:
+        return 0
+    plain = (rtt if plain_rtt is None else plain_rtt) + compute
+    rows = 1 + max(0, batch_rows)
+    row = compute / rows  # one row's share of a batched forward
+    best_k, best = 0, plain
+    for k in range(1, k_max + 1):
+        cost = rtt + compute + rows * position_cost * row * k + draft_cost * k
+        per_token = cost / expected_tokens(acceptance, k)
+        if per_token < best:
+            best_k, best = k, per_token
+    return best_k if best * MIN_GAIN <= plain else 0
+
+
+@dataclass
+class SpecTuner:
+    """One generation's estimates: acceptance per draft, the chain's compute per step and a drafted token's cost
+    (EWMAs); and its decisions' state: the ``min_rtt`` gate (open or closed) and the probe budget saved up."""
+
+    k_max: int
+    min_rtt: float
+    acceptance: float = ACCEPTANCE_PRIOR
+    compute: float = 0.0  # seconds a step takes beyond the round trip
+    draft_cost: float = 0.0  # seconds drafting one token takes (a draft model's forward; ~0 for prompt lookup)
+    forced_acceptance: float = FORCED_PRIOR  # per forced token (``Constraint.forced``): its own estimate
+    gate_open: bool = field(default=False, init=False)  # drafting allowed by the round trip (hysteresis)
+    _probe_credit: float = field(default=0.0, init=False, repr=False)  # seconds saved up for a probe
+    _plain_rounds: int = field(default=0, init=False, repr=False)  # rounds since the last that drafted (or probed)
+    _cost_age: int = field(default=0, init=False, repr=False)  # rounds since ``draft_cost`` was last measured
+
+    def forcing_pays(self, rtt: float, plain_rtt: float | None = None, batch_rows: int = 0) -> bool:
+        """Whether a verify step carrying the grammar's forced tokens beats a plain decode step: the cost model for
+        one such draft (more pay more), at any round trip — they cost no drafting and are nearly always kept."""
+        forced = self.forced_acceptance
+        return choose_k(forced, rtt, self.compute, 1, 0.0, 0.0, plain_rtt, batch_rows=batch_rows) > 0
+
+    def next_k(self, rtt: float, limit: int, plain_rtt: float | None = None, batch_rows: int = 0) -> int:
+        """Drafts for the next round (``choose_k`` on this generation's estimates, or a probe of one), at most
+        ``limit``. Called once a round: it counts the rounds that age the estimates."""
+        self._cost_age += 1
+        if not self._gate(rtt):
+            return 0
+        k = choose_k(
+            self.acceptance, rtt, self.compute, self.k_max, 0.0, self.draft_cost, plain_rtt, batch_rows=batch_rows
+        )
+        if k > 0:
+            self._probe_credit, self._plain_rounds = 0.0, 0
+        else:
+            k = self._probe(rtt, rtt if plain_rtt is None else plain_rtt)
+        return min(k, max(0, limit))
+
+    def _gate(self, rtt: float) -> bool:
+        """Whether the round trip allows drafting: from ``min_rtt`` up, and once open down to ``GATE_OFF`` of it."""
+        threshold = GATE_OFF * self.min_rtt if self.gate_open else self.min_rtt
+        self.gate_open = rtt >= threshold
+        return self.gate_open
+
+    def _probe(self, rtt: float, plain_rtt: float) -> int:
+        """1 when this priced-out round should draft anyway to re-measure, else 0. Each plain round saves
+        ``PROBE_BUDGET`` of its time; a probe spends what one draft can add to a round at most (drafting it, its
+        extra position in every row's forward, a verify step's longer trip: a kept draft only saves time)."""
+        self._plain_rounds += 1
+        self._probe_credit += PROBE_BUDGET * (plain_rtt + self.compute)
+        cost = self.draft_cost + POSITION_COST * self.compute + max(0.0, rtt - plain_rtt)
+        if self._plain_rounds < PROBE_EVERY or self._probe_credit < cost:
+            return 0
+        self._probe_credit -= cost
+        self._plain_rounds = 0
+        return 1
+
+    def record_draft(self, seconds: float, drafted: int) -> None:
+        """``drafted`` tokens drafted in ``seconds``: weighted by the rounds since the last measurement (an EWMA
+        over rounds, the rounds that drafted nothing counted), so a probe after a long gap outweighs an old cost."""
+        if drafted > 0:
+            weight = 1.0 - (1.0 - EWMA) ** max(1, self._cost_age)
+            self.draft_cost += weight * (max(0.0, seconds) / drafted - self.draft_cost)
+            self._cost_age = 0
+
+    def record_round(self, drafted: int, accepted: int, forced: int = 0) -> None:
+        """``drafted`` drafts, the first ``forced`` of them the grammar's: each kind's acceptance on its own (the
+        drafter's drafts count only when every forced one before them was kept, else they went unjudged)."""
+        if forced > 0:
+            self.forced_acceptance += EWMA * (min(accepted, forced) / forced - self.forced_acceptance)
+        if drafted > forced and accepted >= forced:
+            self.acceptance += EWMA * ((accepted - forced) / (drafted - forced) - self.acceptance)
+
+    def record_step(self, seconds: float, rtt: float) -> None:
+        self.compute += EWMA * (max(0.0, seconds - rtt) - self.compute)
