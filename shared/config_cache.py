@@ -10,18 +10,18 @@ one's conversion instead of each doing it.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import transformers
 from transformers import PretrainedConfig
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+from shared.file_lock import held
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ def cached_config(gguf_path: Path, cache_dir: Path, convert: Callable[[], Pretra
     A cache that cannot be read or written costs only the conversion (logged), never the start.
     """
     entry = cache_dir / f"{cache_key(gguf_path)}.json"
-    with _locked(entry.with_suffix(".lock")):
+    with held(entry.with_suffix(".lock")):
         config = _read(entry)
         if config is not None:
             return config
@@ -48,21 +48,6 @@ def cached_config(gguf_path: Path, cache_dir: Path, convert: Callable[[], Pretra
         except (OSError, TypeError, ValueError):
             logger.warning("cannot write the config cache entry %s", entry, exc_info=True)
         return config
-
-
-@contextlib.contextmanager
-def _locked(lock: Path) -> Iterator[None]:
-    """Holds an exclusive lock on ``lock`` (or nothing, when the folder is not writable: then we convert alone)."""
-    try:
-        lock.parent.mkdir(parents=True, exist_ok=True)
-        handle = lock.open("a")
-    except OSError:
-        logger.warning("cannot lock %s; converting the GGUF config without the cache's lock", lock, exc_info=True)
-        yield
-        return
-    with handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the handle closes, also when this process dies
-        yield
 
 
 def _read(entry: Path) -> PretrainedConfig | None:

@@ -11,26 +11,22 @@ nodes competed for the same cores, and every node paid for a measurement.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import fcntl
 import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
+from shared.file_lock import held_async
 from swarm_node.backend import SpanBackend
 
 logger = logging.getLogger(__name__)
 
 DECODE_STEPS = 8
 PREFILL_TOKENS = 128
-LOCK_POLL_SECONDS = 0.1  # a waiting node polls the lock: a blocking flock would hold a thread past cancellation
 
 
 @dataclass(frozen=True)
@@ -88,7 +84,7 @@ async def measure(backend: SpanBackend) -> BlockSpeed:
 
 
 async def block_speed(backend: SpanBackend, cache_path: Path, key: str) -> BlockSpeed:
-    async with _measuring_turn(cache_path.with_name(cache_path.name + ".lock")):
+    async with held_async(cache_path.with_name(cache_path.name + ".lock")):  # one node measures at a time
         cached = load_cached(cache_path, key)  # read under the lock: another node may have just measured it
         if cached is not None:
             logger.info("speed from the cache: %s", key)
@@ -97,23 +93,3 @@ async def block_speed(backend: SpanBackend, cache_path: Path, key: str) -> Block
         store_cached(cache_path, key, speed)
     logger.info("speed measured: %.2f ms a decode token per block (%s)", 1000 * speed.decode_seconds, key)
     return speed
-
-
-@contextlib.asynccontextmanager
-async def _measuring_turn(lock: Path) -> AsyncIterator[None]:
-    """This node's turn to measure among the nodes sharing the cache (no lock when its folder is not writable)."""
-    try:
-        lock.parent.mkdir(parents=True, exist_ok=True)
-        handle = lock.open("a")
-    except OSError:
-        logger.warning("cannot lock %s; measuring without waiting for other nodes", lock, exc_info=True)
-        yield
-        return
-    with handle:
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                await asyncio.sleep(LOCK_POLL_SECONDS)
-        yield  # closing the handle releases the lock, also when this process dies
