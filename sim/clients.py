@@ -1,6 +1,7 @@
 """Session events: arrive, open a chain (the real ``plan_route``, then each node's own check), prefill, decode,
 fail over a lost hop, finish. What a gateway learns from a failed open is what ``gateway.swarm.recovery`` teaches:
-a dead node is banned, a full or departed one is passed over."""
+a dead node is banned, a full or departed one is passed over, and a full one is read as full by the next opens
+until it announces again (``gateway.swarm.room_refusals``)."""
 
 from __future__ import annotations
 
@@ -50,8 +51,8 @@ def _accepts(world: World, session: Session, hop: Hop, avoid: set[str]) -> bool:
         session.gateway.bans.record_failure(node.peer_id)
     elif node.state is not NodeState.ONLINE or not node.start <= hop.start < hop.end <= node.end:
         pass  # draining, moved or reloading: out of routing until it announces again
-    elif node.room() < session.request.max_length:
-        pass  # full: a capacity refusal, never a ban
+    elif node.room() < session.request.max_length:  # full: a capacity refusal, never a ban
+        session.gateway.refusals.refuse(node.peer_id, session.request.max_length)
     else:
         return True
     avoid.add(node.peer_id)

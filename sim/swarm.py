@@ -105,7 +105,10 @@ class Dht:
     def view(self, now: float) -> SwarmView:
         servers = self.servers(now)
         if self._view is None or self._view.servers is not servers:
-            self._view = SwarmView(self.num_blocks, servers, now)
+            # A record's expiration grows with each announcement: gateways tell a newer record by it (departures,
+            # room refusals), as they do with the DHT's.
+            announced = {peer: self.records[peer][1] for peer in servers}
+            self._view = SwarmView(self.num_blocks, servers, now, announced)
         return self._view
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gateway.swarm.bans import BanList
+from gateway.swarm.room_refusals import RoomRefusals
 from gateway.swarm.routing import Hop, RouteRequest, RoutingMode, plan_route
 from gateway.swarm.view import SwarmView
 from sim import geography
@@ -39,14 +40,15 @@ class Session:
 
 
 class SimGateway:
-    """One gateway: its view of the DHT, RTTs to nodes, bans on the virtual clock, its load; routes with the real
-    ``plan_route``, timing each call."""
+    """One gateway: its view of the DHT, RTTs to nodes, bans and refusals for room on the virtual clock, its load;
+    routes with the real ``plan_route``, timing each call."""
 
     def __init__(self, world: World, city: City, mode: RoutingMode) -> None:
         self.world = world
         self.city = city
         self.mode = mode
         self.bans = BanList(clock=lambda: world.clock.now)
+        self.refusals = RoomRefusals(clock=lambda: world.clock.now)  # the gateway's Router keeps the same
         self.load: Counter[str] = Counter()
         self.rtts: dict[str, float] = {}
         self._view: SwarmView | None = None
@@ -75,6 +77,7 @@ class SimGateway:
             banned=self.bans.banned() | avoid,
             load=self.load,
             push=True,
+            room_left=self.refusals.room_left(view),
         )
         key = self._memo_key(view, request)
         if key is not None and key in self._routes:
@@ -91,11 +94,11 @@ class SimGateway:
     def _memo_key(self, view: SwarmView, request: RouteRequest) -> tuple[object, ...] | None:
         """What a ``min_latency`` route depends on, so that a search already made is not made again: this
         gateway's RTTs (fixed per node), the blocks, who is banned or passed over, the serving nodes' spans and
-        announced throughputs, and which of them are short of room for the session (``plan_route`` reads
-        ``cache_tokens_left`` only as ``< max_length``). In a busy swarm most opens repeat the same searches (the
-        same full nodes found one by one, view after view), so they are kept while the serving nodes' spans and
-        throughputs stay the same. ``max_throughput`` reads this gateway's load, which changes with every open:
-        not kept."""
+        announced throughputs, and which of them are short of room for the session by their records or by a
+        refusal since (``plan_route`` reads ``cache_tokens_left`` and ``room_left`` only as ``< max_length``). In a
+        busy swarm most opens repeat the same searches (the same full nodes found one by one, view after view), so
+        they are kept while the serving nodes' spans and throughputs stay the same. ``max_throughput`` reads this
+        gateway's load, which changes with every open: not kept."""
         if self.mode is not RoutingMode.MIN_LATENCY:
             return None
         known = view.memo.get("sim_routing_inputs")
@@ -104,7 +107,8 @@ class SimGateway:
         if known.structure != self._routes_structure:
             self._routes.clear()
             self._routes_structure = known.structure
-        return (request.start, request.end, request.banned, known.short_of(request.max_length))
+        refused = frozenset(peer for peer, left in request.room_left.items() if left < request.max_length)
+        return (request.start, request.end, request.banned, known.short_of(request.max_length) | refused)
 
 
 @dataclass(frozen=True)

@@ -92,7 +92,7 @@ class Failover:
             raise error
         if time.monotonic() >= deadline:
             raise error
-        self._router.record_failure(hop.peer_id, recovery)
+        self._router.record_failure(hop.peer_id, recovery, tokens=self._max_length())
         if isinstance(error, BadReceipt):  # an output nobody signs for is a lie as far as trust goes
             self._router.record_bad_receipt(hop.peer_id, error)
         blocks = f"{hop.start}:{hop.end}"

@@ -1,7 +1,8 @@
 """The gateway's router: the swarm view, measured round-trip times, bans and its own load, fed to ``routing``.
 
 It also keeps what failures taught it (``recovery`` says which failure teaches what): bans for faults, departed
-nodes hidden until they announce again, the liveness watch on nodes, and who waits for which blocks.
+nodes hidden until they announce again, nodes that refused for room read as that short until they announce again
+(``room_refusals``), the liveness watch on nodes, and who waits for which blocks.
 
 RTTs are probed with the node's info RPC (an exponential moving average, refreshed in the background and measured
 on demand for nodes never seen before). The load counts sessions this gateway has open on each node, so
@@ -24,6 +25,7 @@ from gateway.swarm.departures import Departures
 from gateway.swarm.liveness import Liveness
 from gateway.swarm.monitor import SwarmMonitor
 from gateway.swarm.recovery import Recovery
+from gateway.swarm.room_refusals import RoomRefusals
 from gateway.swarm.routing import Hop, RouteRequest, RoutingMode, plan_route
 from gateway.swarm.verify.verifier import Verifier
 from gateway.swarm.view import SwarmView
@@ -88,6 +90,7 @@ class Router:
         self._probe_period = probe_period
         self._prober = Periodic("rtt-probe", self._probe_period, self._probe_all, "RTT probing failed")
         self.departures = Departures()
+        self.room_refusals = RoomRefusals()
         self.liveness = Liveness(p2p, self.auth)
         self.waiting: Counter[str] = Counter()  # sessions waiting for a node, by block range ("15:30")
         self.last_view: SwarmView | None = None  # the latest view() returned (the prober refreshes it)
@@ -164,14 +167,16 @@ class Router:
             adapter=adapter,
             excluded=self.verifier.excluded(view) if self.verifier else frozenset(),
             penalties=self.verifier.penalties(view) if self.verifier else {},
+            room_left=self.room_refusals.room_left(view),
         )
 
     def release(self, hops: Iterable[Hop]) -> None:
         self.load.subtract(hop.peer_id for hop in hops)
         self.load = +self.load  # drop zero counts
 
-    def record_failure(self, peer_id: str, recovery: Recovery = Recovery.FAULT) -> None:
-        """What a node's failure teaches routing, by its recovery (see recovery.py)."""
+    def record_failure(self, peer_id: str, recovery: Recovery = Recovery.FAULT, tokens: int = 0) -> None:
+        """What a node's failure teaches routing, by its recovery (see recovery.py); ``tokens``: the session's
+        size, which a refusal for room (BUSY) says the node has no room for until it announces again."""
         if recovery.until_announced:
             self.departures.depart(peer_id)
             self.stats.departures += 1
@@ -182,6 +187,8 @@ class Router:
             logger.warning("banning node %s for %.0fs", peer_id, duration)
         if recovery is Recovery.BUSY:
             self.stats.capacity_refusals += 1
+            if tokens > 0:
+                self.room_refusals.refuse(peer_id, tokens)
 
     def record_bad_receipt(self, peer_id: str, error: BaseException) -> None:
         """A step reply of ``peer_id`` came without a valid receipt: the verifier cuts its trust (banned already)."""

@@ -11,6 +11,7 @@ Two modes:
 * ``max_throughput``: spread sessions: at each boundary take the server with the most per-block throughput left
   after its announced queue and the sessions this gateway already runs on it.
 
+A node's room is the smaller of what its record says and what a refusal since taught (``RouteRequest.room_left``).
 A session of a LoRA adapter goes only through nodes that announce it. Banned servers are skipped, except for a
 block whose every server is banned: then bans are ignored for that block. Excluded servers (in probation, failed
 or distrusted: ``gateway.swarm.verify``) are never used; a node's ``penalties`` (less reputation) add to its cost.
@@ -63,6 +64,9 @@ class RouteRequest:
     adapter: str | None = None  # a LoRA adapter every hop must serve (None: the base model, any node)
     excluded: frozenset[str] = frozenset()  # never routed: not (or no longer) trusted to compute right
     penalties: Mapping[str, float] = field(default_factory=dict)  # seconds-equivalent per hop, by reputation
+    # Tokens of room a node has at most, below what its record says: it refused a session of more since that record
+    # (``gateway.swarm.room_refusals``). Read like the record's own ``cache_tokens_left``: the cache-short penalty.
+    room_left: Mapping[str, int] = field(default_factory=dict)
 
 
 def plan_route(view: SwarmView, request: RouteRequest, mode: RoutingMode) -> list[Hop]:
@@ -92,12 +96,30 @@ def hop_cost(
     """Seconds a token spends on ``server``'s ``blocks``: compute, and its links (see the module docstring)."""
     own_rtt = request.rtts.get(server.peer_id, UNKNOWN_RTT)
     block_time = server.block_time if server.throughput > 0 else UNKNOWN_BLOCK_TIME
-    penalty = CACHE_SHORT_PENALTY if server.cache_tokens_left < request.max_length else 0.0
+    penalty = CACHE_SHORT_PENALTY if _room(server, request) < request.max_length else 0.0
     penalty += request.penalties.get(server.peer_id, 0.0)
     if not request.push:
         return own_rtt + blocks * block_time + penalty
     link_in = own_rtt if before is None else before.next_rtts.get(server.peer_id, own_rtt)
     return link_in / 2 + (own_rtt / 2 if last else 0.0) + blocks * block_time + penalty
+
+
+def _room(server: ServerRecord, request: RouteRequest) -> int:
+    """Tokens of cache room ``server`` has for all routing knows: its record's, or less after a refusal."""
+    return min(server.cache_tokens_left, request.room_left.get(server.peer_id, server.cache_tokens_left))
+
+
+def _cache_left(table: route_search.ServerTable, request: RouteRequest) -> route_search.Ints:
+    """``_room`` for the table's servers, by row (the table's own array when no refusal applies)."""
+    if not request.room_left:
+        return table.cache_left
+    refused = [(row, request.room_left[p]) for row, p in enumerate(table.peers) if p in request.room_left]
+    if not refused:
+        return table.cache_left
+    left = table.cache_left.copy()
+    rows, rooms = zip(*refused, strict=True)
+    left[list(rows)] = np.minimum(left[list(rows)], rooms)
+    return left
 
 
 def _legs(
@@ -109,7 +131,7 @@ def _legs(
     measured = table.throughput > 0
     rate = np.where(measured, table.throughput * (table.ends - table.starts), 1.0)
     block_time = np.where(measured, 1.0 / rate, UNKNOWN_BLOCK_TIME)  # ServerRecord.block_time, or the default
-    fixed = np.where(table.cache_left < request.max_length, CACHE_SHORT_PENALTY, 0.0)
+    fixed = np.where(_cache_left(table, request) < request.max_length, CACHE_SHORT_PENALTY, 0.0)
     if request.penalties:
         fixed = fixed + np.fromiter((request.penalties.get(p, 0.0) for p in table.peers), np.float64, len(table.peers))
     if request.push:
@@ -124,7 +146,7 @@ def _max_throughput(
     servers: list[ServerRecord], enterable: dict[int, route_search.Ints], request: RouteRequest, end: int
 ) -> list[Hop]:
     def spare_rate(server: ServerRecord) -> tuple[bool, float, str]:
-        has_room = server.cache_tokens_left >= request.max_length
+        has_room = _room(server, request) >= request.max_length
         rate = (server.throughput or 1.0) * (server.end - server.start)  # block-tokens per second
         busy = 1 + server.queue_depth + request.load.get(server.peer_id, 0)
         trusted = 1.0 - request.penalties.get(server.peer_id, 0.0)  # reputation orders equally spare nodes
