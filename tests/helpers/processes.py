@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 from transformers import PreTrainedTokenizerFast
 
 SERVING = re.compile(r"serving blocks (\d+):(\d+) as (\w+)")
@@ -135,9 +136,24 @@ class LocalSwarm:
 
     def close(self) -> None:
         for process in reversed(self.processes):
+            family = _children(process.popen.pid)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.popen.pid, signal.SIGKILL)  # the DHT child and p2pd too
+            # A process started in its parent's group (tests.helpers.gateway's gateways) has no group of its own to
+            # signal: killpg above misses it, and waiting on it would wait for ever.
+            process.popen.kill()
             process.popen.wait()
+            for child in family:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    child.kill()
+            psutil.wait_procs(family, timeout=10)
+
+
+def _children(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
 
 
 def save_tiny_tokenizer(folder: Path, vocab_size: int) -> None:
