@@ -70,7 +70,13 @@ def start_gateway(
     args += ["--initial-peers", *swarm.initial_peers, *extra]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     with log.open("wb") as out:
-        popen = subprocess.Popen([sys.executable, "-m", *args], stdout=out, stderr=subprocess.STDOUT, env=env)
+        popen = subprocess.Popen(
+            [sys.executable, "-m", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # its own group, as the nodes': ManagedProcess.send(SIGKILL/SIGSTOP) signals it
+        )
     process = ManagedProcess("gateway", popen, log)
     swarm.processes.append(process)
     gateway = _wait_listening(process, timeout)

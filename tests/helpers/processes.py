@@ -40,9 +40,11 @@ class ManagedProcess:
             return
         if sig in (signal.SIGTERM, signal.SIGINT):
             self.popen.send_signal(sig)
-        else:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, sig)
+            return
+        with contextlib.suppress(ProcessLookupError):
+            if os.getpgid(self.popen.pid) != self.popen.pid:  # killpg would signal nobody, silently
+                raise RuntimeError(f"{self.name} has no process group of its own: start it with start_new_session")
+            os.killpg(self.popen.pid, sig)
 
     def stop(self, timeout: float = 15.0) -> int:
         self.send(signal.SIGTERM)
@@ -139,8 +141,8 @@ class LocalSwarm:
             family = _children(process.popen.pid)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.popen.pid, signal.SIGKILL)  # the DHT child and p2pd too
-            # A process started in its parent's group (tests.helpers.gateway's gateways) has no group of its own to
-            # signal: killpg above misses it, and waiting on it would wait for ever.
+            # Should a process have no group of its own (started by hand, not by a helper here), killpg misses it and
+            # waiting on it would wait for ever.
             process.popen.kill()
             process.popen.wait()
             for child in family:
