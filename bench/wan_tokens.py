@@ -246,7 +246,7 @@ def _forget_outputs(engine: GenerationEngine) -> None:
     the warm-up, and a greedy rerun of a prompt would draft its whole answer from the last run's (novel chat would
     measure 4 tokens per traversal). What a run's own streams emit stays: that is the suffix drafts' cross-session
     store at work (the mixed run has each workload twice, started together)."""
-    engine.outputs = OutputStore()
+    engine.outputs = OutputStore(words=engine.outputs.words)
 
 
 async def _mixed(engine: GenerationEngine, prompts: dict[str, list[int]], new_tokens: int) -> list[list[int]]:

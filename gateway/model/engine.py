@@ -51,7 +51,7 @@ from gateway.model.head_batcher import HeadBatcher
 from gateway.model.sampling import Sampler, top_logprobs
 from gateway.model.speculation import DecodePlan, Drafter, SpecTuner
 from gateway.model.suffix_drafts import OutputStore, SuffixDrafts
-from gateway.model.tokens import HFTokenCodec
+from gateway.model.tokens import HFTokenCodec, word_ids
 from gateway.settings import EngineSettings
 from gateway.swarm.chain_session import ChainSession
 from gateway.swarm.conversations import Taken
@@ -106,7 +106,8 @@ class GenerationEngine:
         self._generations = 0  # in flight, from their prefill on: speculation drafts only while alone
         self.draft_model: DraftModel | None = None  # with ``--speculative draft``
         self._facts: ModelFacts | None = None  # what /api/show says, read once
-        self.outputs = OutputStore()  # recent outputs of every generation here: suffix drafts read them
+        # recent outputs of every generation here: suffix drafts read them, comparing tokens as words
+        self.outputs = OutputStore(words=word_ids(tokenizer))
 
     @classmethod
     async def create(cls, settings: EngineSettings) -> GenerationEngine:
@@ -243,7 +244,7 @@ class GenerationEngine:
             constraint = await asyncio.to_thread((await self.grammars()).constraint, request.grammar)
         sampler = Sampler(request.sampling, self.head.vocab_size, request.prompt_ids, constraint)
         drafter = self._drafter(request)
-        plan = DecodePlan(request, drafter, None if constraint is None else constraint.forced)
+        plan = DecodePlan(request, drafter, constraint)
         generation = Generation(request, self._services(request), sampler, plan, self.settings.speculative_trees)
         self._generations += 1  # from the prefill on: speculation drafts only while alone
         try:

@@ -67,6 +67,8 @@ class Constraint:
         self._pool = pool
         self._vocab_size = vocab_size
         self._next: concurrent.futures.Future[torch.Tensor] | None = None
+        # forced token -> the shorter token the model wrote instead (``respell``), for this sequence's later drafts
+        self._spellings: dict[int, int] = {}
         self.prefetch()  # the first mask computes while the prompt is prefilled
 
     def prefetch(self) -> None:
@@ -96,7 +98,31 @@ class Constraint:
         if self._next is not None:
             self._next.result()  # a mask in flight holds the matcher (llguidance refuses a second borrower)
         forced = self._matcher.compute_ff_bytes()
-        return list(self._tokenizer.tokenize_bytes(forced)) if forced else []
+        return self._spelled(forced) if forced else []
+
+    def respell(self, drafted: int, chosen: int) -> None:
+        """The model chose ``chosen`` where the forced draft ``drafted`` stood. When ``chosen`` spells the start of
+        the same bytes (``":`` for ``":"``), later forced bytes use it in place of ``drafted``; any other choice
+        (the grammar allowed a different continuation) teaches nothing."""
+        if self._tokenizer is None or drafted == chosen:
+            return
+        whole, start = self._tokenizer.decode_bytes([drafted]), self._tokenizer.decode_bytes([chosen])
+        if 0 < len(start) < len(whole) and whole.startswith(start):
+            self._spellings[drafted] = chosen
+
+    def _spelled(self, data: bytes) -> list[int]:
+        """``data`` as tokens: llguidance's canonical spelling, but a token the model spelled otherwise as it did
+        (its shorter token, then the rest of the bytes spelled the same way)."""
+        assert self._tokenizer is not None
+        tokens: list[int] = []
+        for token in self._tokenizer.tokenize_bytes(data):
+            chosen = self._spellings.get(token)
+            if chosen is None:
+                tokens.append(token)
+                continue
+            rest = self._tokenizer.decode_bytes([token])[len(self._tokenizer.decode_bytes([chosen])) :]
+            tokens += [chosen, *self._spelled(rest)]  # ``rest`` is shorter than the token: this ends
+        return tokens
 
     def _compute(self) -> torch.Tensor:
         """-> allowed [V] bool."""

@@ -259,18 +259,31 @@ class Verified:
     parents: list[int] | None = None  # the next step's drafts as a tree (``DraftTree.parents``); None: a chain
 
 
+class ForcedTokens(Protocol):
+    """A constrained request's grammar as a drafter sees it (``Constraint``)."""
+
+    def forced(self) -> list[int]:
+        """The tokens the grammar forces next, as drafts."""
+        ...
+
+    def respell(self, drafted: int, chosen: int) -> None:
+        """The model chose ``chosen`` where the forced draft ``drafted`` stood: spell later forced bytes its way."""
+        ...
+
+
 class DecodePlan:
     """When one generation stops and what it drafts next (nothing without a drafter): the grammar's forced tokens
-    (``forced``, a constrained request's ``Constraint.forced``) first, then the drafter's after them."""
+    (``grammar``, a constrained request's ``Constraint``) first, then the drafter's after them."""
 
     def __init__(
-        self, request: GenerationRequest, drafter: Drafter | None, forced: Callable[[], list[int]] | None = None
+        self, request: GenerationRequest, drafter: Drafter | None, grammar: ForcedTokens | None = None
     ) -> None:
         self._max_new = request.max_new_tokens
         self._ignore_eos = request.ignore_eos
         self._drafter = drafter
-        self._forced = forced
+        self._grammar = grammar
         self._forcing = False  # this round proposes the forced tokens (``next_k`` decides)
+        self._forced: list[int] = []  # the forced tokens the last proposal drafted (the first of its drafts)
         self._rtt: float = 0.0  # the round trips ``next_k`` was given: a tree's size is chosen by them too
         self._plain_rtt: float | None = None
         self._others = 0  # generations decoding beside this one at the last ``next_k``: a tree would leave their batch
@@ -292,7 +305,7 @@ class DecodePlan:
         if self._drafter is None:
             return 0
         tuner = self._drafter.tuner
-        self._forcing = self._forced is not None and tuner.forcing_pays(rtt, plain_rtt, others)
+        self._forcing = self._grammar is not None and tuner.forcing_pays(rtt, plain_rtt, others)
         return tuner.next_k(rtt, self._max_new - self.count, plain_rtt, others)
 
     @property
@@ -309,9 +322,11 @@ class DecodePlan:
         """As ``propose``, the drafts after the forced tokens a tree up to ``k`` deep when the drafter proposes
         trees (and ``trees``): its likeliest nodes, as many as ``choose_tree`` finds worth a step's positions."""
         room = self._max_new - self.count - 1  # the token just emitted is fed with them; the last needs no feeding
+        self._forced = []
         if self._drafter is None or room <= 0:
             return DraftTree([], []), 0
-        forced = self._forced()[:room] if self._forcing and self._forced is not None else []
+        forced = self._grammar.forced()[:room] if self._forcing and self._grammar is not None else []
+        self._forced = forced
         depth = min(k, room - len(forced))
         if depth <= 0:
             return DraftTree.chain(forced), len(forced)
@@ -337,6 +352,14 @@ class DecodePlan:
         ranked = sorted(chances, reverse=True)
         size = choose_tree(ranked, self._rtt, tuner.compute, min(TREE_WIDTH * depth, slots), self._plain_rtt)
         return prune_tree(scored, chances, max(1, size))
+
+    def kept(self, accepted: int, tokens: Sequence[GeneratedToken]) -> None:
+        """The last proposal's drafts were verified: ``accepted`` kept, then ``tokens[accepted]`` sampled (when the
+        round emitted one there). A forced draft the model did not keep, where it chose another spelling of the
+        same bytes, teaches the grammar that spelling: under a compact JSON grammar SmolLM2 writes ``":`` then
+        ``"`` where llguidance's canonical ``":"`` was drafted, so every later key's draft broke there."""
+        if self._grammar is not None and accepted < len(self._forced) and accepted < len(tokens):
+            self._grammar.respell(self._forced[accepted], tokens[accepted].token_id)
 
     def verified(self, drafted: int, accepted: int, forced: int = 0) -> None:
         if self._drafter is not None and drafted > 0:

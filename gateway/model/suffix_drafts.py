@@ -9,6 +9,11 @@ With trees (``propose_tree``) the places' continuations form a trie: every conti
 them share, the likeliest first, each node's share the fraction of its parent's places that continue with it; the
 decode plan keeps as many of its nodes as pay for their positions.
 
+Tokens are compared as words (``words``: a token's id -> its word's, ``word_ids``): a word after a space and the
+same word at the start of a string are one token apart in byte-level vocabularies, and structured output copies the
+prompt's words into JSON strings (``Maria`` after ``"`` where the prompt has `` Maria``). Where no two tokens match,
+one does when it is such a respelling of a word that occurs at most ``RESPELLED_PLACES`` times before.
+
 Prompt lookup is the special case of one document with no store (``PromptLookup``). Written here, not taken from
 Snowflake's ``arctic-inference`` (which has a C++ suffix tree): on PyPI it ships a source distribution for this
 platform whose build pulls a C++ toolchain and torch (``pip install`` did not finish in minutes on this machine), and
@@ -28,7 +33,8 @@ from gateway.model.speculation import DraftTree, ScoredTree, SpecTuner
 __all__ = ["OutputStore", "SuffixDrafts"]
 
 MAX_MATCH = 8  # longest suffix compared
-MIN_MATCH = 2  # a single repeated token predicts too little
+MIN_MATCH = 2  # a single repeated token predicts too little (but see ``BigramIndex.respelled``)
+RESPELLED_PLACES = 2  # a one-token match of a respelled word: only a word this rare names something to copy
 MIN_SCORE = 0.3  # stop drafting when under this share of the matching places agree (the product along the draft)
 MIN_TREE_SCORE = 0.05  # a tree's node: at least this share of the matching places continue with its path
 TREE_CANDIDATES = 4  # a tree's candidate nodes per depth (the plan keeps those that pay)
@@ -38,34 +44,53 @@ Place = tuple[Sequence[int], int]  # a document and the position right after a m
 
 
 class BigramIndex:
-    """Where each pair of adjacent tokens ends, per document: the seeds of a suffix match."""
+    """Where each pair of adjacent words ends, and each word, per document: the seeds of a suffix match."""
 
-    def __init__(self) -> None:
-        self.ends: dict[tuple[int, int], list[tuple[int, int]]] = {}  # (a, b) -> [(document, end)]
+    def __init__(self, words: Sequence[int] = ()) -> None:
+        self.words = words  # token id -> its word's id (``word_ids``); () or a short table: every token its own
+        self.ends: dict[tuple[int, int], list[tuple[int, int]]] = {}  # (word a, word b) -> [(document, end)]
+        self.word_ends: dict[int, list[tuple[int, int]]] = {}  # word -> [(document, end)]
         self.documents: dict[int, Sequence[int]] = {}
+
+    def word(self, token: int) -> int:
+        return self.words[token] if token < len(self.words) else token
 
     def add(self, document: int, tokens: Sequence[int], start: int = 0) -> None:
         """Index ``tokens`` (a document's, kept by reference) from position ``start`` on."""
         self.documents[document] = tokens
-        for end in range(max(start, 1) + 1, len(tokens) + 1):
-            self.ends.setdefault((tokens[end - 2], tokens[end - 1]), []).append((document, end))
+        for end in range(start + 1, len(tokens) + 1):
+            word = self.word(tokens[end - 1])
+            self.word_ends.setdefault(word, []).append((document, end))
+            if end >= 2:  # noqa: PLR2004 - a pair needs a token before
+                self.ends.setdefault((self.word(tokens[end - 2]), word), []).append((document, end))
 
     def places(self, context: Sequence[int]) -> list[tuple[int, Place]]:
-        """(match length, place) of every earlier occurrence of the context's last two tokens, by match length."""
+        """(match length, place) of every earlier occurrence of the context's last two words, by match length."""
+        seeds = self.ends.get((self.word(context[-2]), self.word(context[-1])), ())
+        return [
+            (self._match_length(tokens, end, context), (tokens, end)) for tokens, end in self._after(seeds, context)
+        ]
+
+    def word_places(self, context: Sequence[int]) -> list[Place]:
+        """Every earlier occurrence of the context's last word, with a token after it."""
+        return self._after(self.word_ends.get(self.word(context[-1]), ()), context)
+
+    def _after(self, seeds: Sequence[tuple[int, int]], context: Sequence[int]) -> list[Place]:
         found = []
-        for document, end in self.ends.get((context[-2], context[-1]), ()):
+        for document, end in seeds:
             tokens = self.documents.get(document)
             if tokens is None or (tokens is context and end == len(context)) or end >= len(tokens):
                 continue  # dropped, the suffix itself, or nothing after it
-            found.append((_match_length(tokens, end, context), (tokens, end)))
+            found.append((tokens, end))
         return found
 
-
-def _match_length(tokens: Sequence[int], end: int, context: Sequence[int]) -> int:
-    length = 0
-    while length < min(MAX_MATCH, end, len(context)) and tokens[end - 1 - length] == context[-1 - length]:
-        length += 1
-    return length
+    def _match_length(self, tokens: Sequence[int], end: int, context: Sequence[int]) -> int:
+        length, word = 0, self.word
+        while length < min(MAX_MATCH, end, len(context)) and word(tokens[end - 1 - length]) == word(
+            context[-1 - length]
+        ):
+            length += 1
+        return length
 
 
 def draft_from(places: list[Place], k: int) -> list[int]:
@@ -122,11 +147,15 @@ class OutputStore:
     and sessions). Written by the event loop as generations end, read by the head batcher's thread."""
 
     max_tokens: int = STORE_TOKENS
-    index: BigramIndex = field(default_factory=BigramIndex)
+    words: Sequence[int] = ()  # ``BigramIndex.words``
+    index: BigramIndex = field(init=False)
     _order: list[int] = field(default_factory=list)
     _tokens: int = 0
     _entries: int = 0  # index entries, dropped outputs' included
     _serial: int = 0
+
+    def __post_init__(self) -> None:
+        self.index = BigramIndex(self.words)
 
     def add(self, output: Sequence[int]) -> None:
         if len(output) < MIN_MATCH + 1:
@@ -142,7 +171,7 @@ class OutputStore:
             self._reindex()  # dropped outputs' entries are skipped on lookup; purge them now and then
 
     def _reindex(self) -> None:
-        fresh = BigramIndex()
+        fresh = BigramIndex(self.words)
         for document in self._order:
             fresh.add(document, self.index.documents[document])
         self.index, self._entries = fresh, self._tokens - len(self._order)
@@ -154,11 +183,14 @@ class SuffixDrafts:
     threaded = False  # microseconds: done in the head batcher's thread, beside the sampling
     unpriced = 0.0
 
-    def __init__(self, prompt_ids: Sequence[int], tuner: SpecTuner, store: OutputStore | None = None) -> None:
+    def __init__(
+        self, prompt_ids: Sequence[int], tuner: SpecTuner, store: OutputStore | None = None, words: Sequence[int] = ()
+    ) -> None:
         self.context = list(prompt_ids)
         self.tuner = tuner
         self._prompt = len(self.context)
         self._store = store
+        self._words = store.words if store is not None else words  # one table: the store's index uses it too
         self._own: BigramIndex | None = None  # built on the first proposal (in the head batcher's thread)
 
     def emitted(self, token_id: int) -> None:
@@ -180,15 +212,27 @@ class SuffixDrafts:
         if k <= 0 or len(context) < MIN_MATCH:
             return []
         if self._own is None:
-            self._own = BigramIndex()
+            self._own = BigramIndex(self._words)
             self._own.add(0, self.context)
         found = self._own.places(context)
         if self._store is not None:
             found += self._store.index.places(context)
         longest = max((length for length, _ in found), default=0)
         if longest < MIN_MATCH:
-            return []
+            return self._respelled(context)
         return [place for length, place in found if length == longest]
+
+    def _respelled(self, context: Sequence[int]) -> list[Place]:
+        """The places of the context's last word when it is rare (at most ``RESPELLED_PLACES`` earlier occurrences)
+        and spelled otherwise at one of them: a word copied from the prompt into a string; else none."""
+        assert self._own is not None
+        places = self._own.word_places(context)
+        if self._store is not None:
+            places += self._store.index.word_places(context)
+        last = context[-1]
+        if len(places) > RESPELLED_PLACES or all(tokens[end - 1] == last for tokens, end in places):
+            return []
+        return places
 
     def publish(self) -> None:
         """The output so far goes into the store, for later generations of the model."""

@@ -101,3 +101,14 @@ class HFTokenCodec:
             if match:
                 return bytes([int(match.group(1), 16)])
         return str(self._tokenizer.decode([token_id])).encode("utf-8")
+
+
+def word_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """Token id -> the id of the same word without its leading space, where the vocabulary has both spellings
+    (byte-level BPE's ``Ġ``, sentencepiece's ``▁``); else the token's own id. Suffix drafts compare words by it."""
+    vocab = tokenizer.get_vocab()
+    words = list(range(max(vocab.values(), default=-1) + 1))
+    for text, token in vocab.items():
+        if len(text) > 1 and text[0] in ("Ġ", "▁"):
+            words[token] = vocab.get(text[1:], token)
+    return words

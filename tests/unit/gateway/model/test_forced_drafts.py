@@ -23,8 +23,10 @@ from gateway.metrics import GatewayMetrics, current_metrics
 from gateway.model.decode_loop import pick_token, verify_round
 from gateway.model.grammar import Constraint, GrammarCompiler
 from gateway.model.sampling import Sampler
+from gateway.model.spec_tuner import SpecTuner
 from gateway.model.speculation import DecodePlan
 from gateway.model.suffix_drafts import SuffixDrafts
+from gateway.model.tokens import word_ids
 from tests.tiny_models import _COMMON
 from tests.unit.gateway.model.test_speculative_engine import LocalEngine, local_engine, run
 from tests.unit.swarm_node.test_span_exactness import build_chain
@@ -140,3 +142,68 @@ def test_forced_drafts_keep_the_masked_distribution(folder: Path) -> None:
     wanted = torch.cat([expected[big], expected[~big].sum().view(1)])
     wanted = wanted * observed.sum() / wanted.sum()
     assert float(chisquare(observed.numpy(), wanted.numpy()).pvalue) > 1e-3
+
+
+def test_forced_bytes_are_spelled_as_the_model_spelled_them(folder: Path) -> None:
+    """After ``{"name`` the grammar forces ``":"``, llguidance's one canonical token. A model that writes ``":``
+    then ``"`` (SmolLM2 does under a compact grammar) taught the constraint so: the next forced bytes come in its
+    spelling, while a choice that is not a shorter spelling of the same bytes teaches nothing."""
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    compiler = GrammarCompiler(tokenizer, V, [2])
+    whole, colon, quote = (tokenizer.convert_tokens_to_ids(t) for t in ('":"', '":', '"'))
+    try:
+        constraint = compiler.constraint(GRAMMAR)
+        opening, name, canonical = constraint.forced()
+        assert canonical == whole
+        constraint.respell(whole, tokenizer.convert_tokens_to_ids("name"))  # not the start of ``":"``: ignored
+        constraint.advance(opening)
+        constraint.advance(name)
+        assert constraint.forced() == [whole]
+        constraint.respell(whole, colon)
+        assert constraint.forced() == [colon, quote]
+        constraint.advance(colon)
+        assert constraint.forced() == [quote]
+    finally:
+        compiler.close()
+
+
+class RecordedSpellings:
+    """A grammar that forces the same three tokens each round and records what ``respell`` is told."""
+
+    def __init__(self) -> None:
+        self.respelled: list[tuple[int, int]] = []
+
+    def forced(self) -> list[int]:
+        return [7, 8, 9]
+
+    def respell(self, drafted: int, chosen: int) -> None:
+        self.respelled.append((drafted, chosen))
+
+
+@pytest.mark.parametrize(("accepted", "told"), [(3, []), (1, [(8, 42)]), (0, [(7, 42)])])
+def test_the_plan_tells_the_grammar_which_forced_draft_the_model_spelled_otherwise(
+    accepted: int, told: list[tuple[int, int]]
+) -> None:
+    grammar = RecordedSpellings()
+    plan = DecodePlan(GenerationRequest(PROMPT, 40), SuffixDrafts(PROMPT, SpecTuner(k_max=4, min_rtt=0.0)), grammar)
+    plan.next_k(rtt=0.2, others=0)  # a far chain: forcing pays
+    drafts, forced = plan.propose(0)
+    assert (drafts, forced) == ([7, 8, 9], 3)
+    emitted = [GeneratedToken(token, False) for token in [7, 8, 9][:accepted]] + [GeneratedToken(42, False)]
+    plan.kept(accepted, emitted)
+    assert grammar.respelled == told
+
+
+def test_a_name_copied_from_the_prompt_into_a_json_string_is_drafted(folder: Path) -> None:
+    """SmolLM2's vocabulary spells `` Maria`` and ``Maria`` as two tokens: the value's first word (after ``"``) is
+    matched to the prompt's as a word, and its continuation drafted from there."""
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    words = word_ids(tokenizer)
+    spaced, bare = tokenizer.convert_tokens_to_ids(["ĠMaria", "Maria"])
+    assert words[spaced] == bare and words[bare] == bare
+    prompt = tokenizer.encode("Extract the customer as JSON: Maria Lopez (maria@example.com) lives in Oslo.")
+    output = tokenizer.encode('{"name":"Maria')
+    assert output[-1] == bare
+    drafter = SuffixDrafts([*prompt, *output], SpecTuner(k_max=4, min_rtt=0.0), words=words)
+    assert tokenizer.decode(drafter.propose(1)) == " Lopez"
+    assert SuffixDrafts([*prompt, *output], SpecTuner(k_max=4, min_rtt=0.0)).propose(1) == []

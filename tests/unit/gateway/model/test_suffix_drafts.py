@@ -48,3 +48,35 @@ def test_the_store_shares_outputs_across_generations_and_forgets_the_oldest() ->
 
 def test_forced_tokens_extend_the_context_drafts_follow() -> None:
     assert drafts([1, 2, 3, 4, 5, 6, 0, 1], 2, after=[2, 3]) == [4, 5]
+
+
+# A vocabulary where 40 is " Maria" and 41 "Maria", 50 " +" and 51 "+": the same words, one with a leading space.
+WORDS = [*range(40), 41, 41, *range(42, 50), 51, 51, *range(52, 100)]
+
+
+def worded(prompt: list[int], k: int, store: OutputStore | None = None) -> list[int]:
+    return SuffixDrafts(prompt, SpecTuner(8, 0.0), store, words=WORDS).propose(k)
+
+
+def test_tokens_are_matched_as_words() -> None:
+    # the prompt has " +" 3 4 " 6"; the output "+" 3 after a quote (9): the pair "+ 3" matches as words
+    assert worded([1, 50, 3, 4, 60, 5, 9, 51, 3], 3) == [4, 60, 5]
+    assert drafts([1, 50, 3, 4, 60, 5, 9, 51, 3], 3) == []  # token by token, no pair matched
+
+
+def test_a_rare_word_copied_into_a_string_drafts_on_its_own() -> None:
+    # "... Maria Lopez ..." in the prompt; the output starts a string with "Maria" (after a quote, 9): one word
+    prompt = [1, 2, 40, 42, 43, 5, 9]
+    assert worded([*prompt, 41], 2) == [42, 43]
+    assert drafts([*prompt, 41], 2) == []  # without words: another token
+    # the same word spelled the same way is a one-token match: too little to go on
+    assert worded([*prompt, 40], 2) == []
+    # a word the text has often is no copy of one place
+    common = [1, 40, 42, 2, 40, 44, 3, 40, 45, 9]
+    assert worded([*common, 41], 2) == []
+
+
+def test_the_store_matches_by_words_too() -> None:
+    store = OutputStore(max_tokens=100, words=WORDS)
+    store.add([7, 50, 3, 4, 60])
+    assert worded([9, 51, 3], 2, store) == [4, 60]
