@@ -17,9 +17,10 @@ from dataclasses import replace
 
 import numpy as np
 
+import sim.scenario as sim_scenario
 from gateway.swarm.routing import Hop, RouteRequest, plan_route
 from shared.server_records import NodeState
-from sim import scenario, swarm
+from sim import swarm
 from sim.dataflow import fastest_rounds
 from sim.dataplane import GATEWAY_WORK, LEAST_WAIT
 from sim.hardware import LLAMA_70B, STEP_OVERHEAD
@@ -76,18 +77,18 @@ def oracle_next_rtts(worlds: list[World]) -> None:
     """Every ONLINE node's record carries the true RTT to every serving node of its end block."""
     announce = swarm.Dht.announce
 
-    def announcing(dht: swarm.Dht, node: SimNode, now: float) -> None:
-        announce(dht, node, now)
+    def announcing(self: swarm.Dht, node: SimNode, now: float) -> None:
+        announce(self, node, now)
         if not worlds or node.state is not NodeState.ONLINE:
             return
         world = worlds[0]
-        record, until = dht.records[node.peer_id]
+        record, until = self.records[node.peer_id]
         after = {
             n.peer_id: world.rtt_between(node, n)
             for n in world.node_list
             if n.serving and n is not node and n.start <= node.end < n.end
         }
-        dht.records[node.peer_id] = (record.model_copy(update={"next_rtts": after}), until)
+        self.records[node.peer_id] = (record.model_copy(update={"next_rtts": after}), until)
 
     swarm.Dht.announce = announcing  # type: ignore[method-assign]
 
@@ -102,10 +103,10 @@ def main() -> None:
     chosen = replace(quick, nodes=args.nodes, seed=args.seed)
     samples: list[list[float]] = []
     worlds: list[World] = []
-    populate, record = scenario._populate, scenario._record
+    populate, record = sim_scenario._populate, sim_scenario._record
 
-    def populating(s: Scenario) -> World:
-        worlds.append(populate(s))
+    def populating(scenario: Scenario) -> World:
+        worlds.append(populate(scenario))
         return worlds[-1]
 
     def recording(world: World, t: float, throughput: float, latest: tuple[float, float]) -> None:
@@ -113,7 +114,7 @@ def main() -> None:
         if t >= chosen.measure_from and int(t) % EVERY == 0 and world.decoding:
             samples.append(sample(world))
 
-    scenario._populate, scenario._record = populating, recording
+    sim_scenario._populate, sim_scenario._record = populating, recording
     if args.oracle_next_rtts:
         oracle_next_rtts(worlds)
     began = time.process_time()
