@@ -55,6 +55,7 @@ class ServerRecord(BaseModel):
     state: NodeState
     throughput: float = Field(0.0, ge=0)  # decode tokens/s one session gets through the whole span
     prefill_throughput: float = Field(0.0, ge=0)  # prompt tokens/s through the whole span
+    # Tokens of the KV pool left, over the whole span: a session over k of the span's n blocks takes max_length x k / n.
     cache_tokens_left: int = Field(0, ge=0)
     # The node's whole KV-cache pool: the longest session it can ever hold (0: not said, an older node).
     cache_tokens_total: int = Field(0, ge=0)

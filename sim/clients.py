@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from gateway.swarm.routing import Hop
 from shared.errors import MissingBlocks
+from shared.kv_charge import pool_tokens
 from shared.server_records import NodeState
 from sim.hardware import STEP_OVERHEAD
 from sim.swarm import SimNode
@@ -51,7 +52,7 @@ def _accepts(world: World, session: Session, hop: Hop, avoid: set[str]) -> bool:
         session.gateway.bans.record_failure(node.peer_id)
     elif node.state is not NodeState.ONLINE or not node.start <= hop.start < hop.end <= node.end:
         pass  # draining, moved or reloading: out of routing until it announces again
-    elif node.room() < session.request.max_length:  # full: a capacity refusal, never a ban
+    elif node.room() < _charge(node, session, hop):  # full: a capacity refusal, never a ban
         session.gateway.refusals.refuse(node.peer_id, session.request.max_length)
     else:
         return True
@@ -59,10 +60,15 @@ def _accepts(world: World, session: Session, hop: Hop, avoid: set[str]) -> bool:
     return False
 
 
+def _charge(node: SimNode, session: Session, hop: Hop) -> int:
+    """The pool tokens the hop's node charges the session (``shared.kv_charge``: its blocks' share)."""
+    return pool_tokens(session.request.max_length, hop.end - hop.start, node.span)
+
+
 def _opened(world: World, session: Session, hops: list[Hop]) -> None:
     for hop in hops:
         node = world.nodes[hop.peer_id]
-        node.reserved += session.request.max_length
+        node.reserved += _charge(node, session, hop)
         node.sessions.add(session.index)
         session.gateway.load[hop.peer_id] += 1
         session.gateway.bans.record_success(hop.peer_id)
@@ -135,7 +141,7 @@ def _release(world: World, session: Session, hops: list[Hop]) -> None:
         node = world.nodes[hop.peer_id]
         if session.index in node.sessions:
             node.sessions.discard(session.index)
-            node.reserved -= session.request.max_length
+            node.reserved -= _charge(node, session, hop)
         session.gateway.load[hop.peer_id] -= 1
         if session.gateway.load[hop.peer_id] <= 0:
             del session.gateway.load[hop.peer_id]

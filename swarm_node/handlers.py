@@ -30,6 +30,7 @@ from shared.errors import (
     UnknownSession,
     WrongSpan,
 )
+from shared.kv_charge import pool_tokens
 from shared.membership import ReplayGuard
 from shared.receipts import StepKey, StepKeyCertificate, StepStatement
 from shared.wire import (
@@ -251,9 +252,10 @@ class SpanHandlers:
             raise NodeDraining(f"node is {self.status.state.value}; it accepts no new sessions")
         check_max_length(message.max_length, self.status.max_session_length)
         self._check_adapter(message.adapter)
-        self.fair.check_room(owner, message.max_length, new_session=True)
+        charge = pool_tokens(message.max_length, len(blocks), len(self.span_blocks))  # its blocks' share of the pool
+        self.fair.check_room(owner, charge, new_session=True)
         with self.fair.waiting(owner):  # while it waits for room, peers over their share take no more
-            allocation = await self.pool.allocate(message.max_length, message.alloc_timeout)
+            allocation = await self.pool.allocate(charge, message.alloc_timeout)
         try:
             kv = await self.backend.new_session_kv(blocks, message.max_length, message.adapter)
         except BaseException:  # cancelled or failed before the session exists: nobody else would release the room
@@ -275,12 +277,13 @@ class SpanHandlers:
             if message.max_length == kv.max_length:
                 return
             growing = message.max_length > kv.max_length
+            charge = pool_tokens(message.max_length, kv.num_layers, len(self.span_blocks))
             if growing:  # room first: the tensors grow only once the pool has granted it
-                self.fair.check_room(session.owner, message.max_length - kv.max_length, new_session=False)
-                await self.pool.resize(session.allocation, message.max_length, message.alloc_timeout)
+                self.fair.check_room(session.owner, charge - session.allocation.tokens, new_session=False)
+                await self.pool.resize(session.allocation, charge, message.alloc_timeout)
             await self.backend.resize_session_kv(kv, message.max_length)
             if not growing:  # the old, larger tensors are gone now
-                await self.pool.resize(session.allocation, message.max_length)
+                await self.pool.resize(session.allocation, charge)
             session.max_length = message.max_length
 
     def _truncate(self, session: Session, length: int, branch: list[int] | None = None) -> None:
