@@ -93,6 +93,12 @@ class EngineSettings(P2PSettings):
         " default: trees measured no more tokens per traversal than chains, and tree steps are not spot-checked):"
         " chains",
     )
+    speculative_pipeline: bool = Field(
+        False,
+        description="where measured acceptance is above the cost model's break-even, the next verify frame leaves"
+        " before the previous one returns, drafted as if it were kept whole (a rejection voids it); frames are"
+        " relayed hop by hop on each node's own stream, and only a generation decoding alone pipelines",
+    )
     speculative_min_rtt: float = Field(
         0.01,
         ge=0,

@@ -16,6 +16,13 @@ Two rules keep the decision from sticking or flipping on noise:
   (5-12 ms) sits around the 10 ms default, so a bare threshold flips with every probe; a tuner starts drafting once
   the round trip reaches ``min_rtt`` and stops only when it falls below ``GATE_OFF * min_rtt``. Per tuner, so per
   generation: another chain's round trip says nothing about this one's.
+
+**Pipelining** (``pipelined_k``). Where acceptance is high, the next verify frame can leave before the previous one
+returns, drafted on the assumption that the previous one is kept whole (its bonus token guessed too: right with
+chance a^(k+1)). Frames then return every half traversal, but they are relayed (a frame is not pushed) and one that
+was wrong costs its compute on the nodes before the step sent in its place. The tuner pipelines when that beats
+the best unpipelined round by ``MIN_GAIN``, and only while the generation decodes alone: a frame runs a forward of
+its own, outside the other generations' batches.
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ __all__ = [
     "SpecTuner",
     "choose_k",
     "expected_tokens",
+    "pipeline_break_even",
+    "pipelined_k",
 ]
 
 # An extra verified position in a batched forward, as a fraction of one row's share of that forward's compute.
@@ -98,6 +107,56 @@ def choose_k(
     return best_k if best * MIN_GAIN <= plain else 0
 
 
+def _best_unpipelined(acceptance: float, rtt: float, compute: float, k_max: int, plain_rtt: float | None) -> float:
+    """Seconds per token of the best unpipelined round (a plain step, or k drafts verified in one step)."""
+    best = (rtt if plain_rtt is None else plain_rtt) + compute
+    for k in range(1, k_max + 1):
+        best = min(best, (rtt + compute * (1.0 + POSITION_COST * k)) / expected_tokens(acceptance, k))
+    return best
+
+
+def _pipelined_per_token(acceptance: float, k: int, frame_rtt: float, compute: float) -> float:
+    """Seconds per token with a frame of k drafts always sent ahead. A frame is right when the one before it was
+    kept whole (chance a^(k+1)): it then returns a half traversal after it (or a forward after it, when the nodes'
+    compute is the bound); else it was void, and the frame sent in its place takes a whole traversal after the void
+    one's forward."""
+    work = compute * (1.0 + POSITION_COST * k)
+    traversal = frame_rtt + work
+    right = acceptance ** (k + 1)
+    round_ = right * max(traversal / 2.0, work) + (1.0 - right) * (traversal + work)
+    return round_ / expected_tokens(acceptance, k)
+
+
+def pipelined_k(
+    acceptance: float, frame_rtt: float, compute: float, k_max: int, rtt: float, plain_rtt: float | None = None
+) -> int:
+    """Drafts per frame when frames go ahead (``frame_rtt``: a relayed traversal's round trips), or 0 when no k
+    beats the best unpipelined round (``rtt``: a verify step's round trips, ``plain_rtt`` a decode step's) by
+    ``MIN_GAIN``."""
+    best_k, best = 0, _best_unpipelined(acceptance, rtt, compute, k_max, plain_rtt) / MIN_GAIN
+    for k in range(1, k_max + 1):
+        per_token = _pipelined_per_token(acceptance, k, frame_rtt, compute)
+        if per_token < best:
+            best_k, best = k, per_token
+    return best_k
+
+
+def pipeline_break_even(
+    frame_rtt: float, compute: float, k_max: int, rtt: float, plain_rtt: float | None = None
+) -> float | None:
+    """The acceptance per draft above which ``pipelined_k`` pipelines (to 0.001); None if it never does."""
+    if pipelined_k(0.999, frame_rtt, compute, k_max, rtt, plain_rtt) == 0:
+        return None
+    low, high = 0.0, 0.999
+    while high - low > 1e-3:
+        middle = (low + high) / 2.0
+        if pipelined_k(middle, frame_rtt, compute, k_max, rtt, plain_rtt) > 0:
+            high = middle
+        else:
+            low = middle
+    return high
+
+
 @dataclass
 class SpecTuner:
     """One generation's estimates: acceptance per draft, the chain's compute per step and a drafted token's cost
@@ -109,6 +168,8 @@ class SpecTuner:
     compute: float = 0.0  # seconds a step takes beyond the round trip
     draft_cost: float = 0.0  # seconds drafting one token takes (a draft model's forward; ~0 for prompt lookup)
     forced_acceptance: float = FORCED_PRIOR  # per forced token (``Constraint.forced``): its own estimate
+    pipeline: bool = False  # frames may go ahead where acceptance is high (``pipelined_k``)
+    pipelined: bool = field(default=False, init=False)  # the latest ``next_k`` chose frames ahead
     gate_open: bool = field(default=False, init=False)  # drafting allowed by the round trip (hysteresis)
     _probe_credit: float = field(default=0.0, init=False, repr=False)  # seconds saved up for a probe
     _plain_rounds: int = field(default=0, init=False, repr=False)  # rounds since the last that drafted (or probed)
@@ -120,12 +181,28 @@ class SpecTuner:
         forced = self.forced_acceptance
         return choose_k(forced, rtt, self.compute, 1, 0.0, 0.0, plain_rtt, batch_rows=batch_rows) > 0
 
-    def next_k(self, rtt: float, limit: int, plain_rtt: float | None = None, batch_rows: int = 0) -> int:
-        """Drafts for the next round (``choose_k`` on this generation's estimates, or a probe of one), at most
-        ``limit``. Called once a round: it counts the rounds that age the estimates."""
+    def next_k(
+        self,
+        rtt: float,
+        limit: int,
+        plain_rtt: float | None = None,
+        batch_rows: int = 0,
+        frame_rtt: float | None = None,
+    ) -> int:
+        """Drafts for the next round (``choose_k`` on this generation's estimates, or a probe of one; with
+        ``pipeline``, ``pipelined_k``'s when frames ahead pay: ``pipelined`` says so), at most ``limit``. Called
+        once a round: it counts the rounds that age the estimates. ``frame_rtt``: a relayed traversal's round trips
+        (default ``rtt``)."""
         self._cost_age += 1
+        self.pipelined = False
         if not self._gate(rtt):
             return 0
+        if self.pipeline and batch_rows == 0:
+            frame = rtt if frame_rtt is None else frame_rtt
+            k = pipelined_k(self.acceptance, frame, self.compute, self.k_max, rtt, plain_rtt)
+            if k > 0:
+                self.pipelined, self._probe_credit, self._plain_rounds = True, 0.0, 0
+                return min(k, max(0, limit))
         k = choose_k(
             self.acceptance, rtt, self.compute, self.k_max, 0.0, self.draft_cost, plain_rtt, batch_rows=batch_rows
         )
