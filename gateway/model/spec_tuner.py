@@ -28,6 +28,7 @@ its own, outside the other generations' batches.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 __all__ = [
     "ACCEPTANCE_PRIOR",
@@ -168,7 +169,9 @@ class SpecTuner:
     compute: float = 0.0  # seconds a step takes beyond the round trip
     draft_cost: float = 0.0  # seconds drafting one token takes (a draft model's forward; ~0 for prompt lookup)
     forced_acceptance: float = FORCED_PRIOR  # per forced token (``Constraint.forced``): its own estimate
-    pipeline: bool = False  # frames may go ahead where acceptance is high (``pipelined_k``)
+    # off: never; auto: frames go ahead where ``pipelined_k`` finds they pay; always: whenever a round drafts (for
+    # measuring pipelining where the cost model would not choose it, and for tests on loopback)
+    pipeline: Literal["off", "auto", "always"] = "off"
     pipelined: bool = field(default=False, init=False)  # the latest ``next_k`` chose frames ahead
     gate_open: bool = field(default=False, init=False)  # drafting allowed by the round trip (hysteresis)
     _probe_credit: float = field(default=0.0, init=False, repr=False)  # seconds saved up for a probe
@@ -197,7 +200,7 @@ class SpecTuner:
         self.pipelined = False
         if not self._gate(rtt):
             return 0
-        if self.pipeline and batch_rows == 0:
+        if self.pipeline == "auto" and batch_rows == 0:
             frame = rtt if frame_rtt is None else frame_rtt
             k = pipelined_k(self.acceptance, frame, self.compute, self.k_max, rtt, plain_rtt)
             if k > 0:
@@ -208,6 +211,7 @@ class SpecTuner:
         )
         if k > 0:
             self._probe_credit, self._plain_rounds = 0.0, 0
+            self.pipelined = self.pipeline == "always" and batch_rows == 0
         else:
             k = self._probe(rtt, rtt if plain_rtt is None else plain_rtt)
         return min(k, max(0, limit))

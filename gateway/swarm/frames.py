@@ -50,7 +50,7 @@ class Frame:
         segments: list[Segment],
         hidden: torch.Tensor,
         position: int,
-        before: Frame | None,
+        before: Frame | None = None,
         ahead: bool = False,
     ) -> None:
         self.position = position

@@ -4,8 +4,16 @@ cost), and the ``min_rtt`` gate does not flip with a round trip that jitters aro
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Literal
 
-from gateway.model.spec_tuner import GATE_OFF, PROBE_BUDGET, PROBE_EVERY, SpecTuner
+from gateway.model.spec_tuner import (
+    GATE_OFF,
+    PROBE_BUDGET,
+    PROBE_EVERY,
+    SpecTuner,
+    pipeline_break_even,
+    pipelined_k,
+)
 
 RTT = 0.075  # a pushed round trip behind 50 ms links, seconds
 COMPUTE = 0.1  # the chain's compute per step on these CPUs
@@ -81,3 +89,39 @@ def test_a_round_trip_jittering_around_min_rtt_does_not_switch_drafting_every_ro
     assert tuner.next_k(GATE_OFF * 0.01 * 0.9, limit=100) == 0  # truly nearer: off
     assert tuner.next_k(0.009, limit=100) == 0  # and on again only from min_rtt
     assert tuner.next_k(0.01, limit=100) > 0
+
+
+# Pipelined verification: two hops 50 ms away, a forward 20 ms per hop. A frame is relayed (2 round trips); an
+# unpipelined verify step is pushed (1.5).
+FRAME_RTT, VERIFY_RTT, WORK = 0.1, 0.075, 0.04  # WORK: the chain's compute per step
+
+
+def test_frames_go_ahead_only_above_the_break_even_acceptance() -> None:
+    even = pipeline_break_even(FRAME_RTT, WORK, 8, VERIFY_RTT)
+    assert even is not None and 0.5 < even < 1.0
+    assert pipelined_k(even + 0.01, FRAME_RTT, WORK, 8, VERIFY_RTT) > 0
+    assert pipelined_k(even - 0.01, FRAME_RTT, WORK, 8, VERIFY_RTT) == 0
+
+
+def test_pipelining_pays_more_the_further_the_nodes_and_never_on_loopback() -> None:
+    near = pipeline_break_even(0.02, WORK, 8, 0.015)
+    far = pipeline_break_even(0.3, WORK, 8, 0.225)
+    assert far is not None and (near is None or far < near)
+    assert pipeline_break_even(0.0, WORK, 8, 0.0) is None  # no round trip to hide: a void frame only costs
+
+
+def test_a_tuner_pipelines_only_when_asked_alone_and_above_the_break_even() -> None:
+    def tuner(pipeline: Literal["off", "auto", "always"], acceptance: float) -> SpecTuner:
+        made = SpecTuner(8, 0.01, acceptance=acceptance, compute=WORK, pipeline=pipeline)
+        made.next_k(VERIFY_RTT, 100, VERIFY_RTT, 0, FRAME_RTT)
+        return made
+
+    assert tuner("auto", 0.99).pipelined
+    assert not tuner("auto", 0.8).pipelined  # drafts, but unpipelined
+    assert not tuner("off", 0.99).pipelined
+    assert tuner("always", 0.8).pipelined
+    beside = SpecTuner(8, 0.01, acceptance=0.99, compute=WORK, pipeline="auto")
+    assert beside.next_k(VERIFY_RTT, 100, VERIFY_RTT, batch_rows=2, frame_rtt=FRAME_RTT) > 0
+    assert not beside.pipelined  # a frame would run outside the other generations' batched forwards
+    below = SpecTuner(8, 0.5, acceptance=0.99, compute=WORK, pipeline="always")
+    assert below.next_k(VERIFY_RTT, 100, VERIFY_RTT, 0, FRAME_RTT) == 0 and not below.pipelined  # the min_rtt gate

@@ -1,0 +1,158 @@
+"""Pipelined verify frames (``gateway.swarm.frames``) over fake node sessions whose answers the test hands out.
+
+Checked: a frame reaches each hop only after the frame before it was sent there; histories stay in position order
+even when a later frame's answer is handled first; a frame ahead of one that failed is void (sends nothing more,
+records nothing), while a frame that is not ahead goes on after a void one (it rewinds); ``void`` stops a frame
+before its next hop; an error or a distrusted node voids a frame (it returns None, never raises).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from gateway.swarm.frames import Frame
+from gateway.swarm.segment import Segment
+from shared.errors import NodeDistrusted, NodeUnreachable
+
+
+class FakeSession:
+    """A node session whose step answers the test resolves, by the order the steps were sent in."""
+
+    def __init__(self, name: str) -> None:
+        self.hop = SimpleNamespace(peer_id=name)
+        self.sent: list[int] = []  # positions, in send order
+        self.answers: list[asyncio.Future[torch.Tensor]] = []
+
+    def send_step(self, hidden: torch.Tensor, position: int) -> Any:
+        self.sent.append(position)
+        self.answers.append(asyncio.get_running_loop().create_future())
+        return self._answer(self.answers[-1])
+
+    @staticmethod
+    async def _answer(future: asyncio.Future[torch.Tensor]) -> torch.Tensor:
+        return await future
+
+    def answer(self, sent: int, value: torch.Tensor | Exception) -> None:
+        if isinstance(value, Exception):
+            self.answers[sent].set_exception(value)
+        else:
+            self.answers[sent].set_result(value)
+
+
+@dataclass
+class FakeChain:
+    distrusted: set[str] = field(default_factory=set)
+    successes: list[str] = field(default_factory=list)
+
+    @property
+    def router(self) -> Any:
+        return SimpleNamespace(record_success=self.successes.append, stats=SimpleNamespace(relayed_hops=0))
+
+    def check_trusted(self, segment: Segment) -> None:
+        if segment.session.hop.peer_id in self.distrusted:
+            raise NodeDistrusted("out of routing")
+
+    def observed(self, segment: Segment, output: torch.Tensor) -> None:
+        pass
+
+
+def hidden(tokens: int, value: float) -> torch.Tensor:
+    return torch.full((1, tokens, 2), value)
+
+
+def hops(*names: str) -> tuple[list[FakeSession], list[Segment]]:
+    sessions = [FakeSession(name) for name in names]
+    return sessions, [Segment(session) for session in sessions]  # type: ignore[arg-type]
+
+
+async def settled() -> None:
+    for _ in range(10):  # let every ready task run to its next wait (no timing involved)
+        await asyncio.sleep(0)
+
+
+async def test_frames_reach_each_hop_in_order_and_histories_stay_in_position_order() -> None:
+    (a, b), segments = hops("a", "b")
+    chain = FakeChain()
+    first = Frame(chain, segments, hidden(3, 1.0), 10)
+    second = Frame(chain, segments, hidden(3, 2.0), 13, before=first, ahead=True)
+    await settled()
+    assert a.sent == [10, 13] and b.sent == []  # the second left before the first returned
+    a.answer(1, hidden(3, 20.0))  # handled first: its record still waits for the first's
+    await settled()
+    assert segments[0].history == []
+    a.answer(0, hidden(3, 10.0))
+    await settled()
+    assert [position for position, _ in segments[0].history] == [10, 13]
+    assert b.sent == [10, 13]  # the first went on to b before the second did
+    b.answer(0, hidden(3, 11.0))
+    b.answer(1, hidden(3, 21.0))
+    out_first, out_second = await first.output(), await second.output()
+    assert out_first is not None and out_second is not None
+    assert torch.equal(out_second, hidden(3, 21.0))
+    assert [position for position, _ in segments[1].history] == [10, 13]
+    assert torch.equal(segments[1].history[1][1], hidden(3, 20.0))  # b's input: a's output of the second frame
+
+
+async def test_a_frame_ahead_of_a_failed_one_is_void_and_records_nothing() -> None:
+    (a, b), segments = hops("a", "b")
+    chain = FakeChain()
+    first = Frame(chain, segments, hidden(2, 1.0), 10)
+    second = Frame(chain, segments, hidden(2, 2.0), 12, before=first, ahead=True)
+    await settled()
+    a.answer(1, hidden(2, 20.0))
+    a.answer(0, NodeUnreachable("gone"))
+    assert await first.output() is None and await second.output() is None
+    assert first.voided and second.voided
+    assert segments[0].history == [] and b.sent == []
+
+
+async def test_a_frame_not_ahead_goes_on_after_a_void_one() -> None:
+    (a, b), segments = hops("a", "b")
+    chain = FakeChain()
+    wrong = Frame(chain, segments, hidden(2, 1.0), 10)
+    await settled()
+    wrong.void()  # a rejected draft made it wrong while a computed it
+    again = Frame(chain, segments, hidden(1, 3.0), 10, before=wrong)
+    await settled()
+    assert a.sent == [10, 10]
+    a.answer(0, hidden(2, 10.0))
+    assert await wrong.output() is None
+    await settled()
+    assert b.sent == []  # the void frame went no further
+    a.answer(1, hidden(1, 30.0))
+    await settled()
+    assert b.sent == [10]
+    b.answer(0, hidden(1, 31.0))
+    output = await again.output()
+    assert output is not None and torch.equal(output, hidden(1, 31.0))
+    assert [(p, h.shape[1]) for p, h in segments[0].history] == [(10, 1)]  # it rewrote what the void one wrote
+
+
+async def test_void_stops_a_frame_before_its_next_hop() -> None:
+    (a, b), segments = hops("a", "b")
+    frame = Frame(FakeChain(), segments, hidden(2, 1.0), 10)
+    await settled()
+    frame.void()
+    a.answer(0, hidden(2, 10.0))
+    assert await frame.output() is None
+    assert b.sent == [] and [p for p, _ in segments[0].history] == [10]  # a ran it: its history says so
+
+
+@pytest.mark.parametrize("cause", ["error", "distrusted"])
+async def test_a_frame_meeting_an_error_is_void_and_never_raises(cause: str) -> None:
+    (a, b), segments = hops("a", "b")
+    chain = FakeChain(distrusted={"b"} if cause == "distrusted" else set())
+    frame = Frame(chain, segments, hidden(2, 1.0), 10)
+    await settled()
+    a.answer(0, hidden(2, 10.0))
+    await settled()
+    if cause == "error":
+        b.answer(0, NodeUnreachable("gone"))
+    assert await frame.output() is None and frame.voided
+    assert [p for p, _ in segments[1].history] == []
