@@ -156,3 +156,20 @@ async def test_a_frame_meeting_an_error_is_void_and_never_raises(cause: str) -> 
         b.answer(0, NodeUnreachable("gone"))
     assert await frame.output() is None and frame.voided
     assert [p for p, _ in segments[1].history] == []
+
+
+async def test_a_frame_ahead_goes_no_further_once_the_frame_before_it_is_voided() -> None:
+    (a, b), segments = hops("a", "b")
+    chain = FakeChain()
+    first = Frame(chain, segments, hidden(2, 1.0), 10)
+    second = Frame(chain, segments, hidden(2, 2.0), 12, before=first, ahead=True)
+    await settled()
+    a.answer(0, hidden(2, 10.0))
+    await settled()
+    assert b.sent == [10]
+    first.void()  # a rejected draft: the first's own answer still comes, the second's guess is wrong
+    a.answer(1, hidden(2, 20.0))
+    b.answer(0, hidden(2, 11.0))
+    assert await second.output() is None and second.voided
+    assert b.sent == [10]
+    assert [p for p, _ in segments[0].history] == [10]  # answered after the void: left out (a rewind follows)
