@@ -173,3 +173,16 @@ async def test_a_frame_ahead_goes_no_further_once_the_frame_before_it_is_voided(
     assert await second.output() is None and second.voided
     assert b.sent == [10]
     assert [p for p, _ in segments[0].history] == [10]  # answered after the void: left out (a rewind follows)
+
+
+async def test_a_frame_ahead_of_one_voided_before_it_left_sends_nothing() -> None:
+    (a, _), segments = hops("a", "b")
+    chain = FakeChain()
+    first = Frame(chain, segments, hidden(2, 1.0), 10)
+    second = Frame(chain, segments, hidden(2, 2.0), 12, before=first, ahead=True)
+    second.void()
+    third = Frame(chain, segments, hidden(2, 3.0), 14, before=second, ahead=True)
+    await settled()
+    assert a.sent == [10]
+    a.answer(0, hidden(2, 10.0))
+    assert await second.output() is None and await third.output() is None and third.voided
