@@ -117,7 +117,7 @@ class ChainSession:
             if branch and segment.tree is not None:
                 segment.keep_branch(length, branch)
             segment.truncate(length)
-        self._stored = None if self._stored is None else min(self._stored, length)
+        self._stored = length if self._stored is None else min(self._stored, length)  # every hop holds that now
         self._last_row = None  # the nodes forgot their latest step: a push may not rewind them
 
     @staticmethod

@@ -97,7 +97,7 @@ class Frame:
                 segment.record(self.position, hidden)
                 self._chain.observed(segment, output)
                 self._chain.router.record_success(segment.session.hop.peer_id)
-                self._chain.router.stats.relayed_hops += 1
+                self._chain.router.stats.relayed_hops += hidden.shape[1] == 1  # counted as ``ChainSession.relay`` does
                 self._recorded[index].set()
                 hidden = output
             return hidden
