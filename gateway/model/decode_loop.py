@@ -7,7 +7,7 @@
     finish       the nodes' caches rolled back to the tokens kept, the chain kept for the conversation's next turn
                  or closed
 
-Where acceptance is high the tuner pipelines (``spec_tuner.pipelined_k``): advance sends its step as a frame
+Where acceptance is high the tuner pipelines (``spec_tuner.pipelining_pays``): advance sends its step as a frame
 (``FrameChain.frame``) and, before awaiting it, the next frame, drafted as if this one were kept whole (its bonus
 token guessed by the drafter too). The next round takes that frame when its guess held (the position and the token
 fed agree) and sends another ahead; else it voids it and steps again from the first token not kept. Rounds still

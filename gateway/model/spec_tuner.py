@@ -17,12 +17,15 @@ Two rules keep the decision from sticking or flipping on noise:
   the round trip reaches ``min_rtt`` and stops only when it falls below ``GATE_OFF * min_rtt``. Per tuner, so per
   generation: another chain's round trip says nothing about this one's.
 
-**Pipelining** (``pipelined_k``). Where acceptance is high, the next verify frame can leave before the previous one
-returns, drafted on the assumption that the previous one is kept whole (its bonus token guessed too: right with
-chance a^(k+1)). Frames then return every half traversal, but they are relayed (a frame is not pushed) and one that
-was wrong costs its compute on the nodes before the step sent in its place. The tuner pipelines when that beats
-the best unpipelined round by ``MIN_GAIN``, and only while the generation decodes alone: a frame runs a forward of
-its own, outside the other generations' batches.
+**Pipelining** (``pipelining_pays``). Where acceptance is high, the next verify frame can leave before the previous
+one returns, drafted on the assumption that the previous one is kept whole (its bonus token guessed too). Frames
+then return every half traversal, but they are relayed (a frame is not pushed) and one that was wrong costs its
+compute on the nodes before the step sent in its place. Whether a frame ahead is right is measured, not a^(k+1):
+rejections cluster (copied text is kept whole for many rounds, then a stretch of new text rejects several), so the
+tuner keeps the share of rounds that kept every draft (``kept_whole``) and takes ``kept_whole * acceptance`` (the
+bonus guess is one more draft). It pipelines when that beats the unpipelined round of the same k by ``MIN_GAIN``,
+and only while the generation decodes alone: a frame runs a forward of its own, outside the other generations'
+batches.
 """
 
 from __future__ import annotations
@@ -42,8 +45,10 @@ __all__ = [
     "SpecTuner",
     "choose_k",
     "expected_tokens",
+    "WHOLE_PRIOR",
     "pipeline_break_even",
-    "pipelined_k",
+    "pipeline_round",
+    "pipelining_pays",
 ]
 
 # An extra verified position in a batched forward, as a fraction of one row's share of that forward's compute.
@@ -61,6 +66,7 @@ MIN_GAIN = 1.1  # draft only when a round is expected to beat plain decoding by 
 PROBE_BUDGET = 0.03  # of a generation's plain decode time, what re-probing a priced-out drafter may spend
 PROBE_EVERY = 10  # rounds at least between probes: a probe that costs ~nothing (cheap drafts) still not every round
 GATE_OFF = 0.7  # a drafting tuner stops below GATE_OFF * min_rtt, not at min_rtt: a probe's jitter is no switch
+WHOLE_PRIOR = 0.3  # a fresh generation's chance that a round keeps every draft: frames go ahead once it is seen
 
 
 def expected_tokens(acceptance: float, k: int) -> float:
@@ -108,54 +114,29 @@ def choose_k(
     return best_k if best * MIN_GAIN <= plain else 0
 
 
-def _best_unpipelined(acceptance: float, rtt: float, compute: float, k_max: int, plain_rtt: float | None) -> float:
-    """Seconds per token of the best unpipelined round (a plain step, or k drafts verified in one step)."""
-    best = (rtt if plain_rtt is None else plain_rtt) + compute
-    for k in range(1, k_max + 1):
-        best = min(best, (rtt + compute * (1.0 + POSITION_COST * k)) / expected_tokens(acceptance, k))
-    return best
-
-
-def _pipelined_per_token(acceptance: float, k: int, frame_rtt: float, compute: float) -> float:
-    """Seconds per token with a frame of k drafts always sent ahead. A frame is right when the one before it was
-    kept whole (chance a^(k+1)): it then returns a half traversal after it (or a forward after it, when the nodes'
-    compute is the bound); else it was void, and the frame sent in its place takes a whole traversal after the void
-    one's forward."""
+def pipeline_round(right: float, k: int, frame_rtt: float, compute: float) -> float:
+    """Seconds per round of k drafts with a frame always sent ahead. A frame is right (chance ``right``: the one
+    before it kept whole, its bonus token guessed) and returns a half traversal after the one before it (a forward
+    after it where the nodes' compute is the bound); else it was void, and the frame sent in its place takes a
+    whole traversal after the void one's forwards."""
     work = compute * (1.0 + POSITION_COST * k)
     traversal = frame_rtt + work
-    right = acceptance ** (k + 1)
-    round_ = right * max(traversal / 2.0, work) + (1.0 - right) * (traversal + work)
-    return round_ / expected_tokens(acceptance, k)
+    return right * max(traversal / 2.0, work) + (1.0 - right) * (traversal + work)
 
 
-def pipelined_k(
-    acceptance: float, frame_rtt: float, compute: float, k_max: int, rtt: float, plain_rtt: float | None = None
-) -> int:
-    """Drafts per frame when frames go ahead (``frame_rtt``: a relayed traversal's round trips), or 0 when no k
-    beats the best unpipelined round (``rtt``: a verify step's round trips, ``plain_rtt`` a decode step's) by
-    ``MIN_GAIN``."""
-    best_k, best = 0, _best_unpipelined(acceptance, rtt, compute, k_max, plain_rtt) / MIN_GAIN
-    for k in range(1, k_max + 1):
-        per_token = _pipelined_per_token(acceptance, k, frame_rtt, compute)
-        if per_token < best:
-            best_k, best = k, per_token
-    return best_k
+def pipelining_pays(right: float, k: int, frame_rtt: float, compute: float, rtt: float) -> bool:
+    """Whether rounds of k drafts with frames ahead (relayed: ``frame_rtt``) beat unpipelined ones (``rtt``: a
+    verify step's round trips) by ``MIN_GAIN``; a round yields the same tokens either way."""
+    return pipeline_round(right, k, frame_rtt, compute) * MIN_GAIN <= rtt + compute * (1.0 + POSITION_COST * k)
 
 
-def pipeline_break_even(
-    frame_rtt: float, compute: float, k_max: int, rtt: float, plain_rtt: float | None = None
-) -> float | None:
-    """The acceptance per draft above which ``pipelined_k`` pipelines (to 0.001); None if it never does."""
-    if pipelined_k(0.999, frame_rtt, compute, k_max, rtt, plain_rtt) == 0:
-        return None
-    low, high = 0.0, 0.999
-    while high - low > 1e-3:
-        middle = (low + high) / 2.0
-        if pipelined_k(middle, frame_rtt, compute, k_max, rtt, plain_rtt) > 0:
-            high = middle
-        else:
-            low = middle
-    return high
+def pipeline_break_even(k: int, frame_rtt: float, compute: float, rtt: float) -> float | None:
+    """The chance of a frame ahead being right above which ``pipelining_pays``; None where it never does."""
+    work = compute * (1.0 + POSITION_COST * k)
+    traversal = frame_rtt + work
+    right, wrong = max(traversal / 2.0, work), traversal + work  # a round's time when the frame ahead is / is not
+    even = (wrong - (rtt + work) / MIN_GAIN) / (wrong - right)
+    return max(0.0, even) if even <= 1.0 else None
 
 
 @dataclass
@@ -169,9 +150,10 @@ class SpecTuner:
     compute: float = 0.0  # seconds a step takes beyond the round trip
     draft_cost: float = 0.0  # seconds drafting one token takes (a draft model's forward; ~0 for prompt lookup)
     forced_acceptance: float = FORCED_PRIOR  # per forced token (``Constraint.forced``): its own estimate
-    # off: never; auto: frames go ahead where ``pipelined_k`` finds they pay; always: whenever a round drafts (for
-    # measuring pipelining where the cost model would not choose it, and for tests on loopback)
+    # off: never; auto: frames go ahead where ``pipelining_pays``; always: whenever a round drafts (for measuring
+    # pipelining where the cost model would not choose it, and for tests on loopback)
     pipeline: Literal["off", "auto", "always"] = "off"
+    kept_whole: float = WHOLE_PRIOR  # share of drafting rounds that kept every draft (EWMA)
     pipelined: bool = field(default=False, init=False)  # the latest ``next_k`` chose frames ahead
     gate_open: bool = field(default=False, init=False)  # drafting allowed by the round trip (hysteresis)
     _probe_credit: float = field(default=0.0, init=False, repr=False)  # seconds saved up for a probe
@@ -192,29 +174,28 @@ class SpecTuner:
         batch_rows: int = 0,
         frame_rtt: float | None = None,
     ) -> int:
-        """Drafts for the next round (``choose_k`` on this generation's estimates, or a probe of one; with
-        ``pipeline``, ``pipelined_k``'s when frames ahead pay: ``pipelined`` says so), at most ``limit``. Called
-        once a round: it counts the rounds that age the estimates. ``frame_rtt``: a relayed traversal's round trips
-        (default ``rtt``)."""
+        """Drafts for the next round (``choose_k`` on this generation's estimates, or a probe of one), at most
+        ``limit``; ``pipelined`` says whether frames go ahead (``pipeline``; ``frame_rtt``: a relayed traversal's
+        round trips, default ``rtt``). Called once a round: it counts the rounds that age the estimates."""
         self._cost_age += 1
         self.pipelined = False
         if not self._gate(rtt):
             return 0
-        if self.pipeline == "auto" and batch_rows == 0:
-            frame = rtt if frame_rtt is None else frame_rtt
-            k = pipelined_k(self.acceptance, frame, self.compute, self.k_max, rtt, plain_rtt)
-            if k > 0:
-                self.pipelined, self._probe_credit, self._plain_rounds = True, 0.0, 0
-                return min(k, max(0, limit))
         k = choose_k(
             self.acceptance, rtt, self.compute, self.k_max, 0.0, self.draft_cost, plain_rtt, batch_rows=batch_rows
         )
         if k > 0:
             self._probe_credit, self._plain_rounds = 0.0, 0
-            self.pipelined = self.pipeline == "always" and batch_rows == 0
+            self.pipelined = batch_rows == 0 and self._pipelines(k, rtt, rtt if frame_rtt is None else frame_rtt)
         else:
             k = self._probe(rtt, rtt if plain_rtt is None else plain_rtt)
         return min(k, max(0, limit))
+
+    def _pipelines(self, k: int, rtt: float, frame_rtt: float) -> bool:
+        if self.pipeline == "always":
+            return True
+        right = self.kept_whole * self.acceptance
+        return self.pipeline == "auto" and pipelining_pays(right, k, frame_rtt, self.compute, rtt)
 
     def _gate(self, rtt: float) -> bool:
         """Whether the round trip allows drafting: from ``min_rtt`` up, and once open down to ``GATE_OFF`` of it."""
@@ -250,6 +231,8 @@ class SpecTuner:
             self.forced_acceptance += EWMA * (min(accepted, forced) / forced - self.forced_acceptance)
         if drafted > forced and accepted >= forced:
             self.acceptance += EWMA * ((accepted - forced) / (drafted - forced) - self.acceptance)
+        if drafted > 0:
+            self.kept_whole += EWMA * (float(accepted == drafted) - self.kept_whole)
 
     def record_step(self, seconds: float, rtt: float) -> None:
         self.compute += EWMA * (max(0.0, seconds - rtt) - self.compute)
