@@ -11,23 +11,31 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
 
+from gateway.swarm.chain_session import ChainSession
 from gateway.swarm.frames import Frame
 from gateway.swarm.segment import Segment
 from shared.errors import NodeDistrusted, NodeUnreachable
 
 
 class FakeSession:
-    """A node session whose step answers the test resolves, by the order the steps were sent in."""
+    """A node session whose frame answers the test resolves, by the order the frames were sent in; an ordinary
+    step (``step``) is answered at once."""
 
     def __init__(self, name: str) -> None:
         self.hop = SimpleNamespace(peer_id=name)
+        self.closed = False
         self.sent: list[int] = []  # positions, in send order
         self.answers: list[asyncio.Future[torch.Tensor]] = []
+        self.stepped: list[int] = []  # positions of ordinary steps
+
+    async def step(self, hidden: torch.Tensor, position: int, **_: Any) -> torch.Tensor:
+        self.stepped.append(position)
+        return hidden + 1
 
     def send_step(self, hidden: torch.Tensor, position: int) -> Any:
         self.sent.append(position)
@@ -186,3 +194,39 @@ async def test_a_frame_ahead_of_one_voided_before_it_left_sends_nothing() -> Non
     assert a.sent == [10]
     a.answer(0, hidden(2, 10.0))
     assert await second.output() is None and await third.output() is None and third.voided
+
+
+class FakeRouter:
+    rtts: dict[str, float] = {}
+    verifier = None
+
+    def __init__(self) -> None:
+        self.stats = SimpleNamespace(relayed_hops=0)
+
+    def trusted(self, peer: str) -> bool:
+        return True
+
+    def record_success(self, peer: str) -> None:
+        pass
+
+
+async def test_an_ordinary_step_waits_until_the_frames_in_flight_stop() -> None:
+    """``ChainSession.step`` voids the frames and waits for them: it never reaches a node beside them (nor fails
+    over a hop whose stream a frame is reading)."""
+    (a, b), segments = hops("a", "b")
+    chain = ChainSession(cast(Any, None), cast(Any, FakeRouter()), 64, 5.0)
+    chain._segments, chain._steps = segments, 1
+    first = chain.frame(hidden(2, 1.0), 10)
+    ahead = chain.frame(hidden(2, 2.0), 12, ahead=True)
+    await settled()
+    stepping = asyncio.create_task(chain.step(hidden(1, 3.0), 10))
+    await settled()
+    assert a.stepped == [] and first.voided and ahead.voided
+    a.answer(0, hidden(2, 10.0))
+    await settled()
+    assert a.stepped == []  # the frame ahead still waits for a's answer
+    a.answer(1, hidden(2, 20.0))
+    output = await stepping
+    assert torch.equal(output, hidden(1, 5.0)) and a.stepped == [10] and b.stepped == [10]
+    assert b.sent == []  # the void frames went no further than a
+    assert [(p, h.shape[1]) for p, h in segments[0].history] == [(10, 1)]  # the step rewrote what they wrote
