@@ -100,7 +100,7 @@ class Services:
     others: Callable[[], int]  # other generations in flight on this gateway
     keep: Callable[[list[int], Chain], Awaitable[None]] | None  # park the chain for the conversation's next turn
     stop_ids: Collection[int]
-    frame_rtt: Callable[[Any], float] | None = None  # seconds of a relayed traversal's round trips (a frame's)
+    frame_rtt: Callable[[Any], tuple[float, int]] | None = None  # a relayed traversal's round trips (s) and hops
 
 
 def pick_token(
@@ -328,8 +328,8 @@ class Generation:
         streams started together are about to form a batch): a verify step rides in their batched node forwards,
         and its extra positions delay their rows too."""
         relay_rtt, plain_rtt = self._round_trips()
-        frame_rtt = self.services.frame_rtt(self._chain) if self.services.frame_rtt is not None else None
-        return self.plan.next_k(relay_rtt, self.services.others(), plain_rtt, frame_rtt)
+        frame = self.services.frame_rtt(self._chain) if self.services.frame_rtt is not None else None
+        return self.plan.next_k(relay_rtt, self.services.others(), plain_rtt, frame)
 
     def _round_trips(self) -> tuple[float, float]:
         assert self._chain is not None

@@ -396,9 +396,9 @@ class GenerationEngine:
         pushed = relay * (hops + 1) / (2 * hops) if chain.pushes_decode else relay
         return pushed, pushed
 
-    def _relay_rtt(self, chain: ChainSession) -> float:
-        """Seconds of a relayed traversal's round trips (a pipelined frame's): one round trip per hop."""
-        return sum(self.router.rtts.get(hop.peer_id, 0.0) for hop in chain.hops)
+    def _relay_rtt(self, chain: ChainSession) -> tuple[float, int]:
+        """Seconds of a relayed traversal's round trips (a pipelined frame's: one round trip per hop), and its hops."""
+        return sum(self.router.rtts.get(hop.peer_id, 0.0) for hop in chain.hops), len(chain.hops)
 
     def _prompt_scores(
         self, output: torch.Tensor, prompt_ids: list[int], k: int, adapter: str | None = None

@@ -114,28 +114,30 @@ def choose_k(
     return best_k if best * MIN_GAIN <= plain else 0
 
 
-def pipeline_round(right: float, k: int, frame_rtt: float, compute: float) -> float:
-    """Seconds per round of k drafts with a frame always sent ahead. A frame is right (chance ``right``: the one
-    before it kept whole, its bonus token guessed) and returns a half traversal after the one before it (a forward
-    after it where the nodes' compute is the bound); else it was void, and the frame sent in its place takes a
-    whole traversal after the void one's forwards."""
+def pipeline_round(right: float, k: int, frame_rtt: float, compute: float, hops: int = 1) -> float:
+    """Seconds per round of k drafts with a frame always sent ahead through ``hops`` nodes. A frame is right (chance
+    ``right``: the one before it kept whole, its bonus token guessed) and returns a half traversal after the one
+    before it, or one node's forward after it where that is the bound (two frames in flight run on different nodes
+    at once); else it was void, and the frame sent in its place takes a whole traversal after the void one's
+    forward on the node it had reached."""
     work = compute * (1.0 + POSITION_COST * k)
-    traversal = frame_rtt + work
-    return right * max(traversal / 2.0, work) + (1.0 - right) * (traversal + work)
+    traversal, node = frame_rtt + work, work / max(1, hops)
+    return right * max(traversal / 2.0, node) + (1.0 - right) * (traversal + node)
 
 
-def pipelining_pays(right: float, k: int, frame_rtt: float, compute: float, rtt: float) -> bool:
+def pipelining_pays(right: float, k: int, frame_rtt: float, compute: float, rtt: float, hops: int = 1) -> bool:
     """Whether rounds of k drafts with frames ahead (relayed: ``frame_rtt``) beat unpipelined ones (``rtt``: a
     verify step's round trips) by ``MIN_GAIN``; a round yields the same tokens either way."""
-    return pipeline_round(right, k, frame_rtt, compute) * MIN_GAIN <= rtt + compute * (1.0 + POSITION_COST * k)
+    piped = pipeline_round(right, k, frame_rtt, compute, hops)
+    return piped * MIN_GAIN <= rtt + compute * (1.0 + POSITION_COST * k)
 
 
-def pipeline_break_even(k: int, frame_rtt: float, compute: float, rtt: float) -> float | None:
+def pipeline_break_even(k: int, frame_rtt: float, compute: float, rtt: float, hops: int = 1) -> float | None:
     """The chance of a frame ahead being right above which ``pipelining_pays``; None where it never does."""
-    work = compute * (1.0 + POSITION_COST * k)
-    traversal = frame_rtt + work
-    right, wrong = max(traversal / 2.0, work), traversal + work  # a round's time when the frame ahead is / is not
-    even = (wrong - (rtt + work) / MIN_GAIN) / (wrong - right)
+    right, wrong = pipeline_round(1.0, k, frame_rtt, compute, hops), pipeline_round(0.0, k, frame_rtt, compute, hops)
+    if wrong <= right:
+        return None
+    even = (wrong - (rtt + compute * (1.0 + POSITION_COST * k)) / MIN_GAIN) / (wrong - right)
     return max(0.0, even) if even <= 1.0 else None
 
 
@@ -173,10 +175,12 @@ class SpecTuner:
         plain_rtt: float | None = None,
         batch_rows: int = 0,
         frame_rtt: float | None = None,
+        hops: int = 1,
     ) -> int:
         """Drafts for the next round (``choose_k`` on this generation's estimates, or a probe of one), at most
         ``limit``; ``pipelined`` says whether frames go ahead (``pipeline``; ``frame_rtt``: a relayed traversal's
-        round trips, default ``rtt``). Called once a round: it counts the rounds that age the estimates."""
+        round trips, default ``rtt``, through ``hops`` nodes). Called once a round: it counts the rounds that age the
+        estimates."""
         self._cost_age += 1
         self.pipelined = False
         if not self._gate(rtt):
@@ -186,16 +190,17 @@ class SpecTuner:
         )
         if k > 0:
             self._probe_credit, self._plain_rounds = 0.0, 0
-            self.pipelined = batch_rows == 0 and self._pipelines(k, rtt, rtt if frame_rtt is None else frame_rtt)
+            frame = rtt if frame_rtt is None else frame_rtt
+            self.pipelined = batch_rows == 0 and self._pipelines(k, rtt, frame, hops)
         else:
             k = self._probe(rtt, rtt if plain_rtt is None else plain_rtt)
         return min(k, max(0, limit))
 
-    def _pipelines(self, k: int, rtt: float, frame_rtt: float) -> bool:
+    def _pipelines(self, k: int, rtt: float, frame_rtt: float, hops: int) -> bool:
         if self.pipeline == "always":
             return True
         right = self.kept_whole * self.acceptance
-        return self.pipeline == "auto" and pipelining_pays(right, k, frame_rtt, self.compute, rtt)
+        return self.pipeline == "auto" and pipelining_pays(right, k, frame_rtt, self.compute, rtt, hops)
 
     def _gate(self, rtt: float) -> bool:
         """Whether the round trip allows drafting: from ``min_rtt`` up, and once open down to ``GATE_OFF`` of it."""

@@ -283,17 +283,21 @@ class DecodePlan:
             self._drafter.emitted(token.token_id)
         self.done = self.count >= self._max_new or (token.eos and not self._ignore_eos)
 
-    def next_k(self, rtt: float, others: int, plain_rtt: float | None = None, frame_rtt: float | None = None) -> int:
+    def next_k(
+        self, rtt: float, others: int, plain_rtt: float | None = None, frame: tuple[float, int] | None = None
+    ) -> int:
         """Drafts worth verifying in the next step, by the drafter's estimates, this round: ``others`` generations
         decode through this gateway now, their rows in the same node forwards as the verify step (``choose_k``
-        charges its extra positions to them too); ``frame_rtt``: a relayed traversal's, for frames sent ahead."""
+        charges its extra positions to them too); ``frame``: a relayed traversal's round trips and hops, for frames
+        sent ahead."""
         self._forcing = False
         self._rtt, self._plain_rtt, self._others = rtt, plain_rtt, others
         if self._drafter is None:
             return 0
         tuner = self._drafter.tuner
         self._forcing = self._forced is not None and tuner.forcing_pays(rtt, plain_rtt, others)
-        return tuner.next_k(rtt, self._max_new - self.count, plain_rtt, others, frame_rtt)
+        frame_rtt, hops = frame if frame is not None else (None, 1)
+        return tuner.next_k(rtt, self._max_new - self.count, plain_rtt, others, frame_rtt, hops)
 
     @property
     def pipelined(self) -> bool:

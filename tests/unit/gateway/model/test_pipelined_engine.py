@@ -126,6 +126,7 @@ class AlwaysPipelined(SpecTuner):
         plain_rtt: float | None = None,
         batch_rows: int = 0,
         frame_rtt: float | None = None,
+        hops: int = 1,
     ) -> int:
         self.pipelined = True
         return min(K, max(0, limit))
@@ -147,8 +148,8 @@ class FramedEngine(LocalEngine):
         self.chains.append(chain)
         return chain, await chain.step(self._embed(request.prompt_ids), 0), 0
 
-    def _relay_rtt(self, chain: object) -> float:  # type: ignore[override]
-        return self.rtt
+    def _relay_rtt(self, chain: object) -> tuple[float, int]:  # type: ignore[override]
+        return self.rtt, 1
 
 
 def framed_engine(

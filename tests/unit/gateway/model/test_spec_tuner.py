@@ -132,3 +132,9 @@ def test_a_tuner_pipelines_once_it_has_seen_rounds_kept_whole_and_only_alone() -
     assert not beside.pipelined  # a frame would run outside the other generations' batched forwards
     below = SpecTuner(8, 0.5, acceptance=0.99, compute=WORK, pipeline="always")
     assert below.next_k(VERIFY_RTT, 100, VERIFY_RTT, 0, FRAME_RTT) == 0 and not below.pipelined  # the min_rtt gate
+
+
+def test_frames_in_flight_on_different_nodes_pay_where_compute_is_the_bound() -> None:
+    assert pipeline_break_even(8, FRAME_RTT, 0.3, VERIFY_RTT, hops=1) is None  # one node: frames take turns on it
+    two = pipeline_break_even(8, FRAME_RTT, 0.3, VERIFY_RTT, hops=2)
+    assert two is not None and two < 0.8  # two: frame n + 1 runs on the first while frame n runs on the second
