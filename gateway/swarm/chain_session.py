@@ -27,6 +27,7 @@ from gateway.swarm.routing import UNKNOWN_RTT, Hop
 from gateway.swarm.segment import Segment
 from gateway.swarm.step_links import StepLinks
 from shared.errors import NodeDistrusted, NodeUnreachable
+from shared.receipts import Receipt
 from shared.wire import MAX_ROW_TOKENS
 
 __all__ = ["ChainSession", "NodeSession", "Segment"]
@@ -270,11 +271,13 @@ class ChainSession:
         if not self._router.trusted(peer):
             raise NodeDistrusted(f"node {peer} is out of routing: the gateway's checks no longer trust its outputs")
 
-    def observed(self, segment: Segment, output: torch.Tensor) -> None:
-        """A step the segment's node served (its history ends with this step's input): maybe spot-checked."""
+    def observed(self, segment: Segment, output: torch.Tensor, receipt: Receipt | None = None) -> None:
+        """A step the segment's node served (its history ends with this step's input): maybe spot-checked.
+        ``receipt``: the step's (default: the session's latest; a frame passes its own, others may follow it)."""
         verifier = self._router.verifier
         if verifier is not None:
-            verifier.observe(segment.session.hop, segment.history, output, self.adapter, segment.session.last_receipt)
+            receipt = receipt if receipt is not None else segment.session.last_receipt
+            verifier.observe(segment.session.hop, segment.history, output, self.adapter, receipt)
 
     def _check_open(self) -> None:
         if self.closed:  # with no segments left, a step would return its input unchanged

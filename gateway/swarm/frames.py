@@ -25,6 +25,7 @@ import torch
 
 from gateway.swarm.router import Router
 from gateway.swarm.segment import Segment
+from shared.receipts import Receipt
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ class FrameChain(Protocol):
 
     def check_trusted(self, segment: Segment) -> None: ...
 
-    def observed(self, segment: Segment, output: torch.Tensor) -> None: ...
+    def observed(self, segment: Segment, output: torch.Tensor, receipt: Receipt | None = None) -> None: ...
 
 
 class Frame:
@@ -92,10 +93,11 @@ class Frame:
                 reply = segment.session.send_step(hidden, self.position)
                 self._sent[index].set()
                 output = await reply
+                receipt = segment.session.last_receipt  # this step's: a later frame's answer may replace it below
                 if not await self._may_record(index):
                     return None
                 segment.record(self.position, hidden)
-                self._chain.observed(segment, output)
+                self._chain.observed(segment, output, receipt)
                 self._chain.router.record_success(segment.session.hop.peer_id)
                 self._chain.router.stats.relayed_hops += hidden.shape[1] == 1  # counted as ``ChainSession.relay`` does
                 self._recorded[index].set()

@@ -29,6 +29,7 @@ class FakeSession:
     def __init__(self, name: str) -> None:
         self.hop = SimpleNamespace(peer_id=name)
         self.closed = False
+        self.last_receipt = None
         self.sent: list[int] = []  # positions, in send order
         self.answers: list[asyncio.Future[torch.Tensor]] = []
         self.stepped: list[int] = []  # positions of ordinary steps
@@ -40,11 +41,12 @@ class FakeSession:
     def send_step(self, hidden: torch.Tensor, position: int) -> Any:
         self.sent.append(position)
         self.answers.append(asyncio.get_running_loop().create_future())
-        return self._answer(self.answers[-1])
+        return self._answer(self.answers[-1])  # type: ignore[arg-type]
 
-    @staticmethod
-    async def _answer(future: asyncio.Future[torch.Tensor]) -> torch.Tensor:
-        return await future
+    async def _answer(self, future: asyncio.Future[torch.Tensor]) -> torch.Tensor:
+        output = await future
+        self.last_receipt = ("receipt", float(output.flatten()[0]))  # as NodeSession sets it on each answer
+        return output
 
     def answer(self, sent: int, value: torch.Tensor | Exception) -> None:
         if isinstance(value, Exception):
@@ -57,6 +59,7 @@ class FakeSession:
 class FakeChain:
     distrusted: set[str] = field(default_factory=set)
     successes: list[str] = field(default_factory=list)
+    receipts: list[tuple[str, int, object]] = field(default_factory=list)  # (hop, position, receipt) observed
 
     @property
     def router(self) -> Any:
@@ -66,8 +69,8 @@ class FakeChain:
         if segment.session.hop.peer_id in self.distrusted:
             raise NodeDistrusted("out of routing")
 
-    def observed(self, segment: Segment, output: torch.Tensor) -> None:
-        pass
+    def observed(self, segment: Segment, output: torch.Tensor, receipt: object = None) -> None:
+        self.receipts.append((segment.session.hop.peer_id, segment.history[-1][0], receipt))
 
 
 def hidden(tokens: int, value: float) -> torch.Tensor:
@@ -104,6 +107,11 @@ async def test_frames_reach_each_hop_in_order_and_histories_stay_in_position_ord
     assert out_first is not None and out_second is not None
     assert torch.equal(out_second, hidden(3, 21.0))
     assert [position for position, _ in segments[1].history] == [10, 13]
+    assert sorted(chain.receipts, key=str) == sorted(  # each spot check sees its own step's receipt
+        [("a", 10, ("receipt", 10.0)), ("a", 13, ("receipt", 20.0)), ("b", 10, ("receipt", 11.0))]
+        + [("b", 13, ("receipt", 21.0))],
+        key=str,
+    )
     assert torch.equal(segments[1].history[1][1], hidden(3, 20.0))  # b's input: a's output of the second frame
 
 
