@@ -15,12 +15,16 @@ included), both modes' tokens compared (they must be the same). Workloads:
 ``draft`` is ``--speculative draft --draft-model PATH`` (default: the served model's weights rounded to bfloat16,
 ``bench/draft_copy.py``); its greedy agreement with the served model (the per-token acceptance a greedy verify sees)
 is measured teacher-forced over push's tokens of every workload. ``chain`` is ``spec`` with
-``--no-speculative-trees`` (every step's drafts one chain). ``--workloads`` and ``--modes`` run a subset (``mixed``
-is the 8 streams). Besides the table, each speculating mode's accepted / drafted tokens (the grammar's forced
-tokens count as drafts) and a plot of tok/s against RTT per workload (``wan_tokens.png``).
+``--no-speculative-trees`` (every step's drafts one chain). ``pipe`` is ``spec`` with ``--speculative-pipeline
+auto`` (the next verify frame leaves before the last returns where acceptance is above the cost model's break-even)
+and ``pipe-always`` with ``always`` (frames ahead whenever a round drafts); for them the notes count the frames sent
+ahead and how many of those were taken (their guess held) rather than voided. ``--workloads`` and ``--modes`` run a
+subset (``mixed`` is the 8 streams). Besides the table, each speculating mode's accepted / drafted tokens (the
+grammar's forced tokens count as drafts) and a plot of tok/s against RTT per workload (``wan_tokens.png``).
 
     .venv/bin/python -m bench.wan_tokens                                # RTT 0/50/100, push, spec and draft
     .venv/bin/python -m bench.wan_tokens --rtts 50 --workloads mixed   # only the 8 concurrent streams
+    .venv/bin/python -m bench.wan_tokens --modes spec,pipe,pipe-always --workloads tool,agent --out bench/results/pipe
 """
 
 from __future__ import annotations
@@ -56,6 +60,9 @@ MODES: dict[str, dict[str, Any]] = {
     "chain": {"speculative": "ngram", "speculative_trees": False},  # drafts verified as one chain per step
     "spec": {"speculative": "ngram"},  # the defaults (trees off since part 3 measured no gain)
     "draft": {"speculative": "draft"},  # draft_model: the --draft-model argument
+    # pipelined verification (issue 26 part 5): frames ahead where the cost model finds they pay, or always
+    "pipe": {"speculative": "ngram", "speculative_pipeline": "auto"},
+    "pipe-always": {"speculative": "ngram", "speculative_pipeline": "always"},
 }
 DEFAULT_MODES = "push,spec,draft"
 PUSH_TOKENS: dict[str, list[int]] = {}  # per workload, push's greedy tokens of the last run (for the draft agreement)
@@ -154,6 +161,32 @@ class Acceptance:
         return result
 
 
+class Frames:
+    """Frames sent ahead per mode, and how many of them a round took (their guess held) rather than voided."""
+
+    def __init__(self) -> None:
+        self.mode = ""
+        self.by_mode: dict[str, list[int]] = {}
+        original = decode_loop.Generation._take_ahead
+
+        def counted(generation: decode_loop.Generation, position: int, fed: int) -> Any:
+            sent = generation.ahead is not None
+            taken = original(generation, position, fed)
+            totals = self.by_mode.setdefault(self.mode, [0, 0])
+            totals[0] += sent
+            totals[1] += taken is not None
+            return taken
+
+        decode_loop.Generation._take_ahead = counted  # type: ignore[method-assign,assignment]
+
+    def note(self, mode: str) -> str | None:
+        sent, taken = self.by_mode.get(mode, [0, 0])
+        return f"{mode}: {sent} frames sent ahead, {taken} taken, {sent - taken} voided" if sent else None
+
+
+FRAMES = Frames()
+
+
 class Traversals:
     """Counts chain steps of every generation (``Generation.advance``; the prefill adds one per stream)."""
 
@@ -207,7 +240,7 @@ async def measure(
         for _ in range(repeats):
             for mode, engine in engines.items():
                 _forget_outputs(engine)
-                steps = counter.steps
+                steps, FRAMES.mode = counter.steps, mode
                 tokens, speed = await acceptance.counted(mode, one(engine, prompts[name], grammar, args.new_tokens))
                 got[mode].append((speed, len(tokens) / (counter.steps - steps + 1), tokens))
         same = len({tuple(runs[0][2]) for runs in got.values()}) == 1
@@ -232,6 +265,7 @@ async def _measure_mixed(
     for _ in range(args.repeats):
         for mode, engine in engines.items():
             _forget_outputs(engine)
+            FRAMES.mode = mode
             mixed = timed(functools.partial(_mixed, engine, prompts, args.new_tokens), counter, 8)
             got[mode].append(await acceptance.counted(mode, mixed))
     same = len({tuple(map(tuple, runs[0][2])) for runs in got.values()}) == 1
@@ -341,6 +375,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> tuple[list[dict[str, A
                     await asyncio.gather(*(engine.router._probe_one(p) for p in list(engine.router.rtts)))  # noqa: SLF001
             rows += await measure(engines, prompts, counter, acceptance, rtt, args)
         notes = [_accepted(mode, totals) for mode, totals in acceptance.by_mode.items() if mode != "push"]
+        notes += [note for mode in engines if (note := FRAMES.note(mode)) is not None]
         if "draft" in engines:
             notes.append(await _agreement(engines["draft"], prompts))
         return rows, notes

@@ -93,6 +93,13 @@ class EngineSettings(P2PSettings):
         " default: trees measured no more tokens per traversal than chains, and tree steps are not spot-checked):"
         " chains",
     )
+    speculative_pipeline: Literal["off", "auto", "always"] = Field(
+        "off",
+        description="pipelined verification: auto sends the next verify frame before the previous one returns,"
+        " drafted as if that one were kept whole (a rejection voids it), where measured acceptance is above the cost"
+        " model's break-even; always does so whenever a round drafts (for measuring); off never. Frames are relayed"
+        " hop by hop on each node's own stream, and only a generation decoding alone pipelines",
+    )
     speculative_min_rtt: float = Field(
         0.01,
         ge=0,

@@ -7,6 +7,12 @@
     finish       the nodes' caches rolled back to the tokens kept, the chain kept for the conversation's next turn
                  or closed
 
+Where acceptance is high the tuner pipelines (``spec_tuner.pipelining_pays``): advance sends its step as a frame
+(``FrameChain.frame``) and, before awaiting it, the next frame, drafted as if this one were kept whole (its bonus
+token guessed by the drafter too). The next round takes that frame when its guess held (the position and the token
+fed agree) and sends another ahead; else it voids it and steps again from the first token not kept. Rounds still
+verify one frame after another with the request's own sampler, so what is emitted is what plain decoding emits.
+
 ``held`` is the one count of what the nodes hold: the token ids in their caches, in slot order, the last step's
 drafts included (until a round says which of them stay: ``kept``). A tree step's kept branch need not be its first
 slots: the next step (or the final roll-back) names the slots to keep (``branch``), and the nodes move them into
@@ -22,7 +28,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Collection
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, cast, runtime_checkable
 
 import torch
 
@@ -56,6 +62,31 @@ class TreeChain(Chain, Protocol):
     async def truncate(self, length: int, branch: list[int] | None = None) -> None: ...
 
 
+class SentFrame(Protocol):
+    """A verify step in flight (``gateway.swarm.frames.Frame``)."""
+
+    async def output(self) -> torch.Tensor | None: ...
+
+    def void(self) -> None: ...
+
+
+@runtime_checkable
+class FrameChain(Chain, Protocol):
+    """A chain that takes pipelined verify frames (``ChainSession``)."""
+
+    def frame(self, hidden: torch.Tensor, position: int, ahead: bool = False) -> SentFrame: ...
+
+
+@dataclass(frozen=True)
+class Ahead:
+    """A frame in flight and what it carries: ``tokens`` (the token fed, then its drafts) at ``position``."""
+
+    frame: SentFrame
+    hidden: torch.Tensor  # [1, len(tokens), D]
+    tokens: list[int]
+    position: int
+
+
 @dataclass(frozen=True)
 class Services:
     """What the engine lends one generation, bound to its request (its adapter, its scope) where they need it."""
@@ -69,6 +100,7 @@ class Services:
     others: Callable[[], int]  # other generations in flight on this gateway
     keep: Callable[[list[int], Chain], Awaitable[None]] | None  # park the chain for the conversation's next turn
     stop_ids: Collection[int]
+    frame_rtt: Callable[[Any], tuple[float, int]] | None = None  # a relayed traversal's round trips (s) and hops
 
 
 def pick_token(
@@ -142,6 +174,9 @@ class Generation:
         self._chain: Chain | None = None
         self._output = torch.empty(0)  # the last step's output [1, T, D]
         self._ended_well = False
+        self._k = 0  # drafts per step this round (a frame sent ahead carries as many)
+        self.ahead: Ahead | None = None  # the frame sent ahead of the last step, guessing it kept whole
+        self._sent_end = 0  # the furthest position a frame ahead wrote to: a void one may have reached some nodes
 
     async def run(self) -> AsyncGenerator[EngineEvent, None]:
         try:
@@ -168,7 +203,7 @@ class Generation:
 
     async def round(self) -> Verified:
         """Score the last step's positions, keep the drafts the sampler agrees with, propose the next drafts."""
-        k = self._next_k()
+        k = self._k = self._next_k()
         verify = functools.partial(
             verify_round,
             drafts=self.drafts,
@@ -201,27 +236,91 @@ class Generation:
         self.branch = None if moved is None else slots[moved:]
 
     async def advance(self, round_: Verified) -> None:
-        """One traversal of the chain: the round's last token and its drafts, at the first position not kept."""
-        relay_rtt, plain_rtt = self._round_trips()
+        """One traversal of the chain: the round's last token and its drafts, at the first position not kept (the
+        frame sent ahead a round ago instead, when its guess held)."""
         position = len(self.kept)
-        started = time.monotonic()
-        self._output = await self._step(round_.hidden, position, round_.parents)  # [1, 1 + k, D]
-        self.plan.stepped(time.monotonic() - started, relay_rtt if round_.drafts else plain_rtt)
-        self.held = self.kept + [round_.tokens[-1].token_id, *round_.drafts]
+        fed = round_.tokens[-1].token_id
+        ahead = self._take_ahead(position, fed)
+        if ahead is not None:  # its guess held: the round kept every draft before it and emitted its first token
+            drafts, parents, forced = ahead.tokens[1:], None, 0
+            self._output = await self._through_frames(ahead)
+        else:
+            drafts, parents, forced = round_.drafts, round_.parents, round_.forced
+            self._output = await self._stepped(round_, position)
+        self.held = self.kept + [fed, *drafts]
         self.base, self.kept, self.branch = position, list(self.held), None
-        self.drafts, self.parents, self.forced = round_.drafts, round_.parents, round_.forced
+        self.drafts, self.parents, self.forced = drafts, parents, forced
+
+    async def _stepped(self, round_: Verified, position: int) -> torch.Tensor:
+        """The round's step: as a frame when this round pipelines (a chain of drafts, no tree branch to move),
+        else awaited as one step (timed for the tuner: a frame's time overlaps the frame before it)."""
+        assert round_.hidden is not None
+        chain = self._chain
+        tokens = [round_.tokens[-1].token_id, *round_.drafts]
+        if self.plan.pipelined and round_.parents is None and self.branch is None and isinstance(chain, FrameChain):
+            frame = chain.frame(round_.hidden, position)
+            return await self._through_frames(Ahead(frame, round_.hidden, tokens, position))
+        relay_rtt, plain_rtt = self._round_trips()
+        started = time.monotonic()
+        output = await self._step(round_.hidden, position, round_.parents)  # [1, 1 + k, D]
+        self.plan.stepped(time.monotonic() - started, relay_rtt if round_.drafts else plain_rtt)
+        return output
+
+    async def _through_frames(self, sent: Ahead) -> torch.Tensor:
+        """``sent``'s output, the next frame sent ahead of it first while the round pipelines; a frame that failed
+        is sent again as an ordinary step (which waits for the frames to stop, and fails over)."""
+        if self.plan.pipelined:
+            self.ahead = await self._send_ahead(sent)
+        output = await sent.frame.output()
+        if output is None:
+            self._void_ahead()
+            output = await self._step(sent.hidden, sent.position, None)
+        return output
+
+    async def _send_ahead(self, sent: Ahead) -> Ahead | None:
+        """A frame after ``sent`` on the guess that ``sent`` is kept whole: its bonus token guessed, drafts after."""
+        chain = self._chain
+        assert isinstance(chain, FrameChain)
+        tokens, hidden = await asyncio.to_thread(self._ahead_inputs, sent.tokens[1:])
+        if hidden is None:
+            return None
+        position = sent.position + len(sent.tokens)
+        self._sent_end = max(self._sent_end, position + len(tokens))
+        return Ahead(chain.frame(hidden, position, ahead=True), hidden, tokens, position)
+
+    def _ahead_inputs(self, drafts: list[int]) -> tuple[list[int], torch.Tensor | None]:
+        """(a frame ahead's tokens, their embeddings [1, T, D]) after a frame carrying ``drafts``; none near the end."""
+        tokens = self.plan.propose_ahead(drafts, self._k)
+        return tokens, self.services.embed(tokens) if tokens else None
+
+    def _take_ahead(self, position: int, fed: int) -> Ahead | None:
+        """The frame sent ahead if it is the step this round needs (at ``position``, fed ``fed``); else it is voided."""
+        ahead, self.ahead = self.ahead, None
+        if ahead is None:
+            return None
+        if ahead.position == position and ahead.tokens[0] == fed and self.branch is None:
+            return ahead
+        ahead.frame.void()
+        return None
+
+    def _void_ahead(self) -> None:
+        if self.ahead is not None:
+            self.ahead.frame.void()
+            self.ahead = None
 
     async def finish(self) -> None:
         """A generation that ended well keeps its chain for the conversation's next turn (rolled back to the tokens
         it kept); any other closes it."""
         chain, keep = self._chain, self.services.keep
+        self._void_ahead()  # the chain waits for it to stop before it rolls back or closes
         if chain is None:
             return
         if not self._ended_well or keep is None:
             await chain.close()
             return
         kept = self.kept
-        if len(kept) < len(self.held) and not await _rolled_back(chain, len(kept), self.branch):
+        held = max(len(self.held), self._sent_end)
+        if len(kept) < held and not await _rolled_back(chain, len(kept), self.branch):
             return
         await keep(kept, chain)
 
@@ -230,7 +329,8 @@ class Generation:
         streams started together are about to form a batch): a verify step rides in their batched node forwards,
         and its extra positions delay their rows too."""
         relay_rtt, plain_rtt = self._round_trips()
-        return self.plan.next_k(relay_rtt, self.services.others(), plain_rtt)
+        frame = self.services.frame_rtt(self._chain) if self.services.frame_rtt is not None else None
+        return self.plan.next_k(relay_rtt, self.services.others(), plain_rtt, frame)
 
     def _round_trips(self) -> tuple[float, float]:
         assert self._chain is not None

@@ -276,6 +276,7 @@ class GenerationEngine:
             others=lambda: self._generations - 1,
             keep=keep,
             stop_ids=self.stop_ids,
+            frame_rtt=self._relay_rtt,
         )
 
     async def grammars(self) -> GrammarCompiler:
@@ -378,7 +379,10 @@ class GenerationEngine:
     def _drafter(self, request: GenerationRequest) -> Drafter | None:
         if self.settings.speculative == "off":
             return None
-        tuner = SpecTuner(self.settings.speculative_max_k, self.settings.speculative_min_rtt)
+        settings = self.settings
+        tuner = SpecTuner(
+            settings.speculative_max_k, settings.speculative_min_rtt, pipeline=settings.speculative_pipeline
+        )
         if self.draft_model is not None:
             return self.draft_model.session(request.prompt_ids, tuner)
         return SuffixDrafts(request.prompt_ids, tuner, self.outputs)
@@ -392,6 +396,10 @@ class GenerationEngine:
         hops = len(chain.hops)
         pushed = relay * (hops + 1) / (2 * hops) if chain.pushes_decode else relay
         return pushed, pushed
+
+    def _relay_rtt(self, chain: ChainSession) -> tuple[float, int]:
+        """Seconds of a relayed traversal's round trips (a pipelined frame's: one round trip per hop), and its hops."""
+        return sum(self.router.rtts.get(hop.peer_id, 0.0) for hop in chain.hops), len(chain.hops)
 
     def _prompt_scores(
         self, output: torch.Tensor, prompt_ids: list[int], k: int, adapter: str | None = None

@@ -16,11 +16,22 @@ Two rules keep the decision from sticking or flipping on noise:
   (5-12 ms) sits around the 10 ms default, so a bare threshold flips with every probe; a tuner starts drafting once
   the round trip reaches ``min_rtt`` and stops only when it falls below ``GATE_OFF * min_rtt``. Per tuner, so per
   generation: another chain's round trip says nothing about this one's.
+
+**Pipelining** (``pipelining_pays``). Where acceptance is high, the next verify frame can leave before the previous
+one returns, drafted on the assumption that the previous one is kept whole (its bonus token guessed too). Frames
+then return every half traversal, but they are relayed (a frame is not pushed) and one that was wrong costs its
+compute on the nodes before the step sent in its place. Whether a frame ahead is right is measured, not a^(k+1):
+rejections cluster (copied text is kept whole for many rounds, then a stretch of new text rejects several), so the
+tuner keeps the share of rounds that kept every draft (``kept_whole``) and takes ``kept_whole * acceptance`` (the
+bonus guess is one more draft). It pipelines when that beats the unpipelined round of the same k by ``MIN_GAIN``,
+and only while the generation decodes alone: a frame runs a forward of its own, outside the other generations'
+batches.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 __all__ = [
     "ACCEPTANCE_PRIOR",
@@ -34,6 +45,10 @@ __all__ = [
     "SpecTuner",
     "choose_k",
     "expected_tokens",
+    "WHOLE_PRIOR",
+    "pipeline_break_even",
+    "pipeline_round",
+    "pipelining_pays",
 ]
 
 # An extra verified position in a batched forward, as a fraction of one row's share of that forward's compute.
@@ -51,6 +66,7 @@ MIN_GAIN = 1.1  # draft only when a round is expected to beat plain decoding by 
 PROBE_BUDGET = 0.03  # of a generation's plain decode time, what re-probing a priced-out drafter may spend
 PROBE_EVERY = 10  # rounds at least between probes: a probe that costs ~nothing (cheap drafts) still not every round
 GATE_OFF = 0.7  # a drafting tuner stops below GATE_OFF * min_rtt, not at min_rtt: a probe's jitter is no switch
+WHOLE_PRIOR = 0.3  # a fresh generation's chance that a round keeps every draft: frames go ahead once it is seen
 
 
 def expected_tokens(acceptance: float, k: int) -> float:
@@ -98,6 +114,33 @@ def choose_k(
     return best_k if best * MIN_GAIN <= plain else 0
 
 
+def pipeline_round(right: float, k: int, frame_rtt: float, compute: float, hops: int = 1) -> float:
+    """Seconds per round of k drafts with a frame always sent ahead through ``hops`` nodes. A frame is right (chance
+    ``right``: the one before it kept whole, its bonus token guessed) and returns a half traversal after the one
+    before it, or one node's forward after it where that is the bound (two frames in flight run on different nodes
+    at once); else it was void, and the frame sent in its place takes a whole traversal after the void one's
+    forward on the node it had reached."""
+    work = compute * (1.0 + POSITION_COST * k)
+    traversal, node = frame_rtt + work, work / max(1, hops)
+    return right * max(traversal / 2.0, node) + (1.0 - right) * (traversal + node)
+
+
+def pipelining_pays(right: float, k: int, frame_rtt: float, compute: float, rtt: float, hops: int = 1) -> bool:
+    """Whether rounds of k drafts with frames ahead (relayed: ``frame_rtt``) beat unpipelined ones (``rtt``: a
+    verify step's round trips) by ``MIN_GAIN``; a round yields the same tokens either way."""
+    piped = pipeline_round(right, k, frame_rtt, compute, hops)
+    return piped * MIN_GAIN <= rtt + compute * (1.0 + POSITION_COST * k)
+
+
+def pipeline_break_even(k: int, frame_rtt: float, compute: float, rtt: float, hops: int = 1) -> float | None:
+    """The chance of a frame ahead being right above which ``pipelining_pays``; None where it never does."""
+    right, wrong = pipeline_round(1.0, k, frame_rtt, compute, hops), pipeline_round(0.0, k, frame_rtt, compute, hops)
+    if wrong <= right:
+        return None
+    even = (wrong - (rtt + compute * (1.0 + POSITION_COST * k)) / MIN_GAIN) / (wrong - right)
+    return max(0.0, even) if even <= 1.0 else None
+
+
 @dataclass
 class SpecTuner:
     """One generation's estimates: acceptance per draft, the chain's compute per step and a drafted token's cost
@@ -109,6 +152,11 @@ class SpecTuner:
     compute: float = 0.0  # seconds a step takes beyond the round trip
     draft_cost: float = 0.0  # seconds drafting one token takes (a draft model's forward; ~0 for prompt lookup)
     forced_acceptance: float = FORCED_PRIOR  # per forced token (``Constraint.forced``): its own estimate
+    # off: never; auto: frames go ahead where ``pipelining_pays``; always: whenever a round drafts (for measuring
+    # pipelining where the cost model would not choose it, and for tests on loopback)
+    pipeline: Literal["off", "auto", "always"] = "off"
+    kept_whole: float = WHOLE_PRIOR  # share of drafting rounds that kept every draft (EWMA)
+    pipelined: bool = field(default=False, init=False)  # the latest ``next_k`` chose frames ahead
     gate_open: bool = field(default=False, init=False)  # drafting allowed by the round trip (hysteresis)
     _probe_credit: float = field(default=0.0, init=False, repr=False)  # seconds saved up for a probe
     _plain_rounds: int = field(default=0, init=False, repr=False)  # rounds since the last that drafted (or probed)
@@ -120,10 +168,21 @@ class SpecTuner:
         forced = self.forced_acceptance
         return choose_k(forced, rtt, self.compute, 1, 0.0, 0.0, plain_rtt, batch_rows=batch_rows) > 0
 
-    def next_k(self, rtt: float, limit: int, plain_rtt: float | None = None, batch_rows: int = 0) -> int:
+    def next_k(
+        self,
+        rtt: float,
+        limit: int,
+        plain_rtt: float | None = None,
+        batch_rows: int = 0,
+        frame_rtt: float | None = None,
+        hops: int = 1,
+    ) -> int:
         """Drafts for the next round (``choose_k`` on this generation's estimates, or a probe of one), at most
-        ``limit``. Called once a round: it counts the rounds that age the estimates."""
+        ``limit``; ``pipelined`` says whether frames go ahead (``pipeline``; ``frame_rtt``: a relayed traversal's
+        round trips, default ``rtt``, through ``hops`` nodes). Called once a round: it counts the rounds that age the
+        estimates."""
         self._cost_age += 1
+        self.pipelined = False
         if not self._gate(rtt):
             return 0
         k = choose_k(
@@ -131,9 +190,17 @@ class SpecTuner:
         )
         if k > 0:
             self._probe_credit, self._plain_rounds = 0.0, 0
+            frame = rtt if frame_rtt is None else frame_rtt
+            self.pipelined = batch_rows == 0 and self._pipelines(k, rtt, frame, hops)
         else:
             k = self._probe(rtt, rtt if plain_rtt is None else plain_rtt)
         return min(k, max(0, limit))
+
+    def _pipelines(self, k: int, rtt: float, frame_rtt: float, hops: int) -> bool:
+        if self.pipeline == "always":
+            return True
+        right = self.kept_whole * self.acceptance
+        return self.pipeline == "auto" and pipelining_pays(right, k, frame_rtt, self.compute, rtt, hops)
 
     def _gate(self, rtt: float) -> bool:
         """Whether the round trip allows drafting: from ``min_rtt`` up, and once open down to ``GATE_OFF`` of it."""
@@ -169,6 +236,8 @@ class SpecTuner:
             self.forced_acceptance += EWMA * (min(accepted, forced) / forced - self.forced_acceptance)
         if drafted > forced and accepted >= forced:
             self.acceptance += EWMA * ((accepted - forced) / (drafted - forced) - self.acceptance)
+        if drafted > 0:
+            self.kept_whole += EWMA * (float(accepted == drafted) - self.kept_whole)
 
     def record_step(self, seconds: float, rtt: float) -> None:
         self.compute += EWMA * (max(0.0, seconds - rtt) - self.compute)

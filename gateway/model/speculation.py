@@ -296,17 +296,37 @@ class DecodePlan:
             self._drafter.emitted(token.token_id)
         self.done = self.count >= self._max_new or (token.eos and not self._ignore_eos)
 
-    def next_k(self, rtt: float, others: int, plain_rtt: float | None = None) -> int:
+    def next_k(
+        self, rtt: float, others: int, plain_rtt: float | None = None, frame: tuple[float, int] | None = None
+    ) -> int:
         """Drafts worth verifying in the next step, by the drafter's estimates, this round: ``others`` generations
         decode through this gateway now, their rows in the same node forwards as the verify step (``choose_k``
-        charges its extra positions to them too)."""
+        charges its extra positions to them too); ``frame``: a relayed traversal's round trips and hops, for frames
+        sent ahead."""
         self._forcing = False
         self._rtt, self._plain_rtt, self._others = rtt, plain_rtt, others
         if self._drafter is None:
             return 0
         tuner = self._drafter.tuner
         self._forcing = self._grammar is not None and tuner.forcing_pays(rtt, plain_rtt, others)
-        return tuner.next_k(rtt, self._max_new - self.count, plain_rtt, others)
+        frame_rtt, hops = frame if frame is not None else (None, 1)
+        return tuner.next_k(rtt, self._max_new - self.count, plain_rtt, others, frame_rtt, hops)
+
+    @property
+    def pipelined(self) -> bool:
+        """Whether this round's step goes as a frame with the next one sent ahead (the tuner chose it at
+        ``next_k``); never with a draft model, whose drafting takes turns with verifying."""
+        drafter = self._drafter
+        return drafter is not None and not drafter.threaded and drafter.tuner.pipelined
+
+    def propose_ahead(self, after: Sequence[int], k: int) -> list[int]:
+        """The tokens of a frame sent ahead of one carrying drafts ``after``, assumed kept whole: a guess of that
+        frame's bonus token, then up to ``k`` drafts after it; [] when the generation ends before it could be fed
+        (max_new_tokens). The grammar's forced tokens are not asked: its state is that of the tokens emitted."""
+        left = self._max_new - self.count - len(after) - 1  # tokens still to emit once the frame in flight is kept
+        if self._drafter is None or left < 1:
+            return []
+        return self._drafter.propose(min(k, left - 1) + 1, after)[: min(k, left - 1) + 1]
 
     @property
     def threaded(self) -> bool:

@@ -19,6 +19,7 @@ from hivemind.p2p import P2P
 
 from gateway.metrics import chain_opened
 from gateway.swarm.failover import Failover, FailoverPolicy
+from gateway.swarm.frames import Frame
 from gateway.swarm.node_session import NodeSession
 from gateway.swarm.push_step import push_step
 from gateway.swarm.router import Router
@@ -26,6 +27,7 @@ from gateway.swarm.routing import UNKNOWN_RTT, Hop
 from gateway.swarm.segment import Segment
 from gateway.swarm.step_links import StepLinks
 from shared.errors import NodeDistrusted, NodeUnreachable
+from shared.receipts import Receipt
 from shared.wire import MAX_ROW_TOKENS
 
 __all__ = ["ChainSession", "NodeSession", "Segment"]
@@ -64,7 +66,10 @@ class ChainSession:
         self._segments: list[Segment] = []
         self._steps = 0  # steps so far: the first (the prompt) goes on each node's own stream
         self._last_row: int | None = None  # the latest step's position if it went by the step links (a push may follow)
-        self._stored = 0  # tokens the nodes hold: a step below it rewinds them (a verify step after rejected drafts)
+        # tokens the nodes hold: a step below it rewinds them (a verify step after rejected drafts); None after
+        # pipelined frames, which may have stopped midway (hops holding different lengths): the next step relays
+        self._stored: int | None = 0
+        self._frames: list[Frame] = []  # pipelined verify frames sent, in order (``frame``)
         self._failover = Failover(router, failover, self._new_session, lambda: self._max_length, adapter)
         self.closed = False
 
@@ -87,6 +92,7 @@ class ChainSession:
         Raises the first node's error, leaving the chain unusable: the caller closes it (a fresh chain is cheaper to
         get right than a failover at a new length)."""
         self._check_open()
+        await self._settle()
         self._max_length = max_length
         results = await asyncio.gather(
             *(segment.session.resize(max_length) for segment in self._segments), return_exceptions=True
@@ -100,6 +106,7 @@ class ChainSession:
         does each hop's replay history; ``branch``: the last tree step's kept branch (slots) moves to the positions
         before ``length`` first. Raises the first node's error, like ``resize``."""
         self._check_open()
+        await self._settle()
         results = await asyncio.gather(
             *(segment.session.truncate(length, self._branch_of(segment, branch)) for segment in self._segments),
             return_exceptions=True,
@@ -111,7 +118,7 @@ class ChainSession:
             if branch and segment.tree is not None:
                 segment.keep_branch(length, branch)
             segment.truncate(length)
-        self._stored = min(self._stored, length)
+        self._stored = length if self._stored is None else min(self._stored, length)  # every hop holds that now
         self._last_row = None  # the nodes forgot their latest step: a push may not rewind them
 
     @staticmethod
@@ -153,6 +160,7 @@ class ChainSession:
         branch (its slots) becomes the positions before ``position`` first."""
         self._check_open()
         chain_opened()  # the request's first step ends its queue time (later calls are no-ops)
+        await self._settle()
         plain = tree is None and not branch  # tree steps and the step naming a kept branch go on hops' own streams
         row = plain and self._steps > 0 and hidden.shape[1] <= MAX_ROW_TOKENS  # by the step links (NodeSession.step)
         pushed, self._steps = plain and self._pushable(hidden, position), self._steps + 1
@@ -164,6 +172,28 @@ class ChainSession:
         self._last_row = position if row else None
         return output
 
+    def frame(self, hidden: torch.Tensor, position: int, ahead: bool = False) -> Frame:
+        """Send a verify step (hidden [1, T, D] at ``position``, a chain of drafts) as a pipelined frame: it leaves
+        now, after the frames still in flight and before any later one (``gateway.swarm.frames``; ``ahead``: it
+        continues the frame before it, assumed kept whole); ``step`` waits for the frames to stop before it steps."""
+        self._check_open()
+        self._frames = [frame for frame in self._frames if frame.running]
+        before = self._frames[-1] if self._frames else None
+        frame = Frame(self, list(self._segments), hidden, position, before, ahead)
+        self._frames.append(frame)
+        self._steps += 1
+        self._stored, self._last_row = None, None
+        return frame
+
+    async def _settle(self) -> None:
+        """Void the frames in flight and wait until they stop: an ordinary step, a roll-back or a resize never runs
+        beside them (nor fails over a hop a frame is reading)."""
+        frames, self._frames = self._frames, []
+        for frame in frames:
+            frame.void()
+        for frame in frames:
+            await frame.stopped()
+
     def _pushable(self, hidden: torch.Tensor, position: int) -> bool:
         """Whether a step goes node to node (when push pays): a step after the chain's first of at most
         ``MAX_ROW_TOKENS`` (a decode step, a verify step) at the end of what the nodes hold, or one that rewinds only
@@ -173,7 +203,7 @@ class ChainSession:
             return False
         if position == self._stored:
             return True
-        return self._last_row is not None and self._last_row < position < self._stored
+        return self._last_row is not None and self._stored is not None and self._last_row < position < self._stored
 
     @property
     def pushes_decode(self) -> bool:
@@ -224,6 +254,10 @@ class ChainSession:
     async def close(self) -> None:
         # Shielded: a cancelled request must still release every node's cache room.
         self.closed = True
+        frames, self._frames = self._frames, []
+        for frame in frames:
+            frame.cancel()  # frames read the sessions' streams: stopped before the sessions drain them
+        await asyncio.shield(asyncio.gather(*(frame.stopped() for frame in frames)))
         sessions = [segment.session for segment in self._segments]
         self._router.release(s.hop for s in sessions if not s.closed)  # a dropped segment was released already
         self._segments = []
@@ -237,11 +271,13 @@ class ChainSession:
         if not self._router.trusted(peer):
             raise NodeDistrusted(f"node {peer} is out of routing: the gateway's checks no longer trust its outputs")
 
-    def observed(self, segment: Segment, output: torch.Tensor) -> None:
-        """A step the segment's node served (its history ends with this step's input): maybe spot-checked."""
+    def observed(self, segment: Segment, output: torch.Tensor, receipt: Receipt | None = None) -> None:
+        """A step the segment's node served (its history ends with this step's input): maybe spot-checked.
+        ``receipt``: the step's (default: the session's latest; a frame passes its own, others may follow it)."""
         verifier = self._router.verifier
         if verifier is not None:
-            verifier.observe(segment.session.hop, segment.history, output, self.adapter, segment.session.last_receipt)
+            receipt = receipt if receipt is not None else segment.session.last_receipt
+            verifier.observe(segment.session.hop, segment.history, output, self.adapter, receipt)
 
     def _check_open(self) -> None:
         if self.closed:  # with no segments left, a step would return its input unchanged

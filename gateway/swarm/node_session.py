@@ -12,6 +12,7 @@ output is used only once its receipt verifies against the step key the node cert
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from shared.receipts import Receipt, ReceiptCheck, verified_step_key
 from shared.rpc_client import decode_reply, over_transport
 
 T = TypeVar("T")
+Reply = tuple[wire.ServerMessage, list[torch.Tensor]]
 
 _CLOSED = None  # sentinel that ends the request stream
 CLOSE_DRAIN = 5.0  # seconds a closed session's node has to end its stream before the gateway cuts it
@@ -88,6 +90,11 @@ class NodeSession:
         self._timeout = step_timeout
         self._outbox: asyncio.Queue[runtime_pb2.ExpertRequest | None] = asyncio.Queue()
         self._replies: AsyncIterator[runtime_pb2.ExpertResponse] | None = None
+        # Messages sent and not yet answered, oldest first: the node answers a stream's messages in order, so
+        # several may be in flight (a replay, pipelined verify frames) and whoever waits reads replies for all.
+        self._waiting: collections.deque[asyncio.Future[Reply]] = collections.deque()
+        self._reading = asyncio.Lock()
+        self._broken: BaseException | None = None  # a read failed or was abandoned: later replies can't be matched
         self.closed = False
 
     async def open(self, alloc_timeout: float = 0.0) -> None:
@@ -209,19 +216,27 @@ class NodeSession:
         """Send past inputs in their original chunks, pipelined (all sent, then all read): the node computes exactly
         what the lost node had, at one round trip's cost (``tree``: a tree step after them, sent last). Returns the
         outputs with their positions."""
-        if self.closed or self._replies is None:
-            raise NodeUnreachable(f"session on {self.hop.peer_id} is closed")
         steps = [(wire.Step(position=position), hidden) for position, hidden in chunks]
         if tree is not None:
             steps.append((wire.Step(position=tree.position, tree=tree.parents), tree.hidden))
-        for step, hidden in steps:
-            self._outbox.put_nowait(wire.encode_request(step, (hidden,)))
+        sent = [(step.position, hidden, self._send(step, (hidden,))) for step, hidden in steps]
         outputs = []
-        for step, hidden in steps:
-            position = step.position
-            reply, tensors = await self._receive()
+        for position, hidden, future in sent:
+            reply, tensors = await self._reply(future)
             outputs.append((position, self._checked(reply, tensors, hidden, position)))
         return outputs
+
+    def send_step(self, hidden: torch.Tensor, position: int) -> Awaitable[torch.Tensor]:
+        """Send a step on the session's own stream now -> its output [1, T, D] once answered (await it). Steps sent
+        one after another reach the node in that order and it runs them in that order (a stream is served one
+        message at a time), so a pipelined verify frame never arrives before the step it continues."""
+        self._stepped = True
+        future = self._send(wire.Step(position=position), (hidden,))
+        return self._step_output(future, hidden, position)
+
+    async def _step_output(self, future: asyncio.Future[Reply], hidden: torch.Tensor, position: int) -> torch.Tensor:
+        reply, tensors = await self._reply(future)
+        return self._checked(reply, tensors, hidden, position)
 
     async def close(self) -> None:
         """Ask the node to close the session and end the stream; the node's answers are drained in the background
@@ -244,13 +259,45 @@ class NodeSession:
 
     async def _exchange(
         self, message: BaseModel, tensors: tuple[torch.Tensor, ...] = (), extra_wait: float = 0.0
-    ) -> tuple[wire.ServerMessage, list[torch.Tensor]]:
+    ) -> Reply:
+        return await self._reply(self._send(message, tensors), extra_wait)
+
+    def _send(self, message: BaseModel, tensors: tuple[torch.Tensor, ...] = ()) -> asyncio.Future[Reply]:
+        """Put a message on the stream now -> the future of its reply (``_reply`` reads it)."""
         if self.closed or self._replies is None:
             raise NodeUnreachable(f"session on {self.hop.peer_id} is closed")
+        if self._broken is not None:
+            raise NodeUnreachable(f"session on {self.hop.peer_id} lost its stream: {self._broken}")
+        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(_retrieve)
+        self._waiting.append(future)
         self._outbox.put_nowait(wire.encode_request(message, tensors))
-        return await self._receive(extra_wait)
+        return future
 
-    async def _receive(self, extra_wait: float = 0.0) -> tuple[wire.ServerMessage, list[torch.Tensor]]:
+    async def _reply(self, future: asyncio.Future[Reply], extra_wait: float = 0.0) -> Reply:
+        """The reply to a sent message: replies come in the order the messages went, so the reader reads (and hands
+        out) every earlier one first. A failed or abandoned read fails every message still waiting."""
+        async with self._reading:
+            while not future.done():
+                head = self._waiting.popleft()
+                try:
+                    reply = await self._receive(extra_wait)
+                except BaseException as error:
+                    self._fail_waiting(head, error)
+                    raise
+                head.set_result(reply)
+        return future.result()
+
+    def _fail_waiting(self, head: asyncio.Future[Reply], error: BaseException) -> None:
+        """The stream can no longer be read in step with its messages: whatever still waits fails as unreachable."""
+        self._broken = error
+        lost = NodeUnreachable(f"session on {self.hop.peer_id} lost its stream: {error!r}")
+        for future in [head, *self._waiting]:
+            if not future.done():
+                future.set_exception(error if isinstance(error, Exception) else lost)
+        self._waiting.clear()
+
+    async def _receive(self, extra_wait: float = 0.0) -> Reply:
         if self._replies is None:
             raise NodeUnreachable(f"session on {self.hop.peer_id} is not open")
         response = await self._watched("answer", anext(self._replies), self._timeout + extra_wait)
@@ -260,3 +307,9 @@ class NodeSession:
         if self._liveness is None:
             return await over_transport(self.hop.peer_id, what, work, limit)
         return await self._liveness.wait(self.hop.peer_id, what, work, limit)
+
+
+def _retrieve(future: asyncio.Future[Reply]) -> None:
+    """A reply nobody waits for any more (its frame was voided) fails quietly, never as an unretrieved error."""
+    if not future.cancelled():
+        future.exception()

@@ -4,8 +4,16 @@ cost), and the ``min_rtt`` gate does not flip with a round trip that jitters aro
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Literal
 
-from gateway.model.spec_tuner import GATE_OFF, PROBE_BUDGET, PROBE_EVERY, SpecTuner
+from gateway.model.spec_tuner import (
+    GATE_OFF,
+    PROBE_BUDGET,
+    PROBE_EVERY,
+    SpecTuner,
+    pipeline_break_even,
+    pipelining_pays,
+)
 
 RTT = 0.075  # a pushed round trip behind 50 ms links, seconds
 COMPUTE = 0.1  # the chain's compute per step on these CPUs
@@ -81,3 +89,52 @@ def test_a_round_trip_jittering_around_min_rtt_does_not_switch_drafting_every_ro
     assert tuner.next_k(GATE_OFF * 0.01 * 0.9, limit=100) == 0  # truly nearer: off
     assert tuner.next_k(0.009, limit=100) == 0  # and on again only from min_rtt
     assert tuner.next_k(0.01, limit=100) > 0
+
+
+# Pipelined verification: two hops 50 ms away, a forward 20 ms per hop. A frame is relayed (2 round trips); an
+# unpipelined verify step is pushed (1.5).
+FRAME_RTT, VERIFY_RTT, WORK = 0.1, 0.075, 0.04  # WORK: the chain's compute per step
+
+
+def test_frames_go_ahead_only_above_the_break_even_chance_of_being_right() -> None:
+    even = pipeline_break_even(8, FRAME_RTT, WORK, VERIFY_RTT)
+    assert even is not None and 0.5 < even < 0.9
+    assert pipelining_pays(even + 0.01, 8, FRAME_RTT, WORK, VERIFY_RTT)
+    assert not pipelining_pays(even - 0.01, 8, FRAME_RTT, WORK, VERIFY_RTT)
+
+
+def test_pipelining_pays_more_the_further_the_nodes_and_never_on_loopback() -> None:
+    near = pipeline_break_even(8, 0.02, WORK, 0.015)
+    far = pipeline_break_even(8, 0.3, WORK, 0.225)
+    assert near is not None and far is not None and far < near
+    assert pipeline_break_even(8, 0.0, WORK, 0.0) is None  # no round trip to hide: a void frame only costs
+
+
+def test_a_tuner_pipelines_once_it_has_seen_rounds_kept_whole_and_only_alone() -> None:
+    def tuner(pipeline: Literal["off", "auto", "always"], whole_rounds: int) -> SpecTuner:
+        made = SpecTuner(8, 0.01, acceptance=0.95, compute=WORK, pipeline=pipeline)
+        for _ in range(whole_rounds):
+            made.record_round(8, 8)
+        made.next_k(VERIFY_RTT, 100, VERIFY_RTT, 0, FRAME_RTT)
+        return made
+
+    assert not tuner("auto", 0).pipelined  # the prior: no frame ahead before rounds are seen kept whole
+    assert tuner("auto", 6).pipelined
+    assert not tuner("off", 6).pipelined
+    assert tuner("always", 0).pipelined
+    rejecting = tuner("auto", 6)
+    for _ in range(4):
+        rejecting.record_round(8, 3)
+    rejecting.next_k(VERIFY_RTT, 100, VERIFY_RTT, 0, FRAME_RTT)
+    assert not rejecting.pipelined  # rounds that reject a draft: frames ahead would be void
+    beside = tuner("auto", 6)
+    assert beside.next_k(VERIFY_RTT, 100, VERIFY_RTT, batch_rows=2, frame_rtt=FRAME_RTT) > 0
+    assert not beside.pipelined  # a frame would run outside the other generations' batched forwards
+    below = SpecTuner(8, 0.5, acceptance=0.99, compute=WORK, pipeline="always")
+    assert below.next_k(VERIFY_RTT, 100, VERIFY_RTT, 0, FRAME_RTT) == 0 and not below.pipelined  # the min_rtt gate
+
+
+def test_frames_in_flight_on_different_nodes_pay_where_compute_is_the_bound() -> None:
+    assert pipeline_break_even(8, FRAME_RTT, 0.3, VERIFY_RTT, hops=1) is None  # one node: frames take turns on it
+    two = pipeline_break_even(8, FRAME_RTT, 0.3, VERIFY_RTT, hops=2)
+    assert two is not None and two < 0.8  # two: frame n + 1 runs on the first while frame n runs on the second
