@@ -124,16 +124,17 @@ def verify_round(
     embed: Callable[[list[int]], torch.Tensor],
     parents: list[int] | None = None,
     trees: bool = False,
+    forced: int = 0,
 ) -> Verified:
     """logits [1 + len(drafts), V]: the output after the last emitted token and after each draft (``parents``: the
-    drafts as a tree, ``DraftTree``) -> the tokens the model's own sampling emits (a draft is kept while the sample
-    equals it: ``verify_tree``), up to ``k`` next drafts (a tree with ``trees``) and the next step's input
-    embeddings [1, 1 + k', D].
+    drafts as a tree, ``DraftTree``; the first ``forced`` of them the grammar's) -> the tokens the model's own
+    sampling emits (a draft is kept while the sample equals it: ``verify_tree``), up to ``k`` next drafts (a tree
+    with ``trees``) and the next step's input embeddings [1, 1 + k', D].
 
     Run by the head batcher's worker thread: embedding there saves each session a hop to a thread per step."""
     tree = DraftTree.chain(drafts) if parents is None else DraftTree(drafts, parents)
     tokens, path = verify_tree(logits, tree, pick, plan)
-    plan.kept(len(path), tokens)
+    plan.kept(drafts[:forced], len(path), tokens)
     if plan.done:
         return Verified(tokens, len(path), True, path=path)
     return with_drafts(Verified(tokens, len(path), False, path=path), plan, k, embed, trees)
@@ -213,6 +214,7 @@ class Generation:
             embed=self.services.embed,
             parents=self.parents,
             trees=self.trees,
+            forced=self.forced,
         )
         scored = self._output[:, -len(self.drafts) - 1 :]
         round_: Verified = await self.services.heads.score(

@@ -283,7 +283,6 @@ class DecodePlan:
         self._drafter = drafter
         self._grammar = grammar
         self._forcing = False  # this round proposes the forced tokens (``next_k`` decides)
-        self._forced: list[int] = []  # the forced tokens the last proposal drafted (the first of its drafts)
         self._rtt: float = 0.0  # the round trips ``next_k`` was given: a tree's size is chosen by them too
         self._plain_rtt: float | None = None
         self._others = 0  # generations decoding beside this one at the last ``next_k``: a tree would leave their batch
@@ -342,11 +341,9 @@ class DecodePlan:
         """As ``propose``, the drafts after the forced tokens a tree up to ``k`` deep when the drafter proposes
         trees (and ``trees``): its likeliest nodes, as many as ``choose_tree`` finds worth a step's positions."""
         room = self._max_new - self.count - 1  # the token just emitted is fed with them; the last needs no feeding
-        self._forced = []
         if self._drafter is None or room <= 0:
             return DraftTree([], []), 0
         forced = self._grammar.forced()[:room] if self._forcing and self._grammar is not None else []
-        self._forced = forced
         depth = min(k, room - len(forced))
         if depth <= 0:
             return DraftTree.chain(forced), len(forced)
@@ -373,13 +370,14 @@ class DecodePlan:
         size = choose_tree(ranked, self._rtt, tuner.compute, min(TREE_WIDTH * depth, slots), self._plain_rtt)
         return prune_tree(scored, chances, max(1, size))
 
-    def kept(self, accepted: int, tokens: Sequence[GeneratedToken]) -> None:
-        """The last proposal's drafts were verified: ``accepted`` kept, then ``tokens[accepted]`` sampled (when the
-        round emitted one there). A forced draft the model did not keep, where it chose another spelling of the
-        same bytes, teaches the grammar that spelling: under a compact JSON grammar SmolLM2 writes ``":`` then
-        ``"`` where llguidance's canonical ``":"`` was drafted, so every later key's draft broke there."""
-        if self._grammar is not None and accepted < len(self._forced) and accepted < len(tokens):
-            self._grammar.respell(self._forced[accepted], tokens[accepted].token_id)
+    def kept(self, forced: Sequence[int], accepted: int, tokens: Sequence[GeneratedToken]) -> None:
+        """A step's drafts were verified, the first of them ``forced`` (the grammar's): ``accepted`` kept, then
+        ``tokens[accepted]`` sampled (when the round emitted one there). A forced draft the model did not keep,
+        where it chose another spelling of the same bytes, teaches the grammar that spelling: under a compact JSON
+        grammar SmolLM2 writes ``":`` then ``"`` where llguidance's canonical ``":"`` was drafted, so every later
+        key's draft broke there."""
+        if self._grammar is not None and accepted < len(forced) and accepted < len(tokens):
+            self._grammar.respell(forced[accepted], tokens[accepted].token_id)
 
     def verified(self, drafted: int, accepted: int, forced: int = 0) -> None:
         if self._drafter is not None and drafted > 0:

@@ -190,7 +190,7 @@ def test_the_plan_tells_the_grammar_which_forced_draft_the_model_spelled_otherwi
     drafts, forced = plan.propose(0)
     assert (drafts, forced) == ([7, 8, 9], 3)
     emitted = [GeneratedToken(token, False) for token in [7, 8, 9][:accepted]] + [GeneratedToken(42, False)]
-    plan.kept(accepted, emitted)
+    plan.kept(drafts[:forced], accepted, emitted)
     assert grammar.respelled == told
 
 
