@@ -26,6 +26,7 @@ import json
 import os
 import random
 import re
+import signal
 import statistics
 import subprocess
 import tempfile
@@ -104,9 +105,15 @@ class Report:
         self.lines.append(line)
 
 
-def start_node(swarm: LocalSwarm, gguf: Path, span: tuple[int, int], quant: str, threads: str) -> Started:
+def node_name(index: int, span: tuple[int, int], quant: str) -> str:
+    """A name (and log file) of its own: spans repeat (two nodes on 0:2) and replacements take their victim's span;
+    sharing a name, two processes wrote one log, and each node's start-up phases were read from the other's lines."""
+    return f"node-{index:02d}-{span[0]}-{span[1]}-{quant}"
+
+
+def start_node(swarm: LocalSwarm, gguf: Path, index: int, span: tuple[int, int], quant: str, threads: str) -> Started:
     extra = ("--quant", quant, "--num-threads", threads, "--drain-timeout", "5")
-    process = swarm.start_node(gguf, f"{span[0]}:{span[1]}", *extra, name=f"node-{span[0]}-{span[1]}-{quant}")
+    process = swarm.start_node(gguf, f"{span[0]}:{span[1]}", *extra, name=node_name(index, span, quant))
     return Started(process, span, quant, time.time())
 
 
@@ -299,10 +306,17 @@ def main() -> None:
     parser.add_argument("--logs", type=Path, help="keep the processes' logs here (default: a temporary folder)")
     parser.add_argument("--out", type=Path, default=Path("bench/results/swarm24.md"))
     args = parser.parse_args()
+    # SIGTERM (`timeout`, a CI job's cancel) ends the bench through its finally: by default it killed the bench alone
+    # and left two dozen nodes, each in a session of its own, running on (seen 2026-12-03).
+    signal.signal(signal.SIGTERM, _exit_on_term)
     with tempfile.TemporaryDirectory(prefix="swarm24-") as temporary:
         work = args.logs or Path(temporary)
         work.mkdir(parents=True, exist_ok=True)
         run(args, smollm2(), work)
+
+
+def _exit_on_term(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def smollm2() -> Path:
@@ -330,7 +344,7 @@ def run(args: argparse.Namespace, gguf: Path, work: Path) -> None:
         # minutes to import and listen (a trial on 2026-12-01); they wait for coverage like any gateway would.
         gateways = [start_gateway(swarm, gguf, "--swarm-refresh", "5", wait_ready=False, timeout=900) for _ in "ab"]
         began = time.monotonic()
-        nodes = [start_node(swarm, gguf, span, quant, "1") for span, quant in zip(layout, quants, strict=True)]
+        nodes = [start_node(swarm, gguf, i, span, quants[i], "1") for i, span in enumerate(layout)]
         for node in nodes:
             swarm.wait_serving(node.process, timeout=1800)
         report_startup(report, nodes, time.monotonic() - began)
@@ -347,7 +361,7 @@ def run(args: argparse.Namespace, gguf: Path, work: Path) -> None:
         stop = threading.Event()
 
         def restart(span: tuple[int, int], quant: str) -> Started:
-            return start_node(swarm, gguf, span, quant, "1")
+            return start_node(swarm, gguf, len(nodes), span, quant, "1")  # churn appends each replacement to nodes
 
         killed: list[float] = []
         churner = threading.Thread(target=churn, args=(nodes, args.kills, args.kill_gap, restart, stop, killed))
