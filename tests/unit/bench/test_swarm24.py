@@ -6,16 +6,20 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import cast
 
 import pytest
 import torch
 import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from bench.swarm24 import node_name, reference_texts, spans
+from bench import swarm24
+from bench.swarm24 import Kill, Started, churn, node_name, reference_texts, spans
+from tests.helpers.processes import ManagedProcess
 
 
 def test_every_node_and_replacement_has_a_log_of_its_own() -> None:
@@ -78,3 +82,19 @@ def test_the_reference_goes_on_past_an_end_token_as_ignore_eos_does(monkeypatch:
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: WordTokenizer())
     texts = reference_texts(Path("unused/model.gguf"), 4)
     assert set(texts.values()) == {"0 0 0 0"}
+
+
+def test_the_churn_kills_nodes_that_hold_sessions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Of 20 live nodes one holds the streams' sessions: every kill must hit it (or its like), not a bystander."""
+    killed_processes: list[str] = []
+    monkeypatch.setattr(swarm24, "kill_tree", lambda process: killed_processes.append(process.peer_id))
+
+    def node(peer_id: str) -> Started:
+        process = SimpleNamespace(peer_id=peer_id, popen=SimpleNamespace(poll=lambda: None))
+        return Started(cast(ManagedProcess, process), (0, 2), "none", 0.0)
+
+    nodes = [node(f"peer{i}") for i in range(20)]
+    kills: list[Kill] = []
+    churn(nodes, 3, 0.0, lambda span, quant: node(""), threading.Event(), kills, lambda: {"peer7"})
+    assert killed_processes == ["peer7"] * 3  # the fakes never die, so peer7 is drawn every time
+    assert [k.carrying for k in kills] == [True] * 3
