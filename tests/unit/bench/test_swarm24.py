@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import cast
 
+import httpx
 import pytest
 import torch
 import transformers
@@ -98,3 +99,18 @@ def test_the_churn_kills_nodes_that_hold_sessions(monkeypatch: pytest.MonkeyPatc
     churn(nodes, 3, 0.0, lambda span, quant: node(""), threading.Event(), kills, lambda: {"peer7"})
     assert killed_processes == ["peer7"] * 3  # the fakes never die, so peer7 is drawn every time
     assert [k.carrying for k in kills] == [True] * 3
+
+
+def test_a_gateway_that_does_not_answer_does_not_stop_the_kills(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(swarm24, "kill_tree", lambda process: None)
+
+    def node(peer_id: str) -> Started:
+        process = SimpleNamespace(peer_id=peer_id, popen=SimpleNamespace(poll=lambda: None))
+        return Started(cast(ManagedProcess, process), (0, 2), "none", 0.0)
+
+    def unanswered() -> set[str]:
+        raise httpx.ReadTimeout("timed out")
+
+    kills: list[Kill] = []
+    churn([node("a"), node("b")], 2, 0.0, lambda span, quant: node(""), threading.Event(), kills, unanswered)
+    assert [k.carrying for k in kills] == [False, False]
