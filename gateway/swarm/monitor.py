@@ -26,7 +26,7 @@ class SwarmMonitor:
         self._view: SwarmView | None = None
         self._lock = asyncio.Lock()
         self._refresh: asyncio.Task[None] | None = None
-        self.on_lookup: Callable[[float], None] | None = None  # told each DHT lookup's seconds (the router counts)
+        self.on_lookup: Callable[[float], None] | None = None  # told each DHT lookup's seconds (the engine wires it)
 
     async def view(self, fresh: bool = False, max_age: float | None = None, stale_ok: float = 0.0) -> SwarmView:
         """A view at most ``max_age`` seconds old (default: the monitor's), or a new one if ``fresh``.

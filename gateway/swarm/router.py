@@ -98,7 +98,6 @@ class Router:
         self.load: Counter[str] = Counter()
         self.auth = auth or CallAuth(None, "")
         self.stats = RouterStats()
-        monitor.on_lookup = self.stats.record_lookup
         self.allowed_peers = allowed_peers  # None: any node that announces itself (with the swarm secret, if any)
         self._p2p = p2p
         self._probe_period = probe_period

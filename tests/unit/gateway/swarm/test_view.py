@@ -84,6 +84,7 @@ async def test_the_router_counts_its_dht_lookups_and_route_choices(dht: FakeDHT)
     refreshes included, and route choices, the one retried on a fresh view included."""
     monitor = SwarmMonitor(cast(DHT, None), "m", 4, max_age=60.0)
     router = Router(monitor, cast(P2P, None))
+    monitor.on_lookup = router.stats.record_lookup  # as the engine wires them
     router.rtts.update({"A": 0.01, "C": 0.01})
     dht.records = {"A": record("A", 0, 2)}
     await monitor.view()  # a lookup outside routing (a refresh): counted too
