@@ -196,7 +196,7 @@ Restart = Callable[[tuple[int, int], str], Started]
 class Kill:
     at: float  # time.monotonic()
     span: tuple[int, int]
-    carrying: bool  # the victim held sessions when it was picked (as announced)
+    carrying: bool  # the victim held sessions when it was picked (as announced); False: none known, any node
 
 
 def churn(
@@ -424,10 +424,8 @@ def run(args: argparse.Namespace, gguf: Path, work: Path) -> None:
         results = asyncio.run(streams(gateways, model, args.streams, args.max_tokens))
         stop.set()
         churner.join()
-        done = "; ".join(
-            f"{k.at - t0:.0f} s: {k.span[0]}:{k.span[1]}{'' if k.carrying else ' (no node held sessions)'}"
-            for k in killed
-        )
+        unknown = " (any live node: no session holder known)"
+        done = "; ".join(f"{k.at - t0:.0f} s: {k.span[0]}:{k.span[1]}{'' if k.carrying else unknown}" for k in killed)
         report.say(
             f"churn run: {args.streams} streams over {time.monotonic() - t0:.0f} s, {len(killed)} of {args.kills} "
             f"kills done, one every {args.kill_gap:.0f} s while streams ran, each of a node holding sessions ({done})"
