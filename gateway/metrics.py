@@ -218,10 +218,16 @@ SWARM_COUNTERS = (
     ("capacity_refusals", "session opens a full node refused (waited on or routed around, never banned)"),
     ("relayed_hops", "decode steps whose hidden states the gateway sent to a node"),
     ("pushed_hops", "decode steps whose hidden states went node to node (push)"),
+    ("swarm_lookups", "DHT lookups of the swarm's records (the views routing reads)"),
+    ("swarm_lookup_seconds", "seconds those DHT lookups took"),
+    ("route_plans", "route choices planned (new sessions' routes, failovers' replacements)"),
+    ("route_plan_seconds", "seconds spent choosing those routes, the swarm view in hand"),
+    ("routes", "routing calls (a view, probes of new nodes, then the choice)"),
+    ("route_seconds", "seconds of those routing calls, lookups and probes included"),
 )
 
 
-def _swarm_counters(counters: dict[str, int]) -> Iterable[Metric]:
+def _swarm_counters(counters: dict[str, float]) -> Iterable[Metric]:
     for name, help_text in SWARM_COUNTERS:
         yield CounterMetricFamily(f"swarmgate_{name}", help_text, value=counters.get(name, 0))
 

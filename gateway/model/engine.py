@@ -164,6 +164,7 @@ class GenerationEngine:
             allowed_peers=frozenset(self.settings.allowed_peers) or None,
             verifier=Verifier(self._p2p, auth, self._verify_settings()) if self.settings.verify else None,
         )
+        self._monitor.on_lookup = self._router.stats.record_lookup  # exported with the router's counters
         self._router.start()
         self._links = StepLinks(self._p2p, self.settings.step_timeout, self._router.liveness)
         self._kept = KeptChains(

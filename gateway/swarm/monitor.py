@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 from hivemind import DHT
 
@@ -25,6 +26,7 @@ class SwarmMonitor:
         self._view: SwarmView | None = None
         self._lock = asyncio.Lock()
         self._refresh: asyncio.Task[None] | None = None
+        self.on_lookup: Callable[[float], None] | None = None  # told each DHT lookup's seconds (the engine wires it)
 
     async def view(self, fresh: bool = False, max_age: float | None = None, stale_ok: float = 0.0) -> SwarmView:
         """A view at most ``max_age`` seconds old (default: the monitor's), or a new one if ``fresh``.
@@ -44,6 +46,8 @@ class SwarmMonitor:
             if fresh or stale:
                 began = time.monotonic()  # the records may be older than the fetch's end, not than its start
                 servers, announced = await fetch_announcements(self._dht, self._model, self._num_blocks)
+                if self.on_lookup is not None:
+                    self.on_lookup(time.monotonic() - began)
                 self._view = SwarmView(self._num_blocks, servers, began, announced)
             assert self._view is not None  # set just above when missing
             return self._view

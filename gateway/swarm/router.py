@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -56,13 +57,25 @@ class RouterStats:
     capacity_refusals: int = 0  # opens a full node refused (never a ban)
     relayed_hops: int = 0  # decode steps whose hidden states the gateway sent to a node
     pushed_hops: int = 0  # decode steps whose hidden states went node to node
+    # What the control plane costs a gateway, measured where a swarm's size shows: the DHT lookups behind its views
+    # (background refreshes, fresh views for failovers and gaps) and its route choices.
+    swarm_lookups: int = 0
+    swarm_lookup_seconds: float = 0.0
+    route_plans: int = 0  # plan_route calls (new sessions' routes, failovers' replacements)
+    route_plan_seconds: float = 0.0  # in plan_route itself: the choice, the view already in hand
+    routes: int = 0  # Router.route calls
+    route_seconds: float = 0.0  # whole calls: the view (a lookup when stale), probes of new nodes, the choice
+
+    def record_lookup(self, seconds: float) -> None:
+        self.swarm_lookups += 1
+        self.swarm_lookup_seconds += seconds
 
     def record_replay(self, tokens: int) -> None:
         if tokens:  # a session lost before its first step has nothing to replay
             self.prefix_replays += 1
             self.replayed_tokens += tokens
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, float]:
         return dict(self.__dict__)
 
 
@@ -130,18 +143,27 @@ class Router:
         # A new session routes on the last view (up to ROUTE_STALE_OK old, refreshed behind it); a gap in it is
         # checked against a fresh one before it is an error. Failovers ask for fresh views themselves.
         stale_ok = ROUTE_STALE_OK if not fresh and max_age is None else 0.0
-        while True:
-            view = await self.view(fresh, max_age, stale_ok)
-            await self._probe(view, [s.peer_id for s in view.online() if s.peer_id not in self.rtts])
-            request = self._route_request(view, max_length, start, end, avoid, push, adapter)
-            try:
-                hops = plan_route(view, request, mode or self.mode)
-            except MissingBlocks:
-                if stale_ok == 0.0:
-                    raise
-                fresh, stale_ok = True, 0.0
-                continue
-            break
+        began = time.perf_counter()
+        try:
+            while True:
+                view = await self.view(fresh, max_age, stale_ok)
+                await self._probe(view, [s.peer_id for s in view.online() if s.peer_id not in self.rtts])
+                request = self._route_request(view, max_length, start, end, avoid, push, adapter)
+                planning = time.perf_counter()
+                try:
+                    hops = plan_route(view, request, mode or self.mode)
+                except MissingBlocks:
+                    if stale_ok == 0.0:
+                        raise
+                    fresh, stale_ok = True, 0.0
+                    continue
+                finally:
+                    self.stats.route_plans += 1
+                    self.stats.route_plan_seconds += time.perf_counter() - planning
+                break
+        finally:
+            self.stats.routes += 1
+            self.stats.route_seconds += time.perf_counter() - began
         self.load.update(hop.peer_id for hop in hops)
         return hops
 

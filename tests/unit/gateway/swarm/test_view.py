@@ -77,3 +77,19 @@ async def test_a_gap_in_a_stale_view_is_checked_against_a_fresh_one_before_routi
     assert dht.fetches == 2
     assert await router.route(16) == [Hop("A", 0, 2), Hop("C", 2, 4)]  # and that view is held now
     assert dht.fetches == 2
+
+
+async def test_the_router_counts_its_dht_lookups_and_route_choices(dht: FakeDHT) -> None:
+    """What the control plane costs (GET /v1/swarm's counters, bench/swarm24.py): lookups behind the views, background
+    refreshes included, and route choices, the one retried on a fresh view included."""
+    monitor = SwarmMonitor(cast(DHT, None), "m", 4, max_age=60.0)
+    router = Router(monitor, cast(P2P, None))
+    monitor.on_lookup = router.stats.record_lookup  # as the engine wires them
+    router.rtts.update({"A": 0.01, "C": 0.01})
+    dht.records = {"A": record("A", 0, 2)}
+    await monitor.view()  # a lookup outside routing (a refresh): counted too
+    dht.records["C"] = record("C", 2, 4)
+    await router.route(16)  # a gap in the held view: a second choice on a fresh one (a second lookup)
+    counters = router.stats.as_dict()
+    assert (counters["swarm_lookups"], counters["route_plans"], counters["routes"]) == (2, 2, 1)
+    assert counters["swarm_lookup_seconds"] >= 0 and counters["route_seconds"] >= counters["route_plan_seconds"] >= 0
