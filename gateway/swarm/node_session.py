@@ -276,16 +276,21 @@ class NodeSession:
 
     async def _reply(self, future: asyncio.Future[Reply], extra_wait: float = 0.0) -> Reply:
         """The reply to a sent message: replies come in the order the messages went, so the reader reads (and hands
-        out) every earlier one first. A failed or abandoned read fails every message still waiting."""
+        out) every earlier one first. A failed or abandoned read fails every message still waiting; a refusal (the
+        node answered with a typed error: a truncate past what it holds) fails its own message only, and the stream
+        stays in step."""
         async with self._reading:
             while not future.done():
                 head = self._waiting.popleft()
                 try:
-                    reply = await self._receive(extra_wait)
+                    response = await self._receive(extra_wait)
                 except BaseException as error:
                     self._fail_waiting(head, error)
                     raise
-                head.set_result(reply)
+                try:
+                    head.set_result(decode_reply(response, self.hop.peer_id))
+                except Exception as refusal:  # noqa: BLE001 - handed to the message's own waiter
+                    head.set_exception(refusal)
         return future.result()
 
     def _fail_waiting(self, head: asyncio.Future[Reply], error: BaseException) -> None:
@@ -297,11 +302,10 @@ class NodeSession:
                 future.set_exception(error if isinstance(error, Exception) else lost)
         self._waiting.clear()
 
-    async def _receive(self, extra_wait: float = 0.0) -> Reply:
+    async def _receive(self, extra_wait: float = 0.0) -> runtime_pb2.ExpertResponse:
         if self._replies is None:
             raise NodeUnreachable(f"session on {self.hop.peer_id} is not open")
-        response = await self._watched("answer", anext(self._replies), self._timeout + extra_wait)
-        return decode_reply(response, self.hop.peer_id)
+        return await self._watched("answer", anext(self._replies), self._timeout + extra_wait)
 
     async def _watched(self, what: str, work: Awaitable[T], limit: float) -> T:
         if self._liveness is None:
