@@ -23,6 +23,7 @@ from gateway.model.engine import GenerationEngine
 from gateway.swarm.chain_session import ChainSession
 from gateway.swarm.frames import Frame
 from tests.helpers.processes import LocalSwarm
+from tests.helpers.tiny_swarm import process_of, speculating_engine, start_for_reference
 from tests.integration.test_churn import start_nodes
 from tests.integration.test_engine_chain import _wait_covered, engine_settings
 from tests.tiny_models import _COMMON, GetTinyModel
@@ -84,20 +85,13 @@ async def test_a_node_killed_with_two_frames_in_flight_is_replaced_with_the_same
     local_swarm: LocalSwarm, tiny_with_tokenizer: GetTinyModel
 ) -> None:
     tiny = tiny_with_tokenizer("llama")
-    with torch.inference_mode():
-        output = tiny.model.generate(torch.tensor([PROMPT]), max_new_tokens=NEW_TOKENS, do_sample=False)
-    expected = output[0, len(PROMPT) :].tolist()
-    local_swarm.start_dht()
-    start_nodes(local_swarm, tiny.folder, ["0:3", "3:6", "3:6"])
-    settings = engine_settings(tiny.folder, local_swarm).model_copy(
-        update={"speculative_min_rtt": 0.0, "speculative_pipeline": "always"}
-    )
-    engine = await GenerationEngine.create(settings)
+    expected = start_for_reference(local_swarm, tiny, PROMPT, NEW_TOKENS)
+    engine = await speculating_engine(local_swarm, tiny.folder, speculative_pipeline="always")
     victims: list[str] = []
 
     def kill(chain: ChainSession) -> None:
         victims.append(chain.hops[-1].peer_id)
-        next(node for node in local_swarm.processes if node.peer_id == victims[0]).send(signal.SIGKILL)
+        process_of(local_swarm, victims[0]).send(signal.SIGKILL)
 
     recorder = Recorder(engine, expected, kill)
     try:

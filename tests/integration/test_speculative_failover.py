@@ -18,8 +18,8 @@ from gateway.model.engine import GenerationEngine
 from gateway.model.speculation import PromptLookup
 from gateway.swarm.chain_session import ChainSession
 from tests.helpers.processes import LocalSwarm
-from tests.integration.test_churn import start_nodes
-from tests.integration.test_engine_chain import _wait_covered, engine_settings
+from tests.helpers.tiny_swarm import process_of, speculating_engine, start_for_reference
+from tests.integration.test_engine_chain import _wait_covered
 from tests.tiny_models import GetTinyModel
 from tests.unit.gateway.model.test_speculative_engine import PROMPT, OracleDrafts
 
@@ -32,13 +32,8 @@ async def test_a_node_killed_mid_speculation_is_replaced_with_the_same_tokens(
     local_swarm: LocalSwarm, tiny_with_tokenizer: GetTinyModel
 ) -> None:
     tiny = tiny_with_tokenizer("llama")
-    with torch.inference_mode():
-        output = tiny.model.generate(torch.tensor([PROMPT]), max_new_tokens=NEW_TOKENS, do_sample=False)
-    expected = output[0, len(PROMPT) :].tolist()
-    local_swarm.start_dht()
-    start_nodes(local_swarm, tiny.folder, ["0:3", "3:6", "3:6"])
-    settings = engine_settings(tiny.folder, local_swarm).model_copy(update={"speculative_min_rtt": 0.0})
-    engine = await GenerationEngine.create(settings)
+    expected = start_for_reference(local_swarm, tiny, PROMPT, NEW_TOKENS)
+    engine = await speculating_engine(local_swarm, tiny.folder)
     drafters: list[PromptLookup] = []
 
     def oracle(request: GenerationRequest) -> OracleDrafts:  # drafts from the known output, every fifth one wrong
@@ -68,7 +63,7 @@ async def test_a_node_killed_mid_speculation_is_replaced_with_the_same_tokens(
             tokens.append(token)
             if victim is None and len(tokens) >= 8:
                 victim = chains[0].hops[-1].peer_id
-                next(node for node in local_swarm.processes if node.peer_id == victim).send(signal.SIGKILL)
+                process_of(local_swarm, victim).send(signal.SIGKILL)
             last_hops = [hop.peer_id for hop in chains[0].hops]  # the chain closes after the last token
         assert tokens == expected
         assert chains[0].failovers == 1 and victim not in last_hops and len(last_hops) == 2

@@ -7,21 +7,12 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
-from hivemind.p2p import P2PContext, PeerID
+from hivemind.p2p import P2PContext
 from hivemind.proto import runtime_pb2
 
-from shared.dht_records import NodeState
-from shared.identity import new_identity
 from shared.kv_charge import pool_tokens
-from shared.model_source import load_config, resolve_model
-from shared.receipts import StepKey
-from shared.weights import open_weights
 from shared.wire import PROTOCOL_VERSION, OpenSession, ResizeSession, encode_request
-from swarm_node.backend import SpanBackend
-from swarm_node.cache_pool import CachePool
-from swarm_node.handlers import NodeStatus, SpanHandlers
-from swarm_node.span import build_span
-from tests.tiny_models import GetTinyModel
+from swarm_node.handlers import SpanHandlers
 
 
 def test_a_session_holds_its_blocks_share_of_the_pool_rounded_up() -> None:
@@ -34,15 +25,11 @@ def test_a_session_holds_its_blocks_share_of_the_pool_rounded_up() -> None:
             pool_tokens(300, bad, 3)
 
 
-async def test_a_node_charges_a_session_over_part_of_its_span_for_those_blocks(tiny_model: GetTinyModel) -> None:
+async def test_a_node_charges_a_session_over_part_of_its_span_for_those_blocks(
+    tiny_span_handlers: tuple[SpanHandlers, P2PContext],
+) -> None:
     """Opened on block 0 of a 3-block span, a session of 30 tokens holds 10 of the pool; resized to 60, 20."""
-    source = resolve_model(str(tiny_model("llama").folder))
-    config = load_config(source)
-    backend = SpanBackend(build_span(config, open_weights(source, config), 0, 3))
-    identity = new_identity()
-    status = NodeStatus("tiny", "t", 64, state=NodeState.ONLINE, step_key=StepKey(identity.key))
-    handlers = SpanHandlers(backend, CachePool(256), status)
-    context = P2PContext("inference", PeerID.from_base58(identity.peer_id), PeerID.from_base58(identity.peer_id))
+    handlers, context = tiny_span_handlers
     replies: asyncio.Queue[runtime_pb2.ExpertResponse] = asyncio.Queue()
     resize = asyncio.Event()
 
@@ -66,4 +53,3 @@ async def test_a_node_charges_a_session_over_part_of_its_span_for_those_blocks(t
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-        backend.shutdown()

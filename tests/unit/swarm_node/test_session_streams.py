@@ -7,30 +7,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from hivemind.p2p import P2PContext, PeerID
+from hivemind.p2p import P2PContext
 from hivemind.proto import runtime_pb2
 
-from shared.dht_records import NodeState
-from shared.identity import new_identity
-from shared.model_source import load_config, resolve_model
-from shared.receipts import StepKey
-from shared.weights import open_weights
 from shared.wire import PROTOCOL_VERSION, OpenSession, encode_request
-from swarm_node.backend import SpanBackend
-from swarm_node.cache_pool import CachePool
-from swarm_node.handlers import NodeStatus, SpanHandlers
-from swarm_node.span import build_span
-from tests.tiny_models import GetTinyModel
+from swarm_node.handlers import SpanHandlers
 
 
-async def test_a_stream_cut_while_its_reply_is_sent_frees_the_session_at_once(tiny_model: GetTinyModel) -> None:
-    source = resolve_model(str(tiny_model("llama").folder))
-    config = load_config(source)
-    backend = SpanBackend(build_span(config, open_weights(source, config), 0, 3))
-    identity = new_identity()
-    status = NodeStatus("tiny", "t", 64, state=NodeState.ONLINE, step_key=StepKey(identity.key))
-    handlers = SpanHandlers(backend, CachePool(256), status)
-    context = P2PContext("inference", PeerID.from_base58(identity.peer_id), PeerID.from_base58(identity.peer_id))
+async def test_a_stream_cut_while_its_reply_is_sent_frees_the_session_at_once(
+    tiny_span_handlers: tuple[SpanHandlers, P2PContext],
+) -> None:
+    handlers, context = tiny_span_handlers
     opened = encode_request(OpenSession(protocol=PROTOCOL_VERSION, start=0, end=3, max_length=16))
     sending = asyncio.Event()
 
@@ -45,13 +32,10 @@ async def test_a_stream_cut_while_its_reply_is_sent_frees_the_session_at_once(ti
             sending.set()
             await asyncio.Event().wait()  # sending the reply when the caller cuts the stream
 
-    try:
-        task = asyncio.create_task(process_stream())
-        await asyncio.wait_for(sending.wait(), 30)
-        assert len(handlers.sessions) == 1 and handlers.pool.tokens_left < handlers.pool.total_tokens
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await asyncio.sleep(0)  # done callbacks run one turn after the task ends
-        assert len(handlers.sessions) == 0 and handlers.pool.tokens_left == handlers.pool.total_tokens
-    finally:
-        backend.shutdown()
+    task = asyncio.create_task(process_stream())
+    await asyncio.wait_for(sending.wait(), 30)
+    assert len(handlers.sessions) == 1 and handlers.pool.tokens_left < handlers.pool.total_tokens
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await asyncio.sleep(0)  # done callbacks run one turn after the task ends
+    assert len(handlers.sessions) == 0 and handlers.pool.tokens_left == handlers.pool.total_tokens

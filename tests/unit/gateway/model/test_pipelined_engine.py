@@ -20,8 +20,7 @@ from gateway.generation import GeneratedToken, GenerationRequest, SamplingParams
 from gateway.model.engine import GenerationEngine
 from gateway.model.speculation import PromptLookup, SpecTuner
 from gateway.settings import EngineSettings
-from gateway.swarm.kept_chains import KeptChains
-from gateway.swarm.view import SwarmView
+from tests.helpers.kept_chats import ended_chats, keeping_chats, plain_reference
 from tests.tiny_models import GetTinyModel
 from tests.unit.gateway.model.test_speculative_engine import (
     NEW_TOKENS,
@@ -230,27 +229,9 @@ async def test_a_kept_conversation_is_rolled_back_past_what_frames_ahead_wrote(t
     tiny = tiny_model("llama")
     chain = build_chain(tiny.folder, (3,))
     plain_engine = local_engine(tiny.folder, chain, "off")
-    reference = [t.token_id for t in await run(plain_engine, GenerationRequest(PROMPT, 30, SamplingParams(0.0)))]
-    await plain_engine.heads.close()
-    engine = framed_engine(tiny.folder, chain, reference, lazy=False)
-    engine._kept = KeptChains(_no_view, keep_alive=60.0, max_kept=64)
-    try:
-        for end in range(8, 20):  # an end-of-sequence token amid the drafts: frames ahead wrote past it
-            engine.stop_ids = {reference[end]}
-            expected = reference[: reference.index(reference[end]) + 1]
-            request = GenerationRequest(PROMPT, 30, SamplingParams(0.0), reuse_scope=f"chat{end}")
-            assert [t.token_id for t in await run(engine, request)] == expected
-            local = engine.chains[-1]
-            kept = engine.kept.pool._kept[-1]
-            assert kept.item.chain is local
-            await kept.item.shrunk
-            held = len(kept.token_ids)
-            assert local.lengths == {held} and local.max_length == held and not local.closed
+    reference = await plain_reference(plain_engine, PROMPT, 30)
+    async with keeping_chats(framed_engine(tiny.folder, chain, reference, lazy=False)) as engine:
+        async for chat in ended_chats(engine, PROMPT, reference):  # frames ahead wrote past the end-of-sequence token
+            held = len(chat.kept.token_ids)
+            assert chat.chain.lengths == {held} and chat.chain.max_length == held and not chat.chain.closed
         assert any(local.truncated for local in engine.chains)
-    finally:
-        await engine.kept.close()
-        await engine.heads.close()
-
-
-async def _no_view() -> SwarmView:
-    raise AssertionError("the sweeper is not started in this test")

@@ -27,8 +27,6 @@ from gateway.model.files import load_tokenizer
 from gateway.model.sampling import Sampler
 from gateway.model.speculation import DecodePlan, PromptLookup, SpecTuner
 from gateway.settings import EngineSettings
-from gateway.swarm.kept_chains import KeptChains
-from gateway.swarm.view import SwarmView
 from shared.errors import PositionOutOfRange
 from shared.model_source import load_config, resolve_model
 from shared.weights import open_weights
@@ -36,6 +34,7 @@ from swarm_node.backend import SpanBackend
 from swarm_node.decode_batcher import BatchPolicy
 from swarm_node.kv_cache import SessionKV, check_branch
 from swarm_node.span import build_span
+from tests.helpers.kept_chats import ended_chats, keeping_chats, plain_reference
 from tests.helpers.processes import save_tiny_tokenizer
 from tests.tiny_models import VOCAB, GetTinyModel, TinyModel
 from tests.unit.swarm_node.test_span_exactness import Chain, build_chain, random_ids
@@ -346,28 +345,10 @@ async def test_a_kept_conversation_is_rolled_back_to_its_tokens_before_it_shrink
     tiny = tiny_model("llama")
     chain = build_chain(tiny.folder, (3,))
     plain_engine = local_engine(tiny.folder, chain, "off")
-    reference = [t.token_id for t in await run(plain_engine, GenerationRequest(PROMPT, 30, SamplingParams(0.0)))]
-    await plain_engine.heads.close()
-    engine = local_engine(tiny.folder, chain, "ngram", oracle=reference)
-    engine._kept = KeptChains(_no_view, keep_alive=60.0, max_kept=64)
-    try:
-        for end in range(8, 20):  # an end-of-sequence token emitted amid a round's drafts: the ones after it go
-            engine.stop_ids = {reference[end]}
-            expected = reference[: reference.index(reference[end]) + 1]
-            request = GenerationRequest(PROMPT, 30, SamplingParams(0.0), reuse_scope=f"chat{end}")
-            assert [t.token_id for t in await run(engine, request)] == expected
-            local = engine.chains[-1]
-            kept = engine.kept.pool._kept[-1]  # what the pool holds for the chat's next turn
-            assert kept.scope == f"chat{end}" and kept.item.chain is local
-            await kept.item.shrunk
-            held = len(kept.token_ids)  # every token but the last (never fed), or all of them (fed as a draft)
-            assert held in (len(PROMPT) + len(expected) - 1, len(PROMPT) + len(expected))
-            assert local.lengths == {held} and local.max_length == held and not local.closed
+    reference = await plain_reference(plain_engine, PROMPT, 30)
+    async with keeping_chats(local_engine(tiny.folder, chain, "ngram", oracle=reference)) as engine:
+        async for chat in ended_chats(engine, PROMPT, reference):  # the drafts after the end-of-sequence token go
+            held = len(chat.kept.token_ids)  # every token but the last (never fed), or all of them (fed as a draft)
+            assert held in (len(PROMPT) + len(chat.expected) - 1, len(PROMPT) + len(chat.expected))
+            assert chat.chain.lengths == {held} and chat.chain.max_length == held and not chat.chain.closed
         assert any(local.truncated for local in engine.chains)
-    finally:
-        await engine.kept.close()
-        await engine.heads.close()
-
-
-async def _no_view() -> SwarmView:
-    raise AssertionError("the sweeper is not started in this test")

@@ -31,14 +31,13 @@ from gateway.model.speculation import (
     prune_tree,
 )
 from gateway.model.suffix_drafts import SuffixDrafts
-from gateway.swarm.kept_chains import KeptChains
+from tests.helpers.kept_chats import ended_chats, keeping_chats, plain_reference
 from tests.tiny_models import VOCAB, GetTinyModel, TinyModel
 from tests.unit.gateway.model.test_speculative_engine import (
     ATOL,
     NEW_TOKENS,
     PROMPT,
     LocalEngine,
-    _no_view,
     local_engine,
     pooled_chi_square_pvalue,
     run,
@@ -171,21 +170,11 @@ async def test_a_kept_conversation_holds_exactly_its_tokens_after_tree_rounds(ti
     keys and values are a fresh prefill's of the kept tokens."""
     tiny = tiny_model("llama")
     plain_engine = tree_engine(tiny, "off")
-    reference = [t.token_id for t in await run(plain_engine, GenerationRequest(PROMPT, 30, SamplingParams(0.0)))]
-    await plain_engine.heads.close()
-    engine = tree_engine(tiny, "ngram", oracle=reference)
-    engine._kept = KeptChains(_no_view, keep_alive=60.0, max_kept=64)
+    reference = await plain_reference(plain_engine, PROMPT, 30)
     moved = 0
-    try:
-        for end in range(8, 20):
-            engine.stop_ids = {reference[end]}
-            expected = reference[: reference.index(reference[end]) + 1]
-            request = GenerationRequest(PROMPT, 30, SamplingParams(0.0), reuse_scope=f"chat{end}")
-            assert [t.token_id for t in await run(engine, request)] == expected
-            local = engine.chains[-1]
-            kept = engine.kept.pool._kept[-1]
-            await kept.item.shrunk
-            held = list(kept.token_ids)
+    async with keeping_chats(tree_engine(tiny, "ngram", oracle=reference)) as engine:
+        async for chat in ended_chats(engine, PROMPT, reference):
+            held, local = list(chat.kept.token_ids), chat.chain
             assert local.lengths == {len(held)}
             fresh = engine.local.new_session()
             with torch.inference_mode():
@@ -194,9 +183,6 @@ async def test_a_kept_conversation_holds_exactly_its_tokens_after_tree_rounds(ti
                 torch.testing.assert_close(got.keys[:, :, : len(held)], want.keys[:, :, : len(held)], atol=ATOL, rtol=0)
             moved += local.truncated != [] and any(branch for _, branch in local.trees)
         assert moved > 0
-    finally:
-        await engine.kept.close()
-        await engine.heads.close()
 
 
 def test_a_chain_of_chances_is_choose_k() -> None:

@@ -87,11 +87,16 @@ async def settled() -> None:
         await asyncio.sleep(0)
 
 
+def two_frames(chain: FakeChain, tokens: int = 2) -> tuple[list[FakeSession], list[Segment], Frame, Frame]:
+    """Hops a and b, a frame of ``tokens`` at position 10 (all 1.0) and a second (all 2.0) sent ahead of it."""
+    sessions, segments = hops("a", "b")
+    first = Frame(chain, segments, hidden(tokens, 1.0), 10)
+    return sessions, segments, first, Frame(chain, segments, hidden(tokens, 2.0), 10 + tokens, before=first, ahead=True)
+
+
 async def test_frames_reach_each_hop_in_order_and_histories_stay_in_position_order() -> None:
-    (a, b), segments = hops("a", "b")
     chain = FakeChain()
-    first = Frame(chain, segments, hidden(3, 1.0), 10)
-    second = Frame(chain, segments, hidden(3, 2.0), 13, before=first, ahead=True)
+    (a, b), segments, first, second = two_frames(chain, tokens=3)
     await settled()
     assert a.sent == [10, 13] and b.sent == []  # the second left before the first returned
     a.answer(1, hidden(3, 20.0))  # handled first: its record still waits for the first's
@@ -116,10 +121,7 @@ async def test_frames_reach_each_hop_in_order_and_histories_stay_in_position_ord
 
 
 async def test_a_frame_ahead_of_a_failed_one_is_void_and_records_nothing() -> None:
-    (a, b), segments = hops("a", "b")
-    chain = FakeChain()
-    first = Frame(chain, segments, hidden(2, 1.0), 10)
-    second = Frame(chain, segments, hidden(2, 2.0), 12, before=first, ahead=True)
+    (a, b), segments, first, second = two_frames(FakeChain())
     await settled()
     a.answer(1, hidden(2, 20.0))
     a.answer(0, NodeUnreachable("gone"))
@@ -175,10 +177,7 @@ async def test_a_frame_meeting_an_error_is_void_and_never_raises(cause: str) -> 
 
 
 async def test_a_frame_ahead_goes_no_further_once_the_frame_before_it_is_voided() -> None:
-    (a, b), segments = hops("a", "b")
-    chain = FakeChain()
-    first = Frame(chain, segments, hidden(2, 1.0), 10)
-    second = Frame(chain, segments, hidden(2, 2.0), 12, before=first, ahead=True)
+    (a, b), segments, first, second = two_frames(FakeChain())
     await settled()
     a.answer(0, hidden(2, 10.0))
     await settled()
@@ -192,10 +191,8 @@ async def test_a_frame_ahead_goes_no_further_once_the_frame_before_it_is_voided(
 
 
 async def test_a_frame_ahead_of_one_voided_before_it_left_sends_nothing() -> None:
-    (a, _), segments = hops("a", "b")
     chain = FakeChain()
-    first = Frame(chain, segments, hidden(2, 1.0), 10)
-    second = Frame(chain, segments, hidden(2, 2.0), 12, before=first, ahead=True)
+    (a, _), segments, first, second = two_frames(chain)
     second.void()
     third = Frame(chain, segments, hidden(2, 3.0), 14, before=second, ahead=True)
     await settled()
