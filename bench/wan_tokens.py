@@ -213,14 +213,8 @@ async def one(
     return tokens, (len(stamps) - 1) / max(stamps[-1] - stamps[0], 1e-9)
 
 
-async def timed(
-    run: Callable[[], Awaitable[list[list[int]]]], counter: Traversals, streams: int
-) -> tuple[float, float, list[list[int]]]:
-    """(tokens/s, tokens per traversal, each stream's tokens) of ``run`` (which returns each stream's tokens)."""
-    steps, began = counter.steps, time.perf_counter()
-    outputs = await run()
-    seconds, tokens = time.perf_counter() - began, sum(len(output) for output in outputs)
-    return tokens / seconds, tokens / (counter.steps - steps + streams), outputs
+# (tokens/s as the run times them, each of its streams' tokens in a fixed order)
+Run = tuple[float, list[list[int]]]
 
 
 async def measure(
@@ -231,48 +225,46 @@ async def measure(
     rtt: float,
     args: argparse.Namespace,
 ) -> list[dict[str, Any]]:
-    repeats, workloads = args.repeats, args.workloads
     rows: list[dict[str, Any]] = []
     for name, (_, grammar) in WORKLOADS.items():
-        if name not in workloads:
+        if name not in args.workloads:
             continue
-        got: dict[str, list[tuple[float, float, list[int]]]] = {mode: [] for mode in engines}
-        for _ in range(repeats):
-            for mode, engine in engines.items():
-                _forget_outputs(engine)
-                steps, FRAMES.mode = counter.steps, mode
-                tokens, speed = await acceptance.counted(mode, one(engine, prompts[name], grammar, args.new_tokens))
-                got[mode].append((speed, len(tokens) / (counter.steps - steps + 1), tokens))
-        same = len({tuple(runs[0][2]) for runs in got.values()}) == 1
-        PUSH_TOKENS[name] = got["push"][0][2]
-        for mode, runs in got.items():
-            rows.append(_row(name, mode, rtt, [r[0] for r in runs], [r[1] for r in runs], len(runs[0][2]), same))
-    if "mixed" in workloads:
-        rows += await _measure_mixed(engines, prompts, counter, acceptance, rtt, args)
+        single = functools.partial(_single, prompt=prompts[name], grammar=grammar, new_tokens=args.new_tokens)
+        named, push = await _measured(name, 1, single, engines, counter, acceptance, rtt, args.repeats)
+        rows += named
+        PUSH_TOKENS[name] = push[0]
+    if "mixed" in args.workloads:
+        mixed = functools.partial(_mixed, prompts=prompts, new_tokens=args.new_tokens)
+        rows += (await _measured("mixed x8", 8, mixed, engines, counter, acceptance, rtt, args.repeats))[0]
     return rows
 
 
-async def _measure_mixed(
+async def _measured(
+    workload: str,
+    streams: int,
+    run: Callable[[GenerationEngine], Awaitable[Run]],
     engines: dict[str, GenerationEngine],
-    prompts: dict[str, list[int]],
     counter: Traversals,
     acceptance: Acceptance,
     rtt: float,
-    args: argparse.Namespace,
-) -> list[dict[str, Any]]:
-    """The 8 streams at once, per mode; the same tokens: every stream's, compared with the same stream's in push."""
+    repeats: int,
+) -> tuple[list[dict[str, Any]], list[list[int]]]:
+    """A row a mode for ``run`` (of ``streams`` streams) done ``repeats`` times a mode, modes taking turns, and push's
+    first run's tokens. Tokens a traversal count each stream's prefill as a chain step; the same tokens: every
+    stream's, compared with the same stream's in every other mode."""
     got: dict[str, list[tuple[float, float, list[list[int]]]]] = {mode: [] for mode in engines}
-    for _ in range(args.repeats):
+    for _ in range(repeats):
         for mode, engine in engines.items():
             _forget_outputs(engine)
-            FRAMES.mode = mode
-            mixed = timed(functools.partial(_mixed, engine, prompts, args.new_tokens), counter, 8)
-            got[mode].append(await acceptance.counted(mode, mixed))
+            steps, FRAMES.mode = counter.steps, mode
+            speed, outputs = await acceptance.counted(mode, run(engine))
+            got[mode].append((speed, sum(map(len, outputs)) / (counter.steps - steps + streams), outputs))
     same = len({tuple(map(tuple, runs[0][2])) for runs in got.values()}) == 1
-    return [
-        _row("mixed x8", mode, rtt, [r[0] for r in runs], [r[1] for r in runs], sum(map(len, runs[0][2])), same)
+    rows = [
+        _row(workload, mode, rtt, [r[0] for r in runs], [r[1] for r in runs], sum(map(len, runs[0][2])), same)
         for mode, runs in got.items()
     ]
+    return rows, got["push"][0][2]
 
 
 def _forget_outputs(engine: GenerationEngine) -> None:
@@ -283,12 +275,20 @@ def _forget_outputs(engine: GenerationEngine) -> None:
     engine.outputs = OutputStore(words=engine.outputs.words)
 
 
-async def _mixed(engine: GenerationEngine, prompts: dict[str, list[int]], new_tokens: int) -> list[list[int]]:
-    """Each of the 8 streams' tokens, in a fixed order (two of each workload)."""
+async def _single(engine: GenerationEngine, prompt: list[int], grammar: Grammar | None, new_tokens: int) -> Run:
+    """One stream: decode tokens/s after the first token."""
+    tokens, speed = await one(engine, prompt, grammar, new_tokens)
+    return speed, [tokens]
+
+
+async def _mixed(engine: GenerationEngine, prompts: dict[str, list[int]], new_tokens: int) -> Run:
+    """The 8 streams at once (two of each workload, in a fixed order): their aggregate tokens/s, prefills included."""
     jobs = [
         one(engine, prompts[name], grammar, new_tokens) for name, (_, grammar) in WORKLOADS.items() for _ in range(2)
     ]
-    return [tokens for tokens, _ in await asyncio.gather(*jobs)]
+    began = time.perf_counter()
+    outputs = [tokens for tokens, _ in await asyncio.gather(*jobs)]
+    return sum(map(len, outputs)) / (time.perf_counter() - began), outputs
 
 
 def _row(
