@@ -147,8 +147,7 @@ class NodeSession:
         row = hidden.shape[1] == 1 or (not first and hidden.shape[1] <= wire.MAX_ROW_TOKENS)
         plain = tree is None and not branch
         if plain and row and self._links is not None and self._receipts is not None:
-            if self.closed:
-                raise NodeUnreachable(f"session on {self.hop.peer_id} is closed")
+            self._check_usable()
             answer = await self._links.step(self._receipts, hidden, position, next or ())
             self.last_receipt = answer.receipt
             return self._checked_output(answer.output, hidden)
@@ -183,8 +182,9 @@ class NodeSession:
     async def pushed(self, position: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(input, output) of the decode step at ``position`` pushed here by the previous node; ``like`` is the
         chain's input [1, 1, D], whose shape and dtype every hop keeps."""
-        if self.closed or self._links is None or self._receipts is None:
+        if self._links is None or self._receipts is None:
             raise NodeUnreachable(f"session on {self.hop.peer_id} is closed")
+        self._check_usable()
         answer = await self._links.pushed(self._receipts, position, self._timeout, like.shape[1])
         self.last_receipt = answer.receipt
         return self._checked_output(answer.input, like), self._checked_output(answer.output, like)
@@ -262,12 +262,21 @@ class NodeSession:
     ) -> Reply:
         return await self._reply(self._send(message, tensors), extra_wait)
 
-    def _send(self, message: BaseModel, tensors: tuple[torch.Tensor, ...] = ()) -> asyncio.Future[Reply]:
-        """Put a message on the stream now -> the future of its reply (``_reply`` reads it)."""
-        if self.closed or self._replies is None:
+    def _check_usable(self) -> None:
+        """Raises ``NodeUnreachable`` once the session is closed or its stream broke. A broken stream (a read that
+        failed: a pipelined frame found the node gone or frozen) ends the session for the step links too: a step
+        sent there would wait out the liveness watch on the same node again, and the session could never be
+        rewound, resized or closed, so the step fails over at once."""
+        if self.closed:
             raise NodeUnreachable(f"session on {self.hop.peer_id} is closed")
         if self._broken is not None:
             raise NodeUnreachable(f"session on {self.hop.peer_id} lost its stream: {self._broken}")
+
+    def _send(self, message: BaseModel, tensors: tuple[torch.Tensor, ...] = ()) -> asyncio.Future[Reply]:
+        """Put a message on the stream now -> the future of its reply (``_reply`` reads it)."""
+        if self._replies is None:
+            raise NodeUnreachable(f"session on {self.hop.peer_id} is closed")
+        self._check_usable()
         future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         future.add_done_callback(_retrieve)
         self._waiting.append(future)
