@@ -4,29 +4,37 @@ The engine runs in this process with ``speculative_pipeline="always"`` (on loopb
 pipeline) and drafts from the known output, every fifth draft wrong, so frames sent ahead are both kept and voided.
 Checked: greedy output equals transformers' generate with a node SIGKILLed right after a frame was sent ahead (two
 frames in flight: both fail at the dead node, the step goes again unpipelined, fails over and replays the history
-in position order), and a grammar-constrained request gives the same tokens pipelined as unpipelined.
+in position order), and a grammar-constrained request gives the same tokens pipelined as unpipelined. Through a real
+gateway (``--speculative-pipeline always``) and the openai client: a node frozen mid-stream with frames in flight is
+replaced (at once: the frames found it frozen) and the stream ends as an unfrozen one does.
 """
 
 from __future__ import annotations
 
 import json
 import signal
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from hivemind.p2p import P2P
+from openai.types.chat import ChatCompletionChunk
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
 from gateway.generation import GenerationRequest, Grammar, SamplingParams
 from gateway.model.engine import GenerationEngine
 from gateway.swarm.chain_session import ChainSession
 from gateway.swarm.frames import Frame
-from tests.helpers.processes import LocalSwarm
-from tests.helpers.tiny_swarm import process_of, speculating_engine, start_for_reference
+from shared.rpc_client import fetch_info
+from tests.helpers.gateway import start_gateway
+from tests.helpers.processes import LocalSwarm, ManagedProcess
+from tests.helpers.tiny_swarm import process_of, speculating_engine, start_for_reference, start_replicated
+from tests.integration.conftest import client_peer
 from tests.integration.test_churn import start_nodes
 from tests.integration.test_engine_chain import _wait_covered, engine_settings
-from tests.tiny_models import _COMMON, GetTinyModel
+from tests.tiny_models import _COMMON, GetTinyModel, TinyModel
 from tests.unit.gateway.model.test_speculative_engine import PROMPT, OracleDrafts
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
@@ -145,3 +153,77 @@ async def test_a_grammar_constrained_request_gives_the_same_tokens_pipelined(
             await engine.close()
     assert outputs[1] == outputs[0]
     assert recorders[1].ahead > 2 and recorders[0].ahead == 0
+
+
+FROZEN_TOKENS = 600  # long enough that the freeze lands well before the end, on a loaded machine too
+# Repeats itself: the default (ngram) drafts from it, so rounds draft and frames are sent ahead from the start.
+CHAT = "t5 t17 t99 t3 t42 t8 t1 t64 t2 t77 t5 t17 t99 t3 t42 t8 t1 t64"
+
+
+@dataclass
+class Streamed:
+    text: str = ""
+    finish_reason: str | None = None
+    completion_tokens: int | None = None  # from the usage chunk, the stream's last before [DONE]
+
+    def read(self, chunk: ChatCompletionChunk) -> None:
+        for choice in chunk.choices:
+            self.text += choice.delta.content or ""
+            self.finish_reason = choice.finish_reason or self.finish_reason
+        if chunk.usage is not None:
+            self.completion_tokens = chunk.usage.completion_tokens
+
+
+async def route_node(p2p: P2P, replicas: list[ManagedProcess]) -> ManagedProcess:
+    """The one of ``replicas`` (nodes of the same span) that holds a session: the stream's route goes through it."""
+    sessions = [(await fetch_info(p2p, node.peer_id, 10.0))[0].sessions for node in replicas]
+    assert sorted(sessions) == [0, 1], sessions
+    return replicas[sessions.index(1)]
+
+
+async def test_a_node_frozen_mid_stream_with_frames_ahead_is_replaced_for_the_openai_client(
+    local_swarm: LocalSwarm, chat_model: TinyModel
+) -> None:
+    """A real gateway pipelining always (frames ahead whenever a round drafts), the openai client streaming a greedy
+    chat; the route's node of blocks 3:6 is frozen (SIGSTOP, its p2pd too, as a machine that hangs) once the first
+    tokens arrive, and stays frozen. The stream goes on through the other replica of 3:6 and ends as an unfrozen run
+    of the same request does: the same text, finish_reason ``length``, the usage chunk."""
+    nodes = start_replicated(local_swarm, chat_model.folder)
+    for node in nodes:  # both replicas of 3:6 announced: the replacement is there when the freeze comes
+        local_swarm.wait_serving(node)
+    # --no-verify: a spot check's session on the other replica would hide which node the route goes through.
+    flags = ["--speculative-pipeline", "always", "--speculative-min-rtt", "0", "--no-verify"]
+    gateway = start_gateway(local_swarm, chat_model.folder, *flags)
+    client = gateway.async_openai()
+    request: dict[str, Any] = {
+        "model": gateway.model,
+        "messages": [{"role": "user", "content": CHAT}],
+        "max_tokens": FROZEN_TOKENS,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "extra_body": {"ignore_eos": True},
+    }
+    reference, frozen, streamed = Streamed(), None, Streamed()
+    async for chunk in await client.chat.completions.create(**request):
+        reference.read(chunk)
+    async with client_peer(local_swarm.initial_peers) as p2p:
+        try:
+            async for chunk in await client.chat.completions.create(**request):
+                streamed.read(chunk)
+                if frozen is None and streamed.text:  # under way (the gateway is some tokens ahead of the client)
+                    frozen = await route_node(p2p, nodes[1:])
+                    frozen.send(signal.SIGSTOP)
+        finally:
+            if frozen is not None:
+                frozen.send(signal.SIGCONT)
+    await client.close()
+    logs = gateway.log_text()[-3000:]
+    assert reference.finish_reason == "length" and reference.completion_tokens == FROZEN_TOKENS, (reference, logs)
+    assert streamed == reference, (streamed, reference, logs)
+    with gateway.http() as http:
+        counters = http.get("/v1/swarm").json()["counters"]
+    assert frozen is not None and counters["failovers"] == 1, (counters, logs)  # the freeze hit the generation
+    assert "a pipelined frame at" in logs and frozen.peer_id in logs, logs  # frames were in flight at the node
+    # ... and found it frozen: the step sent again fails it over at once, no second wait on the frozen node
+    assert "lost its stream" in logs, logs
