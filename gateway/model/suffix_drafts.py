@@ -34,6 +34,9 @@ __all__ = ["OutputStore", "SuffixDrafts"]
 
 MAX_MATCH = 8  # longest suffix compared
 MIN_MATCH = 2  # a single repeated token predicts too little (but see ``BigramIndex.respelled``)
+# A match within the grammar's forced tokens (``":"`` ends every key) says nothing about what follows unless it
+# takes in the key itself (``city":"``: a record repeated)
+FORCED_MATCH = 3
 RESPELLED_PLACES = 2  # a one-token match of a respelled word: only a word this rare names something to copy
 MIN_SCORE = 0.3  # stop drafting when under this share of the matching places agree (the product along the draft)
 MIN_TREE_SCORE = 0.05  # a tree's node: at least this share of the matching places continue with its path
@@ -198,16 +201,17 @@ class SuffixDrafts:
         if self._own is not None:
             self._own.add(0, self.context, len(self.context) - 1)
 
-    def propose(self, k: int, after: Sequence[int] = ()) -> list[int]:
-        places = self._places(k, after)
+    def propose(self, k: int, after: Sequence[int] = (), forced: int = 0) -> list[int]:
+        places = self._places(k, after, forced)
         return draft_from(places, k) if places else []
 
-    def propose_tree(self, depth: int, after: Sequence[int] = ()) -> ScoredTree | None:
-        places = self._places(depth, after)
+    def propose_tree(self, depth: int, after: Sequence[int] = (), forced: int = 0) -> ScoredTree | None:
+        places = self._places(depth, after, forced)
         return tree_from(places, depth, TREE_CANDIDATES * depth) if places else None
 
-    def _places(self, k: int, after: Sequence[int]) -> list[Place]:
-        """The places that match the longest suffix of the text so far and ``after`` ([] when none is long enough)."""
+    def _places(self, k: int, after: Sequence[int], forced: int = 0) -> list[Place]:
+        """The places that match the longest suffix of the text so far and ``after`` ([] when none is long enough;
+        a match within the last ``forced`` tokens, the grammar's, must be ``FORCED_MATCH`` long)."""
         context = [*self.context, *after] if after else self.context
         if k <= 0 or len(context) < MIN_MATCH:
             return []
@@ -218,6 +222,8 @@ class SuffixDrafts:
         if self._store is not None:
             found += self._store.index.places(context)
         longest = max((length for length, _ in found), default=0)
+        if longest < FORCED_MATCH and forced > 0 and longest <= forced:
+            return []  # ``":"`` after a key matches every earlier key: it would draft the last value, not this one
         if longest < MIN_MATCH:
             return self._respelled(context)
         return [place for length, place in found if length == longest]

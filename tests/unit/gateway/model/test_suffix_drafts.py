@@ -80,3 +80,15 @@ def test_the_store_matches_by_words_too() -> None:
     store = OutputStore(max_tokens=100, words=WORDS)
     store.add([7, 50, 3, 4, 60])
     assert worded([9, 51, 3], 2, store) == [4, 60]
+
+
+def test_a_match_within_the_forced_tokens_drafts_only_when_it_takes_in_the_key() -> None:
+    """``":"`` ends every key of a JSON object: matched alone it would draft the last value into this key. A match
+    that reaches back to the key (the record repeated) is evidence again."""
+    key, other, colon, quote, value = 40, 41, 42, 43, 44
+    prompt = [1, key, colon, quote, value, 9]  # ``"name":"Maria"`` earlier
+    assert drafts(prompt, 2, after=[other, colon, quote]) == [value, 9]  # not told they were forced
+    drafter = SuffixDrafts(prompt, SpecTuner(8, 0.0))
+    assert drafter.propose(2, [other, colon, quote], forced=3) == []
+    assert drafter.propose(2, [key, colon, quote], forced=3) == [value, 9]  # the same key: three tokens match
+    assert drafter.propose(2, [value, colon, quote], forced=2) == []
