@@ -83,6 +83,29 @@ async def test_greedy_with_forced_drafts_equals_greedy_without(folder: Path, mon
     assert metrics.spec_accepted._value.get() > 0
 
 
+async def test_greedy_with_drafts_the_grammar_checks_and_extends_equals_greedy_without(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every round the drafter offers a value's end (``x",``): the grammar cuts it where it is not allowed, and
+    where it is, asks what it forces after it (the next key) and rolls back; greedy output is unchanged."""
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    offered = tokenizer.encode('x",')
+    asked: list[int] = []
+    forced_after = Constraint.forced_after
+
+    def counted(self: Constraint, drafts: Sequence[int]) -> list[int]:
+        more = forced_after(self, drafts)
+        asked.append(len(more))
+        return more
+
+    monkeypatch.setattr(SuffixDrafts, "propose", lambda self, k, after=(), forced=0: offered[:k])
+    monkeypatch.setattr(Constraint, "forced_after", counted)
+    request = GenerationRequest(PROMPT, 48, SamplingParams(temperature=0.0), grammar=GRAMMAR)
+    plain, spec, engine = await _both(folder, request)
+    assert [t.token_id for t in spec] == [t.token_id for t in plain]
+    assert max(asked) > 0  # a step carried forced tokens after the drafts
+
+
 async def test_seeded_sampling_with_forced_drafts_gives_the_same_tokens(folder: Path) -> None:
     params = SamplingParams(temperature=0.8, seed=5, frequency_penalty=0.2)
     request = GenerationRequest(PROMPT, 48, params, grammar=GRAMMAR)
