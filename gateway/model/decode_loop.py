@@ -134,7 +134,7 @@ def verify_round(
     Run by the head batcher's worker thread: embedding there saves each session a hop to a thread per step."""
     tree = DraftTree.chain(drafts) if parents is None else DraftTree(drafts, parents)
     tokens, path = verify_tree(logits, tree, pick, plan)
-    plan.kept(drafts[:forced], len(path), tokens)
+    plan.kept(drafts if parents is None else drafts[:forced], forced, len(path), tokens)
     if plan.done:
         return Verified(tokens, len(path), True, path=path)
     return with_drafts(Verified(tokens, len(path), False, path=path), plan, k, embed, trees)

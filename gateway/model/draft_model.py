@@ -72,11 +72,12 @@ class DraftSession:
     def emitted(self, token_id: int) -> None:
         self.context.append(token_id)
 
-    def propose(self, k: int, after: Sequence[int] = ()) -> list[int]:
-        """Up to ``k`` greedy draft tokens after the text so far and then ``after`` (the grammar's forced tokens)."""
+    def propose(self, k: int, after: Sequence[int] = (), forced: int = 0) -> list[int]:
+        """Up to ``k`` greedy draft tokens after the text so far and then ``after`` (drafts already chosen; the
+        model reads forced ones as any other)."""
         return [token for token, _ in self._drafted(k, after)]
 
-    def propose_tree(self, depth: int, after: Sequence[int] = ()) -> ScoredTree | None:
+    def propose_tree(self, depth: int, after: Sequence[int] = (), forced: int = 0) -> ScoredTree | None:
         """The greedy chain of ``depth`` drafts, each with the draft model's second choice as a sibling leaf; each
         node's share is the draft model's probability of it."""
         tokens: list[int] = []

@@ -27,7 +27,7 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import llguidance
@@ -69,6 +69,8 @@ class Constraint:
         self._next: concurrent.futures.Future[torch.Tensor] | None = None
         # forced token -> the shorter token the model wrote instead (``respell``), for this sequence's later drafts
         self._spellings: dict[int, int] = {}
+        # a drafter's token -> the longer one the model wrote instead (``respell_draft``: ``",`` for ``,``)
+        self._draft_spellings: dict[int, int] = {}
         self.prefetch()  # the first mask computes while the prompt is prefilled
 
     def prefetch(self) -> None:
@@ -95,10 +97,33 @@ class Constraint:
         and the head scores their positions in the same matmul. Tens of microseconds."""
         if self._tokenizer is None:
             return []
-        if self._next is not None:
-            self._next.result()  # a mask in flight holds the matcher (llguidance refuses a second borrower)
+        self._settle()
         forced = self._matcher.compute_ff_bytes()
         return self._spelled(forced) if forced else []
+
+    def forced_after(self, drafts: Sequence[int]) -> list[int]:
+        """The tokens the grammar forces after the text so far and then ``drafts`` (as ``forced``): a draft that
+        closes a JSON value is followed by the next key's quotes and colon in the same step. The matcher takes the
+        drafts and is rolled back (microseconds); [] when it does not take them all."""
+        if self._tokenizer is None or not drafts:
+            return []
+        self._settle()
+        taken = self._matcher.try_consume_tokens(list(drafts))
+        try:
+            forced = self._matcher.compute_ff_bytes() if taken == len(drafts) else b""
+        finally:
+            self._matcher.rollback(taken)
+        return self._spelled(forced) if forced else []
+
+    def allowed_drafts(self, before: Sequence[int], drafts: Sequence[int]) -> list[int]:
+        """A drafter's ``drafts`` after the text so far and ``before``, each spelled as the model spelled it before
+        (``respell_draft``), up to the first the grammar forbids: a draft it forbids is a certain rejection."""
+        if not drafts:
+            return []
+        spelled = [self._draft_spellings.get(token, token) for token in drafts]
+        self._settle()
+        allowed = self._matcher.validate_tokens([*before, *spelled]) - len(before)
+        return spelled[: max(0, allowed)]
 
     def respell(self, drafted: int, chosen: int) -> None:
         """The model chose ``chosen`` where the forced draft ``drafted`` stood. When ``chosen`` spells the start of
@@ -109,6 +134,20 @@ class Constraint:
         whole, start = self._tokenizer.decode_bytes([drafted]), self._tokenizer.decode_bytes([chosen])
         if 0 < len(start) < len(whole) and whole.startswith(start):
             self._spellings[drafted] = chosen
+
+    def respell_draft(self, drafted: int, chosen: int) -> None:
+        """The model chose ``chosen`` where a drafter's ``drafted`` stood. When ``chosen`` spells more bytes and then
+        ``drafted``'s (``",`` for ``,``: a value copied from the prompt ends where the prompt's text has a comma, and
+        the model closes the string in the comma's token), later drafts of ``drafted`` are spelled ``chosen``; when
+        the model wrote the plain token where its respelling was drafted (a comma inside a value), that is unlearned."""
+        if self._tokenizer is None or drafted == chosen:
+            return
+        if self._draft_spellings.get(chosen) == drafted:
+            del self._draft_spellings[chosen]
+            return
+        whole, end = self._tokenizer.decode_bytes([chosen]), self._tokenizer.decode_bytes([drafted])
+        if 0 < len(end) < len(whole) and whole.endswith(end):
+            self._draft_spellings[drafted] = chosen
 
     def _spelled(self, data: bytes) -> list[int]:
         """``data`` as tokens: llguidance's canonical spelling, but a token the model spelled otherwise as it did
@@ -123,6 +162,10 @@ class Constraint:
             rest = self._tokenizer.decode_bytes([token])[len(self._tokenizer.decode_bytes([chosen])) :]
             tokens += [chosen, *self._spelled(rest)]  # ``rest`` is shorter than the token: this ends
         return tokens
+
+    def _settle(self) -> None:
+        if self._next is not None:
+            self._next.result()  # a mask in flight holds the matcher (llguidance refuses a second borrower)
 
     def _compute(self) -> torch.Tensor:
         """-> allowed [V] bool."""

@@ -211,8 +211,9 @@ class Drafter(Protocol):
 
     def emitted(self, token_id: int) -> None: ...
 
-    def propose(self, k: int, after: Sequence[int] = ()) -> list[int]:
-        """Up to ``k`` drafts after the text so far and then ``after`` (drafts already chosen: the forced ones)."""
+    def propose(self, k: int, after: Sequence[int] = (), forced: int = 0) -> list[int]:
+        """Up to ``k`` drafts after the text so far and then ``after`` (drafts already chosen), the last ``forced`` of
+        which the grammar forced (a key's quotes and colon: text the schema repeats, no sign of what follows)."""
         ...
 
 
@@ -220,9 +221,10 @@ class Drafter(Protocol):
 class TreeDrafter(Drafter, Protocol):
     """A drafter that may propose several continuations at once."""
 
-    def propose_tree(self, depth: int, after: Sequence[int] = ()) -> ScoredTree | None:
+    def propose_tree(self, depth: int, after: Sequence[int] = (), forced: int = 0) -> ScoredTree | None:
         """Candidate drafts up to ``depth`` deep after the text so far and ``after`` (more than a step should carry:
-        the plan keeps the likeliest); None or an empty tree when there is nothing to draft."""
+        the plan keeps the likeliest; ``forced`` as ``propose``'s); None or an empty tree when there is nothing to
+        draft."""
         ...
 
 
@@ -239,7 +241,7 @@ class PromptLookup:
     def emitted(self, token_id: int) -> None:
         self.context.append(token_id)
 
-    def propose(self, k: int, after: Sequence[int] = ()) -> list[int]:
+    def propose(self, k: int, after: Sequence[int] = (), forced: int = 0) -> list[int]:
         return propose_ngram([*self.context, *after] if after else self.context, k)
 
 
@@ -266,8 +268,20 @@ class ForcedTokens(Protocol):
         """The tokens the grammar forces next, as drafts."""
         ...
 
+    def forced_after(self, drafts: Sequence[int]) -> list[int]:
+        """The tokens the grammar forces after ``drafts``."""
+        ...
+
+    def allowed_drafts(self, before: Sequence[int], drafts: Sequence[int]) -> list[int]:
+        """A drafter's ``drafts`` after ``before``, respelled, up to the first the grammar forbids."""
+        ...
+
     def respell(self, drafted: int, chosen: int) -> None:
         """The model chose ``chosen`` where the forced draft ``drafted`` stood: spell later forced bytes its way."""
+        ...
+
+    def respell_draft(self, drafted: int, chosen: int) -> None:
+        """The model chose ``chosen`` where a drafter's ``drafted`` stood: spell later such drafts its way."""
         ...
 
 
@@ -350,15 +364,40 @@ class DecodePlan:
         started = time.perf_counter()
         drafter = self._drafter
         if trees and self._others == 0 and isinstance(drafter, TreeDrafter):
-            scored = drafter.propose_tree(depth, forced)
+            scored = drafter.propose_tree(depth, forced, len(forced))
             slots = room - len(forced)  # every tree token takes a slot of the session, a branch or not
             drafted = self._pruned(scored, depth, slots) if scored is not None else DraftTree([], [])
+            drafter.tuner.record_draft(time.perf_counter() - started - drafter.unpriced, len(drafted.tokens))
         else:
-            drafted = DraftTree.chain(drafter.propose(depth, forced))
-        drafter.tuner.record_draft(time.perf_counter() - started - drafter.unpriced, len(drafted.tokens))
+            chain, left, unpriced = self._drafted_chain(forced, depth, room)
+            drafter.tuner.record_draft(time.perf_counter() - started - unpriced, depth - left)
+            drafted = DraftTree.chain(chain[len(forced) :])
         below = len(forced) - 1  # the drafts hang below the last forced token
         parents = [below + 1 + parent if parent >= 0 else below for parent in drafted.parents]
         return DraftTree(forced + drafted.tokens, list(range(-1, below)) + parents), len(forced)
+
+    def _drafted_chain(self, forced: list[int], depth: int, room: int) -> tuple[list[int], int, float]:
+        """``forced``, then up to ``depth`` of the drafter's drafts, each run of them followed by what the grammar
+        forces after it (a value's closing quote drafted, then the next key: one step carries both), within
+        ``room`` -> (the chain, the drafter's ``depth`` left unused, the proposals' ``unpriced`` seconds). With a
+        grammar, drafts it forbids are cut."""
+        assert self._drafter is not None
+        chain, tail, left, unpriced = list(forced), len(forced), depth, 0.0
+        while left > 0 and len(chain) < room:
+            drafts = self._drafter.propose(min(left, room - len(chain)), chain, tail)
+            unpriced += self._drafter.unpriced
+            if self._grammar is not None:
+                drafts = self._grammar.allowed_drafts(chain, drafts)
+            chain += drafts
+            left -= len(drafts)
+            if not drafts or not self._forcing or self._grammar is None:
+                break
+            more = self._grammar.forced_after(chain)[: room - len(chain)]
+            if not more:
+                break
+            chain += more
+            tail = len(more)
+        return chain, left, unpriced
 
     def _pruned(self, scored: ScoredTree, depth: int, slots: int) -> DraftTree:
         """The likeliest nodes of the drafter's tree that pay for their positions (a chain of them where a chain
@@ -370,14 +409,19 @@ class DecodePlan:
         size = choose_tree(ranked, self._rtt, tuner.compute, min(TREE_WIDTH * depth, slots), self._plain_rtt)
         return prune_tree(scored, chances, max(1, size))
 
-    def kept(self, forced: Sequence[int], accepted: int, tokens: Sequence[GeneratedToken]) -> None:
-        """A step's drafts were verified, the first of them ``forced`` (the grammar's): ``accepted`` kept, then
-        ``tokens[accepted]`` sampled (when the round emitted one there). A forced draft the model did not keep,
-        where it chose another spelling of the same bytes, teaches the grammar that spelling: under a compact JSON
-        grammar SmolLM2 writes ``":`` then ``"`` where llguidance's canonical ``":"`` was drafted, so every later
-        key's draft broke there."""
-        if self._grammar is not None and accepted < len(forced) and accepted < len(tokens):
-            self._grammar.respell(forced[accepted], tokens[accepted].token_id)
+    def kept(self, drafts: Sequence[int], forced: int, accepted: int, tokens: Sequence[GeneratedToken]) -> None:
+        """A step's chain of ``drafts`` was verified, the first ``forced`` of them the grammar's: ``accepted`` kept,
+        then ``tokens[accepted]`` sampled (when the round emitted one there). A draft the model did not keep, where it
+        chose another spelling of the same bytes, teaches the grammar that spelling: under a compact JSON grammar
+        SmolLM2 writes ``":`` then ``"`` where llguidance's canonical ``":"`` was drafted (a forced draft), and ``",``
+        where a value copied from the prompt met the prompt's ``,`` (a drafter's), so every later key's or value's
+        draft broke there."""
+        if self._grammar is None or accepted >= len(drafts) or accepted >= len(tokens):
+            return
+        if accepted < forced:
+            self._grammar.respell(drafts[accepted], tokens[accepted].token_id)
+        else:
+            self._grammar.respell_draft(drafts[accepted], tokens[accepted].token_id)
 
     def verified(self, drafted: int, accepted: int, forced: int = 0) -> None:
         if self._drafter is not None and drafted > 0:

@@ -12,7 +12,8 @@ decode plan keeps as many of its nodes as pay for their positions.
 Tokens are compared as words (``words``: a token's id -> its word's, ``word_ids``): a word after a space and the
 same word at the start of a string are one token apart in byte-level vocabularies, and structured output copies the
 prompt's words into JSON strings (``Maria`` after ``"`` where the prompt has `` Maria``). Where no two tokens match,
-one does when it is such a respelling of a word that occurs at most ``RESPELLED_PLACES`` times before.
+one does when it is such a respelling of a word that occurs at most ``RESPELLED_PLACES`` times before, or a word
+that occurs once before, in the prompt (a value copied from text whose punctuation around it differs).
 
 Prompt lookup is the special case of one document with no store (``PromptLookup``). Written here, not taken from
 Snowflake's ``arctic-inference`` (which has a C++ suffix tree): on PyPI it ships a source distribution for this
@@ -33,8 +34,11 @@ from gateway.model.speculation import DraftTree, ScoredTree, SpecTuner
 __all__ = ["OutputStore", "SuffixDrafts"]
 
 MAX_MATCH = 8  # longest suffix compared
-MIN_MATCH = 2  # a single repeated token predicts too little (but see ``BigramIndex.respelled``)
-RESPELLED_PLACES = 2  # a one-token match of a respelled word: only a word this rare names something to copy
+MIN_MATCH = 2  # a single repeated token predicts too little (but see ``SuffixDrafts._copied_word``)
+# A match within the grammar's forced tokens (``":"`` ends every key) says nothing about what follows unless it
+# takes in the key itself (``city":"``: a record repeated)
+FORCED_MATCH = 3
+RESPELLED_PLACES = 2  # a one-token match of a copied word: only a word this rare names something to copy
 MIN_SCORE = 0.3  # stop drafting when under this share of the matching places agree (the product along the draft)
 MIN_TREE_SCORE = 0.05  # a tree's node: at least this share of the matching places continue with its path
 TREE_CANDIDATES = 4  # a tree's candidate nodes per depth (the plan keeps those that pay)
@@ -198,16 +202,17 @@ class SuffixDrafts:
         if self._own is not None:
             self._own.add(0, self.context, len(self.context) - 1)
 
-    def propose(self, k: int, after: Sequence[int] = ()) -> list[int]:
-        places = self._places(k, after)
+    def propose(self, k: int, after: Sequence[int] = (), forced: int = 0) -> list[int]:
+        places = self._places(k, after, forced)
         return draft_from(places, k) if places else []
 
-    def propose_tree(self, depth: int, after: Sequence[int] = ()) -> ScoredTree | None:
-        places = self._places(depth, after)
+    def propose_tree(self, depth: int, after: Sequence[int] = (), forced: int = 0) -> ScoredTree | None:
+        places = self._places(depth, after, forced)
         return tree_from(places, depth, TREE_CANDIDATES * depth) if places else None
 
-    def _places(self, k: int, after: Sequence[int]) -> list[Place]:
-        """The places that match the longest suffix of the text so far and ``after`` ([] when none is long enough)."""
+    def _places(self, k: int, after: Sequence[int], forced: int = 0) -> list[Place]:
+        """The places that match the longest suffix of the text so far and ``after`` ([] when none is long enough;
+        a match within the last ``forced`` tokens, the grammar's, must be ``FORCED_MATCH`` long)."""
         context = [*self.context, *after] if after else self.context
         if k <= 0 or len(context) < MIN_MATCH:
             return []
@@ -218,20 +223,32 @@ class SuffixDrafts:
         if self._store is not None:
             found += self._store.index.places(context)
         longest = max((length for length, _ in found), default=0)
+        if longest < FORCED_MATCH and forced > 0 and longest <= forced:
+            return []  # ``":"`` after a key matches every earlier key: it would draft the last value, not this one
         if longest < MIN_MATCH:
-            return self._respelled(context)
+            return self._copied_word(context)
         return [place for length, place in found if length == longest]
 
-    def _respelled(self, context: Sequence[int]) -> list[Place]:
+    def _copied_word(self, context: Sequence[int]) -> list[Place]:
         """The places of the context's last word when it is rare (at most ``RESPELLED_PLACES`` earlier occurrences)
-        and spelled otherwise at one of them: a word copied from the prompt into a string; else none."""
+        and a copy: spelled otherwise at one of them (a word copied from the prompt into a string), or found only in
+        the prompt (``"mar`` where the prompt has ``(maria.lopez@``: the text around a copied value differs); else
+        none."""
         assert self._own is not None
         places = self._own.word_places(context)
+        in_prompt = (  # and the word itself written after it
+            len(context) > self._prompt
+            and len(places) == 1
+            and places[0][0] is self.context
+            and places[0][1] <= self._prompt
+        )
         if self._store is not None:
             places += self._store.index.word_places(context)
         last = context[-1]
-        if len(places) > RESPELLED_PLACES or all(tokens[end - 1] == last for tokens, end in places):
+        if not places or len(places) > RESPELLED_PLACES:
             return []
+        if all(tokens[end - 1] == last for tokens, end in places) and not (in_prompt and len(places) == 1):
+            return []  # a word the text has had before as it is: one token of context predicts too little
         return places
 
     def publish(self) -> None:

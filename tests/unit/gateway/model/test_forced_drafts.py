@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 import torch
 from scipy.stats import chisquare
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedTokenizerBase
 
 from gateway.generation import GeneratedToken, GenerationRequest, Grammar, SamplingParams
 from gateway.metrics import GatewayMetrics, current_metrics
@@ -69,7 +70,7 @@ async def _both(
 
 
 async def test_greedy_with_forced_drafts_equals_greedy_without(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(SuffixDrafts, "propose", lambda self, k, after=(): [])  # only forced tokens are drafted
+    monkeypatch.setattr(SuffixDrafts, "propose", lambda self, k, after=(), forced=0: [])  # only forced drafts
     metrics = GatewayMetrics()
     current_metrics.set(metrics)
     request = GenerationRequest(PROMPT, 48, SamplingParams(temperature=0.0), logprobs=2, grammar=GRAMMAR)
@@ -80,6 +81,29 @@ async def test_greedy_with_forced_drafts_equals_greedy_without(folder: Path, mon
         assert [i for i, _ in got.top] == [i for i, _ in want.top]
     assert max(tokens for _, tokens in engine.chains[0].steps[1:]) > 1  # forced tokens rode as drafts
     assert metrics.spec_accepted._value.get() > 0
+
+
+async def test_greedy_with_drafts_the_grammar_checks_and_extends_equals_greedy_without(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every round the drafter offers a value's end (``x",``): the grammar cuts it where it is not allowed, and
+    where it is, asks what it forces after it (the next key) and rolls back; greedy output is unchanged."""
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    offered = tokenizer.encode('x",')
+    asked: list[int] = []
+    forced_after = Constraint.forced_after
+
+    def counted(self: Constraint, drafts: Sequence[int]) -> list[int]:
+        more = forced_after(self, drafts)
+        asked.append(len(more))
+        return more
+
+    monkeypatch.setattr(SuffixDrafts, "propose", lambda self, k, after=(), forced=0: offered[:k])
+    monkeypatch.setattr(Constraint, "forced_after", counted)
+    request = GenerationRequest(PROMPT, 48, SamplingParams(temperature=0.0), grammar=GRAMMAR)
+    plain, spec, engine = await _both(folder, request)
+    assert [t.token_id for t in spec] == [t.token_id for t in plain]
+    assert max(asked) > 0  # a step carried forced tokens after the drafts
 
 
 async def test_seeded_sampling_with_forced_drafts_gives_the_same_tokens(folder: Path) -> None:
@@ -168,30 +192,123 @@ def test_forced_bytes_are_spelled_as_the_model_spelled_them(folder: Path) -> Non
 
 
 class RecordedSpellings:
-    """A grammar that forces the same three tokens each round and records what ``respell`` is told."""
+    """A grammar that forces the same three tokens each round, allows every draft and records what ``respell`` and
+    ``respell_draft`` are told."""
 
     def __init__(self) -> None:
         self.respelled: list[tuple[int, int]] = []
+        self.respelled_drafts: list[tuple[int, int]] = []
 
     def forced(self) -> list[int]:
         return [7, 8, 9]
 
+    def forced_after(self, drafts: Sequence[int]) -> list[int]:
+        return []
+
+    def allowed_drafts(self, before: Sequence[int], drafts: Sequence[int]) -> list[int]:
+        return list(drafts)
+
     def respell(self, drafted: int, chosen: int) -> None:
         self.respelled.append((drafted, chosen))
 
+    def respell_draft(self, drafted: int, chosen: int) -> None:
+        self.respelled_drafts.append((drafted, chosen))
 
-@pytest.mark.parametrize(("accepted", "told"), [(3, []), (1, [(8, 42)]), (0, [(7, 42)])])
-def test_the_plan_tells_the_grammar_which_forced_draft_the_model_spelled_otherwise(
-    accepted: int, told: list[tuple[int, int]]
+
+@pytest.mark.parametrize(
+    ("accepted", "told", "told_drafts"),
+    [(4, [], []), (3, [], [(5, 42)]), (1, [(8, 42)], []), (0, [(7, 42)], [])],
+)
+def test_the_plan_tells_the_grammar_which_draft_the_model_spelled_otherwise(
+    accepted: int, told: list[tuple[int, int]], told_drafts: list[tuple[int, int]]
 ) -> None:
+    """Forced drafts and the drafter's are told apart: each kind has its own respelling rule."""
     grammar = RecordedSpellings()
     plan = DecodePlan(GenerationRequest(PROMPT, 40), SuffixDrafts(PROMPT, SpecTuner(k_max=4, min_rtt=0.0)), grammar)
     plan.next_k(rtt=0.2, others=0)  # a far chain: forcing pays
     drafts, forced = plan.propose(0)
     assert (drafts, forced) == ([7, 8, 9], 3)
-    emitted = [GeneratedToken(token, False) for token in [7, 8, 9][:accepted]] + [GeneratedToken(42, False)]
-    plan.kept(drafts[:forced], accepted, emitted)
-    assert grammar.respelled == told
+    drafts.append(5)  # as if the drafter had drafted one more
+    emitted = [GeneratedToken(token, False) for token in drafts[:accepted]] + [GeneratedToken(42, False)]
+    plan.kept(drafts, forced, accepted, emitted)
+    assert (grammar.respelled, grammar.respelled_drafts) == (told, told_drafts)
+
+
+def _advanced(compiler: GrammarCompiler, tokenizer: PreTrainedTokenizerBase, grammar: Grammar, text: str) -> Constraint:
+    """A constraint that took ``text``'s tokens as the sampler gives them: each after its mask."""
+    constraint = compiler.constraint(grammar)
+    for token in tokenizer.encode(text):
+        assert constraint.apply(torch.zeros(V))[token] == 0
+        constraint.advance(token)
+    return constraint
+
+
+def test_the_grammar_says_what_it_forces_after_drafts_and_stays_where_it_was(folder: Path) -> None:
+    """A drafted value's end (``",``) is followed by the next key, forced: asked after the drafts, the matcher takes
+    them, answers, and is rolled back to the text emitted."""
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    compiler = GrammarCompiler(tokenizer, V, [2])
+    try:
+        constraint = _advanced(compiler, tokenizer, GRAMMAR, '{"name":"')
+        maria, close = tokenizer.encode("Maria"), tokenizer.convert_tokens_to_ids('",')
+        assert tokenizer.decode(constraint.forced_after([*maria, close])) == '"email":"'
+        assert constraint.forced_after(maria) == []  # inside the string: nothing is forced
+        assert constraint.forced() == []  # still right after ``"name":"``
+        assert constraint.forced_after([tokenizer.convert_tokens_to_ids("}")]) == []  # not taken: nothing
+        constraint.advance(maria[0])
+        assert tokenizer.decode(constraint.forced_after([*maria[1:], close])) == '"email":"'
+    finally:
+        compiler.close()
+
+
+def test_drafts_the_grammar_forbids_are_cut_and_a_closing_quote_is_learned(folder: Path) -> None:
+    """Digits are drafted into an integer up to the first letter; a value copied up to the prompt's comma, which the
+    model wrote as ``",``, drafts ``",`` where the drafter has ``,`` from then on, until the model writes ``,``."""
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    compiler = GrammarCompiler(tokenizer, V, [2])
+    one, eight, word = tokenizer.convert_tokens_to_ids(["1", "8", "years"])
+    comma, closing = tokenizer.convert_tokens_to_ids([",", '",'])
+    try:
+        age = _advanced(compiler, tokenizer, GRAMMAR, '{"name":"M","email":"m","age":')
+        assert age.allowed_drafts([], [one, eight, word, one]) == [one, eight]
+        assert age.allowed_drafts([one], [eight, word]) == [eight]
+        name = _advanced(compiler, tokenizer, GRAMMAR, '{"name":"Maria')
+        assert name.allowed_drafts([], [comma]) == [comma]
+        name.respell_draft(comma, closing)
+        assert name.allowed_drafts([], [comma, one]) == [closing]  # then a key's quote, not a digit
+        name.respell_draft(closing, comma)  # a comma inside a value after all
+        assert name.allowed_drafts([], [comma]) == [comma]
+        name.respell_draft(one, tokenizer.convert_tokens_to_ids("Maria"))  # not the same bytes: nothing learned
+        assert name.allowed_drafts([], [one]) == [one]
+    finally:
+        compiler.close()
+
+
+def test_a_copied_value_its_close_and_the_next_key_travel_in_one_step(folder: Path) -> None:
+    """The structured workload's loss: ``Val`` emitted, the prompt has `` Valencia, Spain``; once the model was seen
+    closing a copied value at the prompt's comma, one step drafts the value's rest, ``",``, and the next key."""
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
+        "required": ["city", "country"],
+        "additionalProperties": False,
+    }
+    compiler = GrammarCompiler(tokenizer, V, [2])
+    try:
+        constraint = _advanced(compiler, tokenizer, Grammar("json_schema", json.dumps(schema)), '{"city":"Val')
+        prompt = tokenizer.encode("Extract the address as JSON: she lives in Valencia, Spain, near the sea.")
+        output = tokenizer.encode('{"city":"Val')
+        drafter = SuffixDrafts([*prompt, *output], SpecTuner(k_max=8, min_rtt=0.0), words=word_ids(tokenizer))
+        plan = DecodePlan(GenerationRequest(prompt, 40), drafter, constraint)
+        plan.next_k(rtt=0.2, others=0)  # a far chain: forcing pays
+        assert tokenizer.decode(plan.propose(8)[0]) == "encia, Spain, near the sea."  # the prompt's text, on
+        comma, closing = tokenizer.convert_tokens_to_ids([",", '",'])
+        plan.kept([comma], 0, 0, [GeneratedToken(closing, False)])  # seen once: the model closes the value there
+        drafts, forced = plan.propose(8)
+        assert (tokenizer.decode(drafts), forced) == ('encia","country":"', 0)
+    finally:
+        compiler.close()
 
 
 def test_a_name_copied_from_the_prompt_into_a_json_string_is_drafted(folder: Path) -> None:

@@ -94,7 +94,7 @@ class SlowFirstRead(PromptLookup):
         super().__init__([1, 2, 3], tuner)
         self.clock = clock
 
-    def propose(self, k: int, after: Sequence[int] = ()) -> list[int]:
+    def propose(self, k: int, after: Sequence[int] = (), forced: int = 0) -> list[int]:
         self.clock.now += 2.0
         self.unpriced = 1.8
         return [7] * k

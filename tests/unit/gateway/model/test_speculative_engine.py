@@ -111,7 +111,7 @@ class OracleDrafts(PromptLookup):
         self._emitted_from = len(prompt_ids)
         self._reference = reference
 
-    def propose(self, k: int, after: Sequence[int] = ()) -> list[int]:
+    def propose(self, k: int, after: Sequence[int] = (), forced: int = 0) -> list[int]:
         done = len(self.context) + len(after) - self._emitted_from
         drafts = self._reference[done : done + k]
         return [(t + 1) % VOCAB if (done + i) % 5 == 4 else t for i, t in enumerate(drafts)]

@@ -58,6 +58,14 @@ def worded(prompt: list[int], k: int, store: OutputStore | None = None) -> list[
     return SuffixDrafts(prompt, SpecTuner(8, 0.0), store, words=WORDS).propose(k)
 
 
+def written(prompt: list[int], output: list[int], k: int) -> list[int]:
+    """Drafts after ``output`` was emitted after ``prompt``."""
+    drafter = SuffixDrafts(prompt, SpecTuner(8, 0.0), words=WORDS)
+    for token in output:
+        drafter.emitted(token)
+    return drafter.propose(k)
+
+
 def test_tokens_are_matched_as_words() -> None:
     # the prompt has " +" 3 4 " 6"; the output "+" 3 after a quote (9): the pair "+ 3" matches as words
     assert worded([1, 50, 3, 4, 60, 5, 9, 51, 3], 3) == [4, 60, 5]
@@ -69,8 +77,13 @@ def test_a_rare_word_copied_into_a_string_drafts_on_its_own() -> None:
     prompt = [1, 2, 40, 42, 43, 5, 9]
     assert worded([*prompt, 41], 2) == [42, 43]
     assert drafts([*prompt, 41], 2) == []  # without words: another token
-    # the same word spelled the same way is a one-token match: too little to go on
-    assert worded([*prompt, 40], 2) == []
+    # the same word spelled the same way, written after it occurred once in the prompt: a copy whose punctuation
+    # differs ("mar after a quote where the prompt has (mar)
+    assert worded([*prompt, 40], 2) == []  # the prompt's own last word: nothing was written yet
+    assert written(prompt, [40], 2) == [42, 43]
+    # ... but once in the output, or twice in the prompt, a one-token match is too little to go on
+    assert written(prompt, [7, 44, 45, 8, 44], 2) == []
+    assert written([1, 2, 40, 42, 43, 3, 40, 5, 9], [40], 2) == []
     # a word the text has often is no copy of one place
     common = [1, 40, 42, 2, 40, 44, 3, 40, 45, 9]
     assert worded([*common, 41], 2) == []
@@ -80,3 +93,15 @@ def test_the_store_matches_by_words_too() -> None:
     store = OutputStore(max_tokens=100, words=WORDS)
     store.add([7, 50, 3, 4, 60])
     assert worded([9, 51, 3], 2, store) == [4, 60]
+
+
+def test_a_match_within_the_forced_tokens_drafts_only_when_it_takes_in_the_key() -> None:
+    """``":"`` ends every key of a JSON object: matched alone it would draft the last value into this key. A match
+    that reaches back to the key (the record repeated) is evidence again."""
+    key, other, colon, quote, value = 40, 41, 42, 43, 44
+    prompt = [1, key, colon, quote, value, 9]  # ``"name":"Maria"`` earlier
+    assert drafts(prompt, 2, after=[other, colon, quote]) == [value, 9]  # not told they were forced
+    drafter = SuffixDrafts(prompt, SpecTuner(8, 0.0))
+    assert drafter.propose(2, [other, colon, quote], forced=3) == []
+    assert drafter.propose(2, [key, colon, quote], forced=3) == [value, 9]  # the same key: three tokens match
+    assert drafter.propose(2, [value, colon, quote], forced=2) == []

@@ -55,7 +55,7 @@ class OracleTree(PromptLookup):
         self._emitted_from = len(prompt_ids)
         self._reference = reference
 
-    def propose_tree(self, depth: int, after: Sequence[int] = ()) -> ScoredTree | None:
+    def propose_tree(self, depth: int, after: Sequence[int] = (), forced: int = 0) -> ScoredTree | None:
         done = len(self.context) + len(after) - self._emitted_from
         tokens: list[int] = []
         parents: list[int] = []
