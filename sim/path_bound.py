@@ -23,7 +23,7 @@ per-node figure.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.optimize import linprog
@@ -45,7 +45,8 @@ class PathBound:
     chains: int  # columns generated (some left the restricted LP again, unused)
     iterations: int
     closed: bool  # whether the gap closed (else tokens_per_s is still a bound, a looser one)
-    used: tuple[Chain, ...] = ()  # the chains the restricted LP's optimum runs: a start for the next call
+    # the chains the restricted LP's optimum runs: a start for the next call
+    used: tuple[Chain, ...] = field(default=(), repr=False)
 
 
 def path_bound(
