@@ -2,7 +2,8 @@
 every 30 s over the steady window of the quick 70B steady scenario (``sim/scenarios.py``) at 1.2x load. Not a test:
 it prints a few lines. Sampling reads the world and changes nothing in it.
 
-``python -m bench.sim_chains [--nodes N] [--seed S] [--oracle-next-rtts]``. Printed: ours and the bound; per
+``python -m bench.sim_chains [--nodes N] [--seed S] [--oracle-next-rtts]``. Printed: ours and the bound (the path
+LP's, ``sim/path_bound.py``; the per-node one beside it); per
 decoding session its hops and the share of hops that use part of their node's span, the swarm's KV memory the
 sessions use (block-tokens) and the share its pools charge; a session's round (seconds per token) as the data plane
 gives it, its chain's idle round (links plus 1.5 steps a hop) and its links; what ``plan_route`` picks on the same
@@ -122,7 +123,9 @@ def main() -> None:
     a = np.array(samples).mean(axis=0)
     print(  # noqa: T201
         f"nodes {chosen.nodes} seed {chosen.seed}{' oracle next_rtts' if args.oracle_next_rtts else ''}:"
-        f" ours {s['throughput']:.0f} tok/s, bound {s['bound']:.0f}, ours/bound {s['ratio']:.3f},"
+        f" ours {s['throughput']:.0f} tok/s, path bound {s['bound']:.0f}, ours/bound {s['ratio']:.3f}"
+        f" (per-node bound {s['node_bound']:.0f}, ours/per-node {s['node_ratio']:.3f};"
+        f" per-node in {s['path_kept_node']:.0f} samples where pricing gave up, gap open in {s['path_open']:.0f}),"
         f" finished {s['finished']:.0f}, refused {s['refused']:.0f}\n"
         f"  decoding {a[0]:.0f}, hops/session {a[1]:.2f}, hops over part of a span {a[2]:.3f},"
         f" KV memory used {a[3]:.3f}, charged by the pools {a[4]:.3f}\n"

@@ -6,9 +6,11 @@ from __future__ import annotations
 import numpy as np
 
 from sim import clients, fastest_chain
+from sim.chain_pricing import Chain, Graph
 from sim.dataplane import GATEWAY_WORK, LEAST_WAIT, Chains, Nodes, solve
 from sim.flow_bound import Stage, max_throughput
 from sim.hardware import STEP_OVERHEAD
+from sim.path_bound import PathBound, path_bound
 from sim.swarm import SimNode, queue_depth
 from sim.world import GATEWAY_LAST_MILE, World
 
@@ -81,3 +83,34 @@ def fastest_rounds(world: World, serving: list[SimNode]) -> list[float]:
     gateways = [(g.city, GATEWAY_LAST_MILE) for g in world.gateways]
     rounds = fastest_chain.fastest_rounds(placement, gateways, world.model.num_blocks) + GATEWAY_WORK
     return [float(r) for r in rounds]
+
+
+def path(world: World, held_length: float, seconds: float = 60.0) -> PathBound | None:
+    """The path LP's bound for the nodes serving now (``path_bound``: never above ``bound``'s first figure); None
+    where its pricing gave up, and then the per-node figure is the bound."""
+    serving = [n for n in world.serving() if n.capacity > 0 and n.hw.cache_tokens > 0]
+    if not serving:
+        return PathBound(0.0, 0.0, 0, 0, True)
+    fixed = np.array([(STEP_OVERHEAD + n.span * n.hw.read_time) * n.slowdown for n in serving])
+    placement = fastest_chain.Placement(
+        np.array([n.start for n in serving], dtype=np.int64),
+        np.array([n.end for n in serving], dtype=np.int64),
+        np.array([fastest_chain.CITY_INDEX[n.city.name] for n in serving], dtype=np.int64),
+        np.array([n.last_mile for n in serving]),
+        LEAST_WAIT * fixed,  # as ``fastest_rounds``: the least a token spends at a node
+        np.zeros(len(serving)),
+    )
+    gateways = tuple((fastest_chain.CITY_INDEX[g.city.name], GATEWAY_LAST_MILE) for g in world.gateways)
+    graph = Graph.of(placement, gateways, world.model.num_blocks, GATEWAY_WORK)
+    capacity = np.array([n.capacity for n in serving])
+    pool = np.array([float(n.hw.cache_tokens) for n in serving])
+    row = {n.peer_id: i for i, n in enumerate(serving)}
+    start = tuple(
+        Chain(g, tuple((row[peer], entry) for peer, entry in hops))
+        for g, hops in world.path_chains
+        if all(peer in row for peer, _ in hops)
+    )
+    found = path_bound(graph, capacity, pool, held_length, seconds, start=start)
+    if found is not None:  # by peer: rows change as nodes come and go
+        world.path_chains = [(c.gateway, tuple((serving[n].peer_id, e) for n, e in c.hops)) for c in found.used]
+    return found

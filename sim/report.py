@@ -32,27 +32,36 @@ def write(
 
 def _legend() -> list[str]:
     return [
-        "Means over each scenario's steady window (before its event). *bound*: the LP max-flow of the hardware and"
-        " placement with each node's KV pool at the fastest chain through it (sim/ASSUMPTIONS.md); *offered*: what"
-        " the arrivals ask for; *served*: ours / min(offered, bound), what could be served at best."
+        "Means over each scenario's steady window (before its event). *bound*: the path LP over the hardware and"
+        " placement (tokens/s per chain at its idle round, compute and KV room per node; `sim/path_bound.py`,"
+        " sim/ASSUMPTIONS.md), or the per-node bound in the samples marked where its pricing gave up; *per-node"
+        " bound*: the LP max-flow with each node's KV pool at the fastest chain through it (the bound before; it"
+        " sizes the arrivals and judges recovery after an event); *offered*: what the arrivals ask for; *served*:"
+        " ours / min(offered, bound), what could be served at best."
     ]
 
 
 def _table(results: Sequence[Result]) -> list[str]:
     rows = [
-        "| scenario | nodes | ours tok/s | bound tok/s | ours/bound | offered tok/s | served | compute bound"
-        " | after event | finished | refused | lost | failovers | moves | TTFT p50 s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| scenario | nodes | ours tok/s | bound tok/s | ours/bound | per-node bound | ours/per-node | offered tok/s"
+        " | served | compute bound | after event | finished | refused | lost | failovers | moves | TTFT p50 s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
-        s = r.summary
+        s = {"node_bound": r.summary["bound"], "node_ratio": r.summary["ratio"]} | r.summary  # older saved runs
         rows.append(
-            f"| {r.scenario.name} | {r.scenario.nodes} | {s['throughput']:.0f} | {s['bound']:.0f} | {s['ratio']:.1%}"
-            f" | {s['offered']:.0f} | {s['served']:.1%} | {s['compute_bound']:.0f} | {_after(s)}"
+            f"| {r.scenario.name} | {r.scenario.nodes} | {s['throughput']:.0f} | {s['bound']:.0f}{_kept(s)}"
+            f" | {s['ratio']:.1%} | {s['node_bound']:.0f} | {s['node_ratio']:.1%} | {s['offered']:.0f}"
+            f" | {s['served']:.1%} | {s['compute_bound']:.0f} | {_after(s)}"
             f" | {s['finished']:.0f} | {s['refused']:.0f} | {s['lost']:.0f} | {s['failovers']:.0f} | {s['moves']:.0f}"
             f" | {s['ttft_p50']:.1f} |"
         )
     return rows
+
+
+def _kept(summary: dict[str, float]) -> str:
+    kept = int(summary.get("path_kept_node", 0))
+    return f" (per-node in {kept} samples)" if kept else ""
 
 
 def _after(summary: dict[str, float]) -> str:
@@ -100,7 +109,8 @@ def _plot(result: Result, folder: Path) -> None:
     m = result.metrics
     fig, axis = plt.subplots(figsize=(8, 3.5))
     axis.plot(m.times, m.throughput, label="ours (decoded tokens/s)")
-    axis.plot(m.times, m.bound, label="max-flow bound")
+    axis.plot(m.times, m.bound, label="per-node bound")
+    axis.plot(m.times, m.path_bound, label="path bound (steady window)")
     if result.scenario.event:
         axis.axvline(result.scenario.event_at, color="grey", linestyle="--", label=result.scenario.event)
     axis.set_xlabel("virtual seconds")

@@ -3,13 +3,14 @@ summarize our throughput against the bound."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from gateway.swarm.routing import RoutingMode
 from sim import clients, geography, lifecycle
-from sim.dataflow import TICK, bound, tick
+from sim.dataflow import TICK, bound, path, tick
 from sim.hardware import LLAMA_405B, ModelShape, sample_hardware
 from sim.swarm import BALANCE_PERIOD
 from sim.workload import CRASH_SHARE, Arrivals, mean_request, mean_uptime, sample_request, uptime
@@ -78,14 +79,25 @@ def run(scenario: Scenario) -> Result:
     world.clock.at(scenario.traffic_from, lambda: _start_traffic(world, scenario, mean_output, held_length))
     if scenario.event is not None:
         world.clock.at(scenario.event_at, lambda: _event(world, scenario))
-    latest = (0.0, 0.0)
+    latest, tighter = (0.0, 0.0), float("nan")
+    steady_end = scenario.event_at if scenario.event else scenario.duration
     t = TICK
     while t <= scenario.duration:
         world.clock.run_until(t)
         throughput = tick(world)
-        if not world.metrics.bound or t % BOUND_EVERY < TICK:
+        recompute = not world.metrics.bound or t % BOUND_EVERY < TICK
+        if recompute:
             latest = bound(world, held_length)
+        # The path LP costs seconds of CPU a call: only where the summary reads it, the steady window.
+        if scenario.measure_from <= t < steady_end and (recompute or math.isnan(tighter)):
+            found = path(world, held_length)
+            world.metrics.path_kept_node += found is None
+            world.metrics.path_open += found is not None and not found.closed
+            tighter = latest[0] if found is None else min(found.tokens_per_s, latest[0])
+        elif t >= steady_end:
+            tighter = float("nan")
         _record(world, t, throughput, latest)
+        world.metrics.path_bound.append(tighter)
         t += TICK
     spans = [n.span for n in world.node_list]
     return Result(scenario, world.metrics, world.route_times, spans, summarize(world, scenario))
@@ -163,21 +175,29 @@ def _record(world: World, t: float, throughput: float, latest: tuple[float, floa
 
 
 def summarize(world: World, scenario: Scenario) -> dict[str, float]:
-    """Means over the steady window. ``ratio`` is ours over the bound; ``served`` ours over what could be served at
-    best: the bound, or the offered load where that is lower (below capacity throughput is what is asked for)."""
+    """Means over the steady window. ``bound`` is the path LP's (``path_bound``; the per-node one, ``node_bound``,
+    where its pricing gave up: ``path_kept_node`` samples); ``ratio`` is ours over it, ``node_ratio`` over the
+    per-node one; ``served`` ours over what could be served at best: the bound, or the offered load where that is
+    lower (below capacity throughput is what is asked for). After an event (``_recovery``) the per-node bound stands:
+    the path LP is computed in the steady window only."""
     m = world.metrics
     times = np.array(m.times)
     ours, held, compute = np.array(m.throughput), np.array(m.bound), np.array(m.compute_bound)
-    servable = np.minimum(held, np.array(m.offered))
     steady_end = scenario.event_at if scenario.event else scenario.duration
     steady = (times >= scenario.measure_from) & (times < steady_end)
+    tight = np.array(m.path_bound)[steady]
+    servable = np.minimum(tight, np.array(m.offered)[steady])
     summary = {
         "throughput": float(ours[steady].mean()),
-        "bound": float(held[steady].mean()),
+        "bound": float(tight.mean()),
+        "node_bound": float(held[steady].mean()),
+        "path_kept_node": float(m.path_kept_node),
+        "path_open": float(m.path_open),
         "compute_bound": float(compute[steady].mean()),
         "offered": float(np.array(m.offered)[steady].mean()),
-        "ratio": float(ours[steady].mean() / max(held[steady].mean(), 1e-9)),
-        "served": float(ours[steady].mean() / max(servable[steady].mean(), 1e-9)),
+        "ratio": float(ours[steady].mean() / max(tight.mean(), 1e-9)),
+        "node_ratio": float(ours[steady].mean() / max(held[steady].mean(), 1e-9)),
+        "served": float(ours[steady].mean() / max(servable.mean(), 1e-9)),
         "finished": m.finished,
         "lost": m.lost,
         "refused": m.refused,
@@ -185,11 +205,12 @@ def summarize(world: World, scenario: Scenario) -> dict[str, float]:
         "moves": m.moves,
         "ttft_p50": float(np.median(m.ttft)) if m.ttft else float("nan"),
     }
+    node_servable = np.minimum(held, np.array(m.offered))
     if scenario.event in ("leave", "region"):
-        summary |= _recovery(times, ours, servable, scenario.event_at)
+        summary |= _recovery(times, ours, node_servable, scenario.event_at)
     if scenario.event == "flash":
         window = (times >= scenario.event_at) & (times < scenario.event_at + 60.0)
-        summary["flash_ratio"] = float(ours[window].mean() / max(servable[window].mean(), 1e-9))
+        summary["flash_ratio"] = float(ours[window].mean() / max(node_servable[window].mean(), 1e-9))
     return summary
 
 

@@ -137,7 +137,10 @@ class _RoutingInputs:
 class Metrics:
     times: list[float] = field(default_factory=list)
     throughput: list[float] = field(default_factory=list)  # decoded tokens/s
-    bound: list[float] = field(default_factory=list)  # the max-flow bound then
+    bound: list[float] = field(default_factory=list)  # the per-node max-flow bound then (it sizes the arrivals)
+    path_bound: list[float] = field(default_factory=list)  # the path LP's bound (steady window only, else nan)
+    path_kept_node: int = 0  # path-bound samples where pricing gave up and the per-node bound stood in
+    path_open: int = 0  # path-bound samples whose gap did not close in time (still a bound, a looser one)
     compute_bound: list[float] = field(default_factory=list)  # the bound without the KV-memory limit
     offered: list[float] = field(default_factory=list)  # tokens/s the arrivals ask for then (bursts included)
     decoding: list[int] = field(default_factory=list)
@@ -165,6 +168,7 @@ class World:
         self._node_rtts: dict[tuple[str, str], float] = {}
         self.decoding: dict[int, tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.float64]]] = {}
         self.at_node: npt.NDArray[np.float64] | None = None  # the data plane's last solution
+        self.path_chains: list[tuple[int, tuple[tuple[str, int], ...]]] = []  # the path bound's last chains, by peer
         self.offered: Callable[[float], float] = lambda now: 0.0  # tokens/s the arrivals ask for at a time
         self.balancing = True  # nodes run their rebalancing check (a scenario may turn it off to compare)
 

@@ -1,0 +1,134 @@
+"""A tighter bound than the per-node relaxation (``dataflow.bound``): the path LP, by column generation.
+
+Variables: y_c >= 0, tokens/s on each chain c (``chain_pricing``: gateway, hops over blocks [0, B) to their span
+ends, back), at its idle round T_c. At each node n:
+- compute: sum_c y_c x blocks_c(n) <= capacity_n x span_n (block-tokens/s, as ``flow_bound``);
+- KV room: sum_c y_c x T_c x H x blocks_c(n) / span_n <= pool_n: y_c x T_c sessions are on chain c at once
+  (Little's law: a session on it decodes at most 1 / T_c tokens/s), each holding ``max_length x blocks / span``
+  of the node's pool (``shared.kv_charge``), weighted by holding time: H = ``workload.mean_request``'s length.
+Maximize sum_c y_c. Any routing over the placement whose hops end at span ends (the per-node bound's own scope)
+is a feasible point: its sessions run no faster than their chains' idle rounds. Since T_c >= the fastest round
+through each of c's nodes, every feasible y also fits the per-node relaxation's limits, so this is never above it.
+
+Why the number returned is an upper bound, whatever the column generation did: with the rows scaled to right-hand
+side 1 and duals (pi, mu) >= 0 of the restricted LP, a chain's reduced price is ``f_c = A_c + T_c x M_c`` (A, M
+add over hops: ``chain_pricing``), and (pi, mu) / kappa is feasible for the dual of the LP over EVERY chain when
+kappa <= min_c f_c. By weak duality, (sum pi + sum mu) / min(1, kappa) bounds that LP. Pricing is exact
+(``chain_pricing.price``: label setting with dominance), so kappa is the true minimum; the bound returned is the
+least of these over the iterations, and equals the LP's optimum once no chain prices below 1. When pricing would
+keep too many labels (``TooManyLabels``) there is no bound: ``path_bound`` returns None and callers keep the
+per-node figure.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.optimize import linprog
+from scipy.sparse import coo_matrix
+
+from sim.chain_pricing import Chain, Floats, Graph, TooManyLabels, price
+
+IDLE = 20  # restricted LPs a chain may stay unused in before it leaves
+GAP = 1e-6  # stop once the bound is within this share of the restricted LP's throughput
+PER_ROUND = 200  # chains added per iteration at most
+BEAM = 16  # labels a node keeps in the cheap pricing rounds (``chain_pricing.price``)
+SLACK = 1e-9  # a chain enters only if its price is below 1 by more than this (solver tolerances)
+
+
+@dataclass(frozen=True)
+class PathBound:
+    tokens_per_s: float  # the upper bound (see the module's docstring)
+    reached: float  # the restricted LP's optimum: what routing the chains found could carry at best
+    chains: int  # columns generated (some left the restricted LP again, unused)
+    iterations: int
+    closed: bool  # whether the gap closed (else tokens_per_s is still a bound, a looser one)
+    # the chains the restricted LP's optimum runs: a start for the next call
+    used: tuple[Chain, ...] = field(default=(), repr=False)
+
+
+def path_bound(
+    graph: Graph,
+    capacity: Floats,
+    pool: Floats,
+    held_length: float,
+    seconds: float = 60.0,
+    iterations: int = 500,
+    start: tuple[Chain, ...] = (),
+) -> PathBound | None:
+    """The path LP's bound in tokens/s; ``capacity`` (tokens/s through the whole span) and ``pool`` (KV tokens),
+    per node, both > 0. ``start``: chains to begin with (an earlier call's ``used``: it saves iterations, and
+    changes nothing in the bound; those no longer on the placement are left out). None if pricing gave up
+    (``TooManyLabels``)."""
+    spans = (graph.placement.ends - graph.placement.starts).astype(float)
+    per_block_compute = 1.0 / (capacity * spans)  # a row's scale: right-hand side 1
+    per_block_kv = held_length / (spans * pool)
+    count = len(spans)
+    began = time.process_time()
+    try:
+        _, priced = price(graph, np.zeros(count), np.zeros(count), 1.0)
+        chains = [c for _, c in priced] + [c for c in start if graph.holds(c)]
+        if not chains:
+            return PathBound(0.0, 0.0, 0, 0, True)  # no chain covers every block
+        columns: dict[Chain, _Column] = {}
+        best, reached, done, made = np.inf, 0.0, 0, 0
+        while True:
+            for chain in chains[: max(PER_ROUND, len(start))]:
+                columns[chain] = _column(graph, chain, per_block_compute, per_block_kv)
+            made, start = made + min(len(chains), max(PER_ROUND, len(start))), ()
+            reached, pi, mu, used = _solve(columns, count)
+            a, m = pi * per_block_compute, mu * per_block_kv
+            done += 1
+            _, priced = price(graph, a, m, 1.0, keep=2 * PER_ROUND, beam=BEAM)  # cheap: new chains, no bound
+            chains = [c for f, c in priced if f < 1.0 - SLACK and c not in columns]
+            if chains and done < iterations and time.process_time() - began < seconds:
+                continue
+            least, priced = price(graph, a, m, 1.0, keep=2 * PER_ROUND)  # exact: a bound
+            if least > 0:  # 0 only where some chain's nodes all have zero duals: no bound this round
+                best = min(best, float(pi.sum() + mu.sum()) / least)
+            chains = [c for f, c in priced if f < 1.0 - SLACK and c not in columns]
+            closed = least >= 1.0 - SLACK or best <= reached * (1 + GAP)
+            if closed or not chains or done >= iterations or time.process_time() - began > seconds:
+                return PathBound(float(best), reached, made, done, closed, used)
+    except TooManyLabels:
+        return None
+
+
+@dataclass
+class _Column:
+    rows: list[int]
+    vals: list[float]
+    idle: int = 0  # restricted LPs solved in a row with this chain unused
+
+
+def _column(graph: Graph, chain: Chain, per_block_compute: Floats, per_block_kv: Floats) -> _Column:
+    held = graph.round(chain)
+    count = len(per_block_compute)
+    column = _Column([], [])
+    for node, blocks in graph.blocks_of(chain):
+        column.rows += [node, count + node]
+        column.vals += [blocks * float(per_block_compute[node]), held * blocks * float(per_block_kv[node])]
+    return column
+
+
+def _solve(columns: dict[Chain, _Column], count: int) -> tuple[float, Floats, Floats, tuple[Chain, ...]]:
+    """The restricted LP: (its throughput, compute duals, KV duals, the chains it runs), duals clipped to >= 0.
+    Chains unused for ``IDLE`` solves in a row leave it, so that it stays small (any may come back: pricing sees
+    every chain)."""
+    listed = list(columns.values())
+    rows = [r for c in listed for r in c.rows]
+    cols = [i for i, c in enumerate(listed) for _ in c.rows]
+    vals = [v for c in listed for v in c.vals]
+    matrix = coo_matrix((vals, (rows, cols)), shape=(2 * count, len(listed))).tocsr()
+    result = linprog(-np.ones(len(listed)), A_ub=matrix, b_ub=np.ones(2 * count), method="highs")
+    if result.status != 0:
+        raise RuntimeError(f"restricted LP: {result.message}")
+    used = tuple(chain for chain, y in zip(list(columns), result.x, strict=True) if y > 0)
+    for chain, column, y in zip(list(columns), listed, result.x, strict=True):
+        column.idle = 0 if y > 0 else column.idle + 1
+        if column.idle > IDLE:
+            del columns[chain]
+    duals = np.maximum(0.0, -np.asarray(result.ineqlin.marginals))
+    return float(-result.fun), duals[:count], duals[count:], used

@@ -1,0 +1,185 @@
+"""The path LP bound: column generation with exact pricing equals the LP over every chain enumerated by hand, and
+is never above the per-node relaxation (``flow_bound`` with each pool at its node's fastest chain)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from scipy.optimize import linprog
+
+from sim import geography
+from sim.chain_pricing import Chain, Graph, price
+from sim.fastest_chain import CITY_INDEX, Placement, fastest_rounds
+from sim.flow_bound import Stage, max_throughput
+from sim.path_bound import path_bound
+
+GATEWAYS = ((CITY_INDEX["Ashburn"], 0.0005), (CITY_INDEX["Singapore"], 0.0005))
+WORK = 0.005
+
+
+def hops(p: Placement, boundary: int, blocks: int) -> Iterator[list[tuple[int, int]]]:
+    """Every way from ``boundary`` to the end as (node, entry) hops, each to its node's span end."""
+    if boundary == blocks:
+        yield []
+        return
+    for node in range(len(p.starts)):
+        if p.starts[node] <= boundary < p.ends[node]:
+            for rest in hops(p, int(p.ends[node]), blocks):
+                yield [(node, boundary), *rest]
+
+
+def round_by_hand(p: Placement, gateway: tuple[int, float], chain: list[tuple[int, int]]) -> float:
+    """Seconds per token from ``geography.rtt`` directly: half of each link's round trip, the steps, the work."""
+    cities = geography.CITIES
+    here, cost = (cities[gateway[0]], gateway[1]), WORK
+    for node, entry in chain:
+        city, mile = cities[int(p.cities[node])], float(p.last_miles[node])
+        cost += geography.rtt(here[0], city, here[1], mile) / 2
+        cost += p.fixed[node] + (p.ends[node] - entry) * p.token_time[node]
+        here = (city, mile)
+    return cost + geography.rtt(here[0], cities[gateway[0]], here[1], gateway[1]) / 2
+
+
+def lp_by_hand(p: Placement, blocks: int, capacity: np.ndarray, pool: np.ndarray, held: float) -> float:
+    """The LP over every chain, written out."""
+    spans = p.ends - p.starts
+    columns = []
+    for gateway in GATEWAYS:
+        for chain in hops(p, 0, blocks):
+            t = round_by_hand(p, gateway, chain)
+            column = np.zeros(2 * len(spans))
+            for node, entry in chain:
+                used = p.ends[node] - entry
+                column[node] = used
+                column[len(spans) + node] = t * held * used / spans[node]
+            columns.append(column)
+    if not columns:
+        return 0.0
+    limits = np.concatenate([capacity * spans, pool])
+    result = linprog(-np.ones(len(columns)), A_ub=np.array(columns).T, b_ub=limits, method="highs")
+    return float(-result.fun)
+
+
+def per_node(p: Placement, blocks: int, capacity: np.ndarray, pool: np.ndarray, held: float) -> float:
+    rounds = fastest_rounds(p, [(geography.CITIES[c], m) for c, m in GATEWAYS], blocks) + WORK
+    stages = [
+        Stage(int(s), int(e), min(float(c), float(k) / held / float(r)))
+        for s, e, c, k, r in zip(p.starts, p.ends, capacity, pool, rounds, strict=True)
+    ]
+    return max_throughput(stages, blocks)
+
+
+def random_swarm(seed: int, nodes: int = 8, blocks: int = 6) -> tuple[Placement, int, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    blocks, count = int(rng.integers(3, blocks + 1)), int(rng.integers(3, nodes + 1))
+    starts = rng.integers(0, blocks, count)
+    placement = Placement(
+        starts,
+        np.array([rng.integers(s + 1, blocks + 1) for s in starts]),
+        rng.integers(0, len(geography.CITIES), count),
+        rng.uniform(0.0005, 0.01, count),
+        rng.uniform(0.01, 0.05, count),
+        rng.choice([0.0, 0.002], count),
+    )
+    return placement, blocks, rng.uniform(5.0, 50.0, count), rng.uniform(500.0, 5000.0, count)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_column_generation_equals_the_lp_over_every_chain(seed: int) -> None:
+    p, blocks, capacity, pool = random_swarm(seed)
+    graph = Graph.of(p, GATEWAYS, blocks, WORK)
+    found = path_bound(graph, capacity, pool, held_length=300.0)
+    assert found is not None and found.closed
+    expected = lp_by_hand(p, blocks, capacity, pool, 300.0)
+    assert found.tokens_per_s == pytest.approx(expected, rel=1e-6, abs=1e-9)
+    assert found.tokens_per_s <= per_node(p, blocks, capacity, pool, 300.0) * (1 + 1e-6) + 1e-9
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_pricing_finds_the_least_price_of_every_chain(seed: int) -> None:
+    p, blocks, _, _ = random_swarm(seed, nodes=18, blocks=8)
+    graph = Graph.of(p, GATEWAYS, blocks, WORK)
+    rng = np.random.default_rng(1000 + seed)
+    # Prices spread over orders of magnitude, so that no one of A, T and M decides alone which chain is least.
+    a, m = rng.lognormal(-4, 2, len(p.starts)), rng.lognormal(-2, 2, len(p.starts))
+    prices = []
+    for g, gateway in enumerate(GATEWAYS):
+        for chain in hops(p, 0, blocks):
+            t = round_by_hand(p, gateway, chain)
+            assert graph.round(Chain(g, tuple(chain))) == pytest.approx(t)
+            used = [(n, p.ends[n] - e) for n, e in chain]
+            prices.append(sum(a[n] * k for n, k in used) + t * sum(m[n] * k for n, k in used))
+    if not prices:
+        return
+    least = min(prices)
+
+    def priced(chain: Chain) -> float:
+        used = graph.blocks_of(chain)
+        return sum(a[n] * k for n, k in used) + graph.round(chain) * sum(m[n] * k for n, k in used)
+
+    # Thresholds just above the least price (pruning bites) and far above it (dominance alone).
+    for threshold in (least * (1 + 1e-9) + 1e-12, sorted(prices)[len(prices) // 2], 10 * max(prices)):
+        found, chains = price(graph, a, m, threshold)
+        assert found == pytest.approx(least, rel=1e-9)
+        assert len(chains) == len({c for _, c in chains}) >= 1
+        assert [f for f, _ in chains] == sorted(f for f, _ in chains)
+        assert all(f == pytest.approx(priced(c), rel=1e-9) for f, c in chains)
+
+
+def test_one_shared_fast_node_makes_it_strictly_tighter() -> None:
+    # Blocks 0:1 on X, 1:2 on Y (beside X) or Z (across the world). The per-node relaxation credits X's pool at the
+    # fast chain X-Y although Y's small pool carries few sessions and the rest must go the slow way, X-Z.
+    city = CITY_INDEX["Ashburn"]
+    far = CITY_INDEX["Sydney"]
+    p = Placement(
+        np.array([0, 1, 1]), np.array([1, 2, 2]), np.array([city, city, far]),
+        np.full(3, 0.0005), np.full(3, 0.02), np.zeros(3),
+    )  # fmt: skip
+    capacity, pool, held = np.full(3, 1e6), np.array([10_000.0, 1_000.0, 1e9]), 100.0
+    gateways = (GATEWAYS[0],)
+    graph = Graph.of(p, gateways, 2, WORK)
+    fast, slow = graph.round(Chain(0, ((0, 0), (1, 1)))), graph.round(Chain(0, ((0, 0), (2, 1))))
+    assert slow > 2 * fast
+    # Y's pool carries 1,000 / (100 x fast); X's remaining 9,000 go the slow way.
+    expected = 1_000 / held / fast + 9_000 / held / slow
+    found = path_bound(graph, capacity, pool, held)
+    assert found is not None and found.tokens_per_s == pytest.approx(expected, rel=1e-6)
+    rounds = fastest_rounds(p, [(geography.CITIES[city], 0.0005)], 2) + WORK
+    stages = [
+        Stage(s, e, min(1e6, k / held / r)) for s, e, k, r in zip((0, 1, 1), (1, 2, 2), pool, rounds, strict=True)
+    ]
+    relaxed = max_throughput(stages, 2)
+    assert relaxed == pytest.approx(10_000 / held / fast, rel=1e-6)
+    assert found.tokens_per_s < 0.6 * relaxed
+
+
+def test_pricing_keeps_a_dearer_label_that_is_faster() -> None:
+    # Block 0 on X (Ashburn, compute dear) or W (Sydney, free), block 1 on V (free), block 2 on Y (KV dear). At V the
+    # label via W is cheaper so far and no heavier in M, but slower: Y's KV price, paid per second of the round,
+    # makes the chain via X the cheaper one. A dominance rule that ignored T would keep W's label alone.
+    near, far = CITY_INDEX["Ashburn"], CITY_INDEX["Sydney"]
+    p = Placement(
+        np.array([0, 0, 1, 2]), np.array([1, 1, 2, 3]), np.array([near, far, near, near]),
+        np.full(4, 0.0005), np.full(4, 0.02), np.zeros(4),
+    )  # fmt: skip
+    graph = Graph.of(p, (GATEWAYS[0],), 3, WORK)
+    a, m = np.array([0.1, 0.0, 0.0, 0.0]), np.array([0.0, 0.0, 0.0, 10.0])
+    via_x, via_w = Chain(0, ((0, 0), (2, 1), (3, 2))), Chain(0, ((1, 0), (2, 1), (3, 2)))
+    assert 0.1 + graph.round(via_x) * 10 < graph.round(via_w) * 10
+    least, chains = price(graph, a, m, threshold=100.0)
+    assert least == pytest.approx(0.1 + graph.round(via_x) * 10)
+    assert chains[0][1] == via_x
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_starting_from_an_earlier_calls_chains_gives_the_same_bound(seed: int) -> None:
+    p, blocks, capacity, pool = random_swarm(seed)
+    graph = Graph.of(p, GATEWAYS, blocks, WORK)
+    cold = path_bound(graph, capacity, pool, held_length=300.0)
+    assert cold is not None
+    stale = Chain(0, ((len(p.starts), 0),))  # a node gone since: left out
+    warm = path_bound(graph, capacity * 1.1, pool, held_length=300.0, start=(*cold.used, stale))
+    assert warm is not None and warm.closed
+    assert warm.tokens_per_s == pytest.approx(lp_by_hand(p, blocks, capacity * 1.1, pool, 300.0), rel=1e-6, abs=1e-9)
