@@ -50,12 +50,12 @@ def tick(world: World) -> float:
 
 
 def bound(world: World, held_length: float) -> tuple[float, float]:
-    """(the bound, the bound without the KV limit) for the nodes serving now, in tokens/s.
+    """(the bound, the bound without the KV limit) for the nodes that may decode now (``World.carrying``), tokens/s.
 
     A node's part is its full-batch capacity; with the KV limit, at most its pool x the fastest rate any chain
     through it could give one session (``fastest_chain``) / ``held_length`` (``workload.mean_request``: the KV
     tokens a decoded token holds per second)."""
-    serving = world.serving()
+    serving = world.carrying()
     rounds = fastest_rounds(world, serving)
     compute = [Stage(n.start, n.end, n.capacity) for n in serving]
     held = [
@@ -86,9 +86,9 @@ def fastest_rounds(world: World, serving: list[SimNode]) -> list[float]:
 
 
 def path(world: World, held_length: float, seconds: float = 60.0) -> PathBound | None:
-    """The path LP's bound for the nodes serving now (``path_bound``: never above ``bound``'s first figure); None
-    where its pricing gave up, and then the per-node figure is the bound."""
-    serving = [n for n in world.serving() if n.capacity > 0 and n.hw.cache_tokens > 0]
+    """The path LP's bound for the nodes that may decode now (``World.carrying``; ``path_bound``: never above
+    ``bound``'s first figure); None where its pricing gave up, and then the per-node figure is the bound."""
+    serving = [n for n in world.carrying() if n.capacity > 0 and n.hw.cache_tokens > 0]
     if not serving:
         return PathBound(0.0, 0.0, 0, 0, True)
     fixed = np.array([(STEP_OVERHEAD + n.span * n.hw.read_time) * n.slowdown for n in serving])

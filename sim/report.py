@@ -36,7 +36,8 @@ def _legend() -> list[str]:
         " placement (tokens/s per chain at its idle round, compute and KV room per node; `sim/path_bound.py`,"
         " sim/ASSUMPTIONS.md), or the per-node bound in the samples marked where its pricing gave up; *per-node"
         " bound*: the LP max-flow with each node's KV pool at the fastest chain through it (the bound before; it"
-        " sizes the arrivals and judges recovery after an event); *offered*: what the arrivals ask for; *served*:"
+        " sizes the arrivals; after an event, its figures are in brackets); *after event*: against the path bound up to"
+        " 2 balance periods + 15 s on, the per-node one past that; *offered*: what the arrivals ask for; *served*:"
         " ours / min(offered, bound), what could be served at best."
     ]
 
@@ -65,13 +66,20 @@ def _kept(summary: dict[str, float]) -> str:
 
 
 def _after(summary: dict[str, float]) -> str:
+    """Against the path bound, the per-node one in brackets (saved runs from before have the latter only)."""
     if "recovered_after" in summary:
-        back = summary["recovered_after"]
-        when = "never" if math.isinf(back) else f"{back:.0f} s"
-        return f"back >80 %: {when}; at 2 periods {summary['ratio_at_two_periods']:.0%}"
+        text = _recovered(summary, "")
+        return text + (f" (per-node: {_recovered(summary, 'node_')})" if "node_recovered_after" in summary else "")
     if "flash_ratio" in summary:
-        return f"during: {summary['flash_ratio']:.0%}"
+        node = f" (per-node: {summary['node_flash_ratio']:.0%})" if "node_flash_ratio" in summary else ""
+        return f"during: {summary['flash_ratio']:.0%}{node}"
     return "-"
+
+
+def _recovered(summary: dict[str, float], prefix: str) -> str:
+    back = summary[f"{prefix}recovered_after"]
+    when = "never" if math.isinf(back) else f"{back:.0f} s"
+    return f"back >80 %: {when}; at 2 periods {summary[f'{prefix}ratio_at_two_periods']:.0%}"
 
 
 def _routes(route_times: dict[int, tuple[list[float], list[float]]]) -> list[str]:

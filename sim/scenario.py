@@ -18,6 +18,9 @@ from sim.world import Metrics, SimGateway, World
 
 JOIN_WINDOW = 60.0  # the initial nodes start over this many seconds
 BOUND_EVERY = 15.0  # seconds between recomputations of the bound
+# The path LP is also computed this long after an event: recovery is judged up to 2 balance periods + 10 s on, and
+# a flash crowd lasts 60 s.
+AFTER_EVENT = 2 * BALANCE_PERIOD + BOUND_EVERY
 
 
 @dataclass(frozen=True)
@@ -80,7 +83,7 @@ def run(scenario: Scenario) -> Result:
     if scenario.event is not None:
         world.clock.at(scenario.event_at, lambda: _event(world, scenario))
     latest, tighter = (0.0, 0.0), float("nan")
-    steady_end = scenario.event_at if scenario.event else scenario.duration
+    path_end = scenario.event_at + AFTER_EVENT if scenario.event else scenario.duration
     t = TICK
     while t <= scenario.duration:
         world.clock.run_until(t)
@@ -88,13 +91,14 @@ def run(scenario: Scenario) -> Result:
         recompute = not world.metrics.bound or t % BOUND_EVERY < TICK
         if recompute:
             latest = bound(world, held_length)
-        # The path LP costs seconds of CPU a call: only where the summary reads it, the steady window.
-        if scenario.measure_from <= t < steady_end and (recompute or math.isnan(tighter)):
+        # The path LP costs seconds of CPU a call: only where the summary reads it, the steady window and the
+        # recovery after an event (each call starts from the last one's chains still on the placement).
+        if scenario.measure_from <= t < path_end and (recompute or math.isnan(tighter)):
             found = path(world, held_length)
             world.metrics.path_kept_node += found is None
             world.metrics.path_open += found is not None and not found.closed
             tighter = latest[0] if found is None else min(found.tokens_per_s, latest[0])
-        elif t >= steady_end:
+        elif t >= path_end:
             tighter = float("nan")
         _record(world, t, throughput, latest)
         world.metrics.path_bound.append(tighter)
@@ -178,8 +182,8 @@ def summarize(world: World, scenario: Scenario) -> dict[str, float]:
     """Means over the steady window. ``bound`` is the path LP's (``path_bound``; the per-node one, ``node_bound``,
     where its pricing gave up: ``path_kept_node`` samples); ``ratio`` is ours over it, ``node_ratio`` over the
     per-node one; ``served`` ours over what could be served at best: the bound, or the offered load where that is
-    lower (below capacity throughput is what is asked for). After an event (``_recovery``) the per-node bound stands:
-    the path LP is computed in the steady window only."""
+    lower (below capacity throughput is what is asked for). After an event (``_recovery``, ``flash_ratio``) the same
+    against the path LP (computed up to ``AFTER_EVENT`` on); ``node_``-prefixed keys: against the per-node one."""
     m = world.metrics
     times = np.array(m.times)
     ours, held, compute = np.array(m.throughput), np.array(m.bound), np.array(m.compute_bound)
@@ -205,12 +209,18 @@ def summarize(world: World, scenario: Scenario) -> dict[str, float]:
         "moves": m.moves,
         "ttft_p50": float(np.median(m.ttft)) if m.ttft else float("nan"),
     }
-    node_servable = np.minimum(held, np.array(m.offered))
+    offered = np.array(m.offered)
+    node_servable = np.minimum(held, offered)
+    # After an event: the path bound where it was computed (``AFTER_EVENT``), the per-node one past that.
+    every = np.array(m.path_bound)
+    path_servable = np.minimum(np.where(np.isnan(every), held, every), offered)
     if scenario.event in ("leave", "region"):
-        summary |= _recovery(times, ours, node_servable, scenario.event_at)
+        summary |= _recovery(times, ours, path_servable, scenario.event_at)
+        summary |= {f"node_{k}": v for k, v in _recovery(times, ours, node_servable, scenario.event_at).items()}
     if scenario.event == "flash":
         window = (times >= scenario.event_at) & (times < scenario.event_at + 60.0)
-        summary["flash_ratio"] = float(ours[window].mean() / max(node_servable[window].mean(), 1e-9))
+        summary["flash_ratio"] = float(ours[window].mean() / max(path_servable[window].mean(), 1e-9))
+        summary["node_flash_ratio"] = float(ours[window].mean() / max(node_servable[window].mean(), 1e-9))
     return summary
 
 

@@ -210,3 +210,9 @@ class World:
 
     def serving(self) -> list[SimNode]:
         return [n for n in self.nodes.values() if n.serving]
+
+    def carrying(self) -> list[SimNode]:
+        """The nodes that may decode now: those serving, and those draining (moving, or leaving gracefully) that
+        still hold open sessions: they decode them on their old span until the drain deadline. The bounds are over
+        these: a bound over the serving ones alone fell below ours after an event, when many nodes drain."""
+        return [n for n in self.nodes.values() if n.serving or (not n.gone and bool(n.sessions))]
