@@ -17,7 +17,8 @@ kappa <= min_c f_c. By weak duality, (sum pi + sum mu) / min(1, kappa) bounds th
 (``chain_pricing.price``: label setting with dominance), so kappa is the true minimum; the bound returned is the
 least of these over the iterations, and equals the LP's optimum once no chain prices below 1. When pricing would
 keep too many labels (``TooManyLabels``) there is no bound: ``path_bound`` returns None and callers keep the
-per-node figure.
+per-node figure. The cheap rounds that only look for new chains price at duals smoothed over the iterations
+(``SMOOTH``); that changes which chains enter, never the bound (exact pricing is at the restricted LP's own duals).
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ GAP = 1e-6  # stop once the bound is within this share of the restricted LP's th
 PER_ROUND = 200  # chains added per iteration at most
 BEAM = 16  # labels a node keeps in the cheap pricing rounds (``chain_pricing.price``)
 SLACK = 1e-9  # a chain enters only if its price is below 1 by more than this (solver tolerances)
+# The cheap rounds price at duals smoothed over iterations (this share the last pricing point's, the rest the new
+# restricted LP's): raw duals jump from one extreme point to another, and the columns found there often go unused.
+SMOOTH = 0.5
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,7 @@ def path_bound(
             return PathBound(0.0, 0.0, 0, 0, True)  # no chain covers every block
         columns: dict[Chain, _Column] = {}
         best, reached, done, made = np.inf, 0.0, 0, 0
+        center: tuple[Floats, Floats] | None = None
         while True:
             for chain in chains[: max(PER_ROUND, len(start))]:
                 columns[chain] = _column(graph, chain, per_block_compute, per_block_kv)
@@ -81,8 +86,16 @@ def path_bound(
             reached, pi, mu, used = _solve(columns, count)
             a, m = pi * per_block_compute, mu * per_block_kv
             done += 1
-            _, priced = price(graph, a, m, 1.0, keep=2 * PER_ROUND, beam=BEAM)  # cheap: new chains, no bound
-            chains = [c for f, c in priced if f < 1.0 - SLACK and c not in columns]
+            chains = []
+            if SMOOTH > 0 and center is not None:  # cheap: new chains, no bound; kept if they price below 1 at (a, m)
+                center = (SMOOTH * center[0] + (1 - SMOOTH) * a, SMOOTH * center[1] + (1 - SMOOTH) * m)
+                _, priced = price(graph, *center, 1.0, keep=2 * PER_ROUND, beam=BEAM)
+                chains = [c for _, c in priced if c not in columns and _price(graph, c, a, m) < 1.0 - SLACK]
+            else:
+                center = (a, m)
+            if not chains:  # none there: at the restricted LP's own duals
+                _, priced = price(graph, a, m, 1.0, keep=2 * PER_ROUND, beam=BEAM)
+                chains = [c for f, c in priced if f < 1.0 - SLACK and c not in columns]
             if chains and done < iterations and time.process_time() - began < seconds:
                 continue
             least, priced = price(graph, a, m, 1.0, keep=2 * PER_ROUND)  # exact: a bound
@@ -94,6 +107,11 @@ def path_bound(
                 return PathBound(float(best), reached, made, done, closed, used)
     except TooManyLabels:
         return None
+
+
+def _price(graph: Graph, chain: Chain, a: Floats, m: Floats) -> float:
+    used = graph.blocks_of(chain)
+    return sum(float(a[n]) * k for n, k in used) + graph.round(chain) * sum(float(m[n]) * k for n, k in used)
 
 
 @dataclass

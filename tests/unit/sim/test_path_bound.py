@@ -183,3 +183,17 @@ def test_starting_from_an_earlier_calls_chains_gives_the_same_bound(seed: int) -
     warm = path_bound(graph, capacity * 1.1, pool, held_length=300.0, start=(*cold.used, stale))
     assert warm is not None and warm.closed
     assert warm.tokens_per_s == pytest.approx(lp_by_hand(p, blocks, capacity * 1.1, pool, 300.0), rel=1e-6, abs=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_smoothed_duals_change_the_columns_not_the_bound(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The cheap rounds price at smoothed duals (``SMOOTH``); the bound comes from exact pricing at the restricted
+    # LP's own duals either way, so it is the LP's optimum with or without smoothing.
+    p, blocks, capacity, pool = random_swarm(seed, nodes=14, blocks=8)
+    graph = Graph.of(p, GATEWAYS, blocks, WORK)
+    smoothed = path_bound(graph, capacity, pool, held_length=300.0)
+    monkeypatch.setattr("sim.path_bound.SMOOTH", 0.0)
+    raw = path_bound(graph, capacity, pool, held_length=300.0)
+    assert smoothed is not None and raw is not None and smoothed.closed and raw.closed
+    assert smoothed.tokens_per_s == pytest.approx(raw.tokens_per_s, rel=1e-6, abs=1e-9)
+    assert smoothed.tokens_per_s == pytest.approx(lp_by_hand(p, blocks, capacity, pool, 300.0), rel=1e-6, abs=1e-9)
