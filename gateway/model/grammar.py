@@ -47,6 +47,7 @@ _MASK_THREADS = 2
 # Punctuation a value copied from prose ends at (``Constraint._mark``): quotes, ``@``, ``-`` and ``/`` are inside
 # values (e-mail addresses, dates, paths) far more often than at their end
 _PHRASE_MARKS = frozenset(b",;:.!?()[]")
+_WORD_MARKS = frozenset(b".:!?")  # of those, the ones also found inside a word (``example.com``, ``10:30``)
 
 # Compact JSON (no free whitespace): a model that likes newlines cannot fill the budget with them.
 _JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False}
@@ -164,14 +165,16 @@ class Constraint:
 
     def _draft_spelling(self, token: int, following: Sequence[int]) -> int:
         """A drafter's ``token`` as the model would write it (``allowed_drafts``): its own learned spelling, or the
-        learned value end where ``token`` is a mark that ends a phrase (it starts with a space, or the next draft
-        does; a mark inside a word, ``example.com``'s dot, does not)."""
+        learned value end where ``token`` is a mark that ends a phrase: a bracket or a comma, or any mark with a space
+        before it or the next draft's (a mark inside a word, ``example.com``'s dot or ``10:30``'s colon, does not)."""
         spelled = self._draft_spellings.get(token)
         if spelled is not None or self._value_end is None or not self._mark(token):
             return token if spelled is None else spelled
         assert self._tokenizer is not None
-        spaced = self._tokenizer.decode_bytes([token]).startswith(b" ")
-        if spaced or (following and self._tokenizer.decode_bytes([following[0]]).startswith(b" ")):
+        text = self._tokenizer.decode_bytes([token])
+        if text.startswith(b" ") or not set(text) & _WORD_MARKS:
+            return self._value_end
+        if following and self._tokenizer.decode_bytes([following[0]]).startswith(b" "):
             return self._value_end
         return token
 

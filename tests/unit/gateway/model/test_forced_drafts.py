@@ -285,9 +285,9 @@ def test_drafts_the_grammar_forbids_are_cut_and_a_closing_quote_is_learned(folde
 
 
 def test_once_a_copied_value_ended_at_a_comma_other_marks_that_end_a_phrase_end_it_too(folder: Path) -> None:
-    """The model closed a value at the prompt's comma with ``",``: a ``)`` before a space, or a `` (``, is drafted
-    as ``",`` too, while a mark inside a word (``example.com``'s dot) stays; a mark written where ``",`` was drafted
-    unlearns it."""
+    """The model closed a value at the prompt's comma with ``",``: a ``)`` or a `` (`` is drafted as ``",`` too,
+    and a dot before a space, while a mark inside a word (``example.com``'s dot) stays; a mark written where ``",``
+    was drafted unlearns it."""
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     compiler = GrammarCompiler(tokenizer, V, [2])
     comma, closing, paren, lives, dot, com, opening = tokenizer.convert_tokens_to_ids(
@@ -300,7 +300,9 @@ def test_once_a_copied_value_ended_at_a_comma_other_marks_that_end_a_phrase_end_
         assert name.allowed_drafts([], [paren, lives]) == [closing]  # then a key's quote, not `` lives``
         assert name.allowed_drafts([], [opening]) == [closing]
         assert name.allowed_drafts([], [dot, com]) == [dot, com]
-        assert name.allowed_drafts([], [paren]) == [paren]  # the last draft: no sign the phrase ends
+        assert name.allowed_drafts([], [dot]) == [dot]  # the last draft: no sign the phrase ends
+        assert name.allowed_drafts([], [dot, lives]) == [closing]
+        assert name.allowed_drafts([], [paren]) == [closing]  # a bracket ends it wherever it stands
         name.respell_draft(closing, paren)  # the model wrote ``)`` inside the value
         assert name.allowed_drafts([], [paren, lives]) == [paren, lives]
         assert name.allowed_drafts([], [comma]) == [closing]  # a comma's own spelling stands
