@@ -44,6 +44,11 @@ from gateway.generation import Grammar, InvalidGrammar
 # Masks are a few hundred microseconds each: a couple of threads serve every constrained sequence of the gateway.
 _MASK_THREADS = 2
 
+# Punctuation a value copied from prose ends at (``Constraint._mark``): quotes, ``@``, ``-`` and ``/`` are inside
+# values (e-mail addresses, dates, paths) far more often than at their end
+_PHRASE_MARKS = frozenset(b",;:.!?()[]")
+_WORD_MARKS = frozenset(b".:!?")  # of those, the ones also found inside a word (``example.com``, ``10:30``)
+
 # Compact JSON (no free whitespace): a model that likes newlines cannot fill the budget with them.
 _JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False}
 
@@ -71,6 +76,7 @@ class Constraint:
         self._spellings: dict[int, int] = {}
         # a drafter's token -> the longer one the model wrote instead (``respell_draft``: ``",`` for ``,``)
         self._draft_spellings: dict[int, int] = {}
+        self._value_end: int | None = None  # the token the model ends a copied value with there (``",``)
         self.prefetch()  # the first mask computes while the prompt is prefilled
 
     def prefetch(self) -> None:
@@ -117,10 +123,12 @@ class Constraint:
 
     def allowed_drafts(self, before: Sequence[int], drafts: Sequence[int]) -> list[int]:
         """A drafter's ``drafts`` after the text so far and ``before``, each spelled as the model spelled it before
-        (``respell_draft``), up to the first the grammar forbids: a draft it forbids is a certain rejection."""
+        (``respell_draft``), up to the first the grammar forbids: a draft it forbids is a certain rejection. Once the
+        model was seen ending a copied value at a punctuation mark, a draft of another mark that ends a phrase there
+        (`` (`` or ``)`` before a space) becomes the token the model ended it with."""
         if not drafts:
             return []
-        spelled = [self._draft_spellings.get(token, token) for token in drafts]
+        spelled = [self._draft_spelling(token, drafts[index + 1 : index + 2]) for index, token in enumerate(drafts)]
         self._settle()
         allowed = self._matcher.validate_tokens([*before, *spelled]) - len(before)
         return spelled[: max(0, allowed)]
@@ -142,12 +150,40 @@ class Constraint:
         the model wrote the plain token where its respelling was drafted (a comma inside a value), that is unlearned."""
         if self._tokenizer is None or drafted == chosen:
             return
-        if self._draft_spellings.get(chosen) == drafted:
+        unlearned = self._draft_spellings.get(chosen) == drafted
+        if unlearned:
             del self._draft_spellings[chosen]
+        if drafted == self._value_end and self._mark(chosen):
+            self._value_end, unlearned = None, True  # a mark written inside a value: values do not end at marks here
+        if unlearned:
             return
         whole, end = self._tokenizer.decode_bytes([chosen]), self._tokenizer.decode_bytes([drafted])
         if 0 < len(end) < len(whole) and whole.endswith(end):
             self._draft_spellings[drafted] = chosen
+            if self._mark(drafted):
+                self._value_end = chosen
+
+    def _draft_spelling(self, token: int, following: Sequence[int]) -> int:
+        """A drafter's ``token`` as the model would write it (``allowed_drafts``): its own learned spelling, or the
+        learned value end where ``token`` is a mark that ends a phrase: a bracket or a comma, or any mark with a space
+        before it or the next draft's (a mark inside a word, ``example.com``'s dot or ``10:30``'s colon, does not)."""
+        spelled = self._draft_spellings.get(token)
+        if spelled is not None or self._value_end is None or not self._mark(token):
+            return token if spelled is None else spelled
+        assert self._tokenizer is not None
+        text = self._tokenizer.decode_bytes([token])
+        if text.startswith(b" ") or not set(text) & _WORD_MARKS:
+            return self._value_end
+        if following and self._tokenizer.decode_bytes([following[0]]).startswith(b" "):
+            return self._value_end
+        return token
+
+    def _mark(self, token: int) -> bool:
+        """Whether ``token`` is punctuation that may end a phrase (``,`` ``)`` `` (`` ``.``; a space before it or
+        not)."""
+        assert self._tokenizer is not None
+        core = self._tokenizer.decode_bytes([token]).strip(b" ")
+        return bool(core) and all(byte in _PHRASE_MARKS for byte in core)
 
     def _spelled(self, data: bytes) -> list[int]:
         """``data`` as tokens: llguidance's canonical spelling, but a token the model spelled otherwise as it did

@@ -284,6 +284,32 @@ def test_drafts_the_grammar_forbids_are_cut_and_a_closing_quote_is_learned(folde
         compiler.close()
 
 
+def test_once_a_copied_value_ended_at_a_comma_other_marks_that_end_a_phrase_end_it_too(folder: Path) -> None:
+    """The model closed a value at the prompt's comma with ``",``: a ``)`` or a `` (`` is drafted as ``",`` too,
+    and a dot before a space, while a mark inside a word (``example.com``'s dot) stays; a mark written where ``",``
+    was drafted unlearns it."""
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    compiler = GrammarCompiler(tokenizer, V, [2])
+    comma, closing, paren, lives, dot, com, opening = tokenizer.convert_tokens_to_ids(
+        [",", '",', ")", "Ġlives", ".", "com", "Ġ("]
+    )
+    try:
+        name = _advanced(compiler, tokenizer, GRAMMAR, '{"name":"Maria')
+        assert name.allowed_drafts([], [paren, lives]) == [paren, lives]  # nothing learned yet
+        name.respell_draft(comma, closing)
+        assert name.allowed_drafts([], [paren, lives]) == [closing]  # then a key's quote, not `` lives``
+        assert name.allowed_drafts([], [opening]) == [closing]
+        assert name.allowed_drafts([], [dot, com]) == [dot, com]
+        assert name.allowed_drafts([], [dot]) == [dot]  # the last draft: no sign the phrase ends
+        assert name.allowed_drafts([], [dot, lives]) == [closing]
+        assert name.allowed_drafts([], [paren]) == [closing]  # a bracket ends it wherever it stands
+        name.respell_draft(closing, paren)  # the model wrote ``)`` inside the value
+        assert name.allowed_drafts([], [paren, lives]) == [paren, lives]
+        assert name.allowed_drafts([], [comma]) == [closing]  # a comma's own spelling stands
+    finally:
+        compiler.close()
+
+
 def test_a_copied_value_its_close_and_the_next_key_travel_in_one_step(folder: Path) -> None:
     """The structured workload's loss: ``Val`` emitted, the prompt has `` Valencia, Spain``; once the model was seen
     closing a copied value at the prompt's comma, one step drafts the value's rest, ``",``, and the next key."""
