@@ -3,8 +3,6 @@ is never above the per-node relaxation (``flow_bound`` with each pool at its nod
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 from scipy.optimize import linprog
@@ -14,20 +12,10 @@ from sim.chain_pricing import Chain, Graph, price
 from sim.fastest_chain import CITY_INDEX, Placement, fastest_rounds
 from sim.flow_bound import Stage, max_throughput
 from sim.path_bound import path_bound
+from tests.unit.sim.test_fastest_chain import chains as hops
 
 GATEWAYS = ((CITY_INDEX["Ashburn"], 0.0005), (CITY_INDEX["Singapore"], 0.0005))
 WORK = 0.005
-
-
-def hops(p: Placement, boundary: int, blocks: int) -> Iterator[list[tuple[int, int]]]:
-    """Every way from ``boundary`` to the end as (node, entry) hops, each to its node's span end."""
-    if boundary == blocks:
-        yield []
-        return
-    for node in range(len(p.starts)):
-        if p.starts[node] <= boundary < p.ends[node]:
-            for rest in hops(p, int(p.ends[node]), blocks):
-                yield [(node, boundary), *rest]
 
 
 def round_by_hand(p: Placement, gateway: tuple[int, float], chain: list[tuple[int, int]]) -> float:
