@@ -10,7 +10,9 @@ included), both modes' tokens compared (they must be the same). Workloads:
 * tool: a forced tool call (the call's JSON under its schema, as ``tool_choice`` builds it);
 * agent: a second turn that re-emits the first turn's code with one change;
 * novel: a short story, nothing to copy;
-* mixed: 8 streams at once, two of each (aggregate tokens/s).
+* mixed: 8 streams at once, two of each (aggregate tokens/s: their tokens over the time the slowest takes);
+* sustained: 8 clients, two a workload, for ``--window`` seconds, each sending its next request as the last ends,
+  every request a different one (``bench/request_variants.py``): the tokens they receive a second.
 
 ``draft`` is ``--speculative draft --draft-model PATH`` (default: the served model's weights rounded to bfloat16,
 ``bench/draft_copy.py``); its greedy agreement with the served model (the per-token acceptance a greedy verify sees)
@@ -19,11 +21,12 @@ is measured teacher-forced over push's tokens of every workload. ``chain`` is ``
 auto`` (the next verify frame leaves before the last returns where acceptance is above the cost model's break-even)
 and ``pipe-always`` with ``always`` (frames ahead whenever a round drafts); for them the notes count the frames sent
 ahead and how many of those were taken (their guess held) rather than voided. ``--workloads`` and ``--modes`` run a
-subset (``mixed`` is the 8 streams). Besides the table, each speculating mode's accepted / drafted tokens (the
-grammar's forced tokens count as drafts) and a plot of tok/s against RTT per workload (``wan_tokens.png``).
+subset (``mixed`` and ``sustained`` are the 8 streams). Besides the table, each speculating mode's accepted /
+drafted tokens (the grammar's forced tokens count as drafts) and a plot of tok/s against RTT per workload
+(``wan_tokens.png``).
 
     .venv/bin/python -m bench.wan_tokens                                # RTT 0/50/100, push, spec and draft
-    .venv/bin/python -m bench.wan_tokens --rtts 50 --workloads mixed   # only the 8 concurrent streams
+    .venv/bin/python -m bench.wan_tokens --rtts 50 --workloads mixed,sustained --modes spec --repeats 3
     .venv/bin/python -m bench.wan_tokens --modes spec,pipe,pipe-always --workloads tool,agent --out bench/results/pipe
 """
 
@@ -32,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import itertools
 import json
 import os
 import statistics
@@ -39,11 +43,13 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from bench import request_variants
 from bench.capacity import SPANS, LocalSwarm, smollm2_path, wait_covered
 from bench.draft_copy import bfloat16_copy, greedy_agreement
 from bench.wan import free_port, start_proxy
@@ -55,6 +61,7 @@ from gateway.model.suffix_drafts import OutputStore
 from gateway.settings import EngineSettings
 
 NEW_TOKENS = 96
+WINDOW = 60.0  # seconds of the sustained run
 MODES: dict[str, dict[str, Any]] = {
     "push": {"speculative": "off"},
     "chain": {"speculative": "ngram", "speculative_trees": False},  # drafts verified as one chain per step
@@ -213,13 +220,22 @@ async def one(
     return tokens, (len(stamps) - 1) / max(stamps[-1] - stamps[0], 1e-9)
 
 
-# (tokens/s as the run times them, each of its streams' tokens in a fixed order)
-Run = tuple[float, list[list[int]]]
+@dataclass
+class Run:
+    """One measured run: tokens/s as it times them; every stream it finished, its tokens by label (each label's
+    are compared across modes and repeats); and what tokens per traversal count: the tokens it emitted, those of
+    streams it cut off included, and the streams it began (each one's prefill is a chain step)."""
+
+    speed: float
+    finished: dict[str, list[int]]
+    emitted: int
+    begun: int
 
 
 async def measure(
     engines: dict[str, GenerationEngine],
     prompts: dict[str, list[int]],
+    variants: dict[str, list[list[int]]],
     counter: Traversals,
     acceptance: Acceptance,
     rtt: float,
@@ -229,42 +245,47 @@ async def measure(
     for name, (_, grammar) in WORKLOADS.items():
         if name not in args.workloads:
             continue
-        single = functools.partial(_single, prompt=prompts[name], grammar=grammar, new_tokens=args.new_tokens)
-        named, push = await _measured(name, 1, single, engines, counter, acceptance, rtt, args.repeats)
+        single = functools.partial(
+            _single, name=name, prompt=prompts[name], grammar=grammar, new_tokens=args.new_tokens
+        )
+        named, push = await _measured(name, single, engines, counter, acceptance, rtt, args.repeats)
         rows += named
-        PUSH_TOKENS[name] = push[0]
+        PUSH_TOKENS[name] = push.finished[name]
     if "mixed" in args.workloads:
         mixed = functools.partial(_mixed, prompts=prompts, new_tokens=args.new_tokens)
-        rows += (await _measured("mixed x8", 8, mixed, engines, counter, acceptance, rtt, args.repeats))[0]
+        rows += (await _measured("mixed x8", mixed, engines, counter, acceptance, rtt, args.repeats))[0]
+    if "sustained" in args.workloads:
+        sustained = functools.partial(_sustained, variants=variants, window=args.window, new_tokens=args.new_tokens)
+        rows += (await _measured("sustained x8", sustained, engines, counter, acceptance, rtt, args.repeats))[0]
     return rows
 
 
 async def _measured(
     workload: str,
-    streams: int,
     run: Callable[[GenerationEngine], Awaitable[Run]],
     engines: dict[str, GenerationEngine],
     counter: Traversals,
     acceptance: Acceptance,
     rtt: float,
     repeats: int,
-) -> tuple[list[dict[str, Any]], list[list[int]]]:
-    """A row a mode for ``run`` (of ``streams`` streams) done ``repeats`` times a mode, modes taking turns, and push's
-    first run's tokens. Tokens a traversal count each stream's prefill as a chain step; the same tokens: every
-    stream's, compared with the same stream's in every other mode."""
-    got: dict[str, list[tuple[float, float, list[list[int]]]]] = {mode: [] for mode in engines}
+) -> tuple[list[dict[str, Any]], Run]:
+    """A row a mode for ``run`` done ``repeats`` times a mode, modes taking turns, and push's first run. Tokens a
+    traversal count each stream's prefill as a chain step; the same tokens: every finished stream's, compared with
+    the same stream's in every other run that finished it, of every mode."""
+    got: dict[str, list[tuple[Run, float]]] = {mode: [] for mode in engines}
     for _ in range(repeats):
         for mode, engine in engines.items():
             _forget_outputs(engine)
             steps, FRAMES.mode = counter.steps, mode
-            speed, outputs = await acceptance.counted(mode, run(engine))
-            got[mode].append((speed, sum(map(len, outputs)) / (counter.steps - steps + streams), outputs))
-    same = len({tuple(map(tuple, runs[0][2])) for runs in got.values()}) == 1
+            done = await acceptance.counted(mode, run(engine))
+            got[mode].append((done, done.emitted / (counter.steps - steps + done.begun)))
+    runs = [done.finished for mode_runs in got.values() for done, _ in mode_runs]
+    same = all(len({tuple(r[label]) for r in runs if label in r}) == 1 for label in set().union(*runs))
     rows = [
-        _row(workload, mode, rtt, [r[0] for r in runs], [r[1] for r in runs], sum(map(len, runs[0][2])), same)
-        for mode, runs in got.items()
+        _row(workload, mode, rtt, [r.speed for r, _ in runs_], [p for _, p in runs_], runs_[0][0].emitted, same)
+        for mode, runs_ in got.items()
     ]
-    return rows, got["push"][0][2]
+    return rows, got["push"][0][0]
 
 
 def _forget_outputs(engine: GenerationEngine) -> None:
@@ -275,10 +296,12 @@ def _forget_outputs(engine: GenerationEngine) -> None:
     engine.outputs = OutputStore(words=engine.outputs.words)
 
 
-async def _single(engine: GenerationEngine, prompt: list[int], grammar: Grammar | None, new_tokens: int) -> Run:
+async def _single(
+    engine: GenerationEngine, name: str, prompt: list[int], grammar: Grammar | None, new_tokens: int
+) -> Run:
     """One stream: decode tokens/s after the first token."""
     tokens, speed = await one(engine, prompt, grammar, new_tokens)
-    return speed, [tokens]
+    return Run(speed, {name: tokens}, len(tokens), 1)
 
 
 async def _mixed(engine: GenerationEngine, prompts: dict[str, list[int]], new_tokens: int) -> Run:
@@ -294,7 +317,47 @@ async def _mixed(engine: GenerationEngine, prompts: dict[str, list[int]], new_to
 
     outputs = await asyncio.gather(*(timed_one(name) for name in names))
     print("    mixed streams done at: " + ", ".join(f"{name} {ended[name]:.1f} s" for name in WORKLOADS), flush=True)
-    return sum(map(len, outputs)) / (time.perf_counter() - began), outputs
+    emitted = sum(map(len, outputs))
+    finished = {f"{name} {index}": tokens for index, (name, tokens) in enumerate(zip(names, outputs, strict=True))}
+    return Run(emitted / (time.perf_counter() - began), finished, emitted, len(names))
+
+
+async def _sustained(
+    engine: GenerationEngine, variants: dict[str, list[list[int]]], window: float, new_tokens: int
+) -> Run:
+    """8 clients, two a workload, each sending its next request as the last ends, for ``window`` seconds: the tokens
+    they receive in it a second. Client c of a workload sends its variants c, c + 2, c + 4, ... (none repeats unless
+    a client gets through half its workload's pool, which is printed). At the window's end the streams under way
+    are cut off (as a client that disconnects): their tokens so far count, their streams are not compared."""
+    finished: dict[str, list[int]] = {}
+    emitted = begun = 0
+    sent: dict[str, int] = dict.fromkeys(WORKLOADS, 0)
+
+    async def client(name: str, first: int) -> None:
+        nonlocal emitted, begun
+        for index in itertools.count(first, 2):
+            prompt, tokens = variants[name][index % len(variants[name])], []
+            begun, sent[name] = begun + 1, sent[name] + 1
+            request = GenerationRequest(prompt, new_tokens, SamplingParams(temperature=0.0), grammar=WORKLOADS[name][1])
+            async for token in engine.generate(request):
+                tokens.append(token)
+                emitted += 1
+            finished[f"{name} {index}"] = tokens
+
+    clients = [asyncio.create_task(client(name, first)) for name in WORKLOADS for first in range(2)]
+    # the window is the measurement: the clients run until it ends, whatever they are doing then
+    await asyncio.sleep(window)
+    received = emitted
+    for task in clients:
+        task.cancel()
+    await asyncio.gather(*clients, return_exceptions=True)
+    wrapped = [name for name, count in sent.items() if count > len(variants[name])]
+    print(
+        "    sustained requests begun: " + ", ".join(f"{name} {count}" for name, count in sent.items())
+        + (f" (some repeated: {', '.join(wrapped)})" if wrapped else ""),
+        flush=True,
+    )  # fmt: skip
+    return Run(received / window, finished, received, begun)
 
 
 def _row(
@@ -365,9 +428,10 @@ async def run(args: argparse.Namespace, workdir: Path) -> tuple[list[dict[str, A
             engines[mode] = await GenerationEngine.create(settings)
             await wait_covered(engines[mode])
         tokenizer = engines["push"].tokenizer
-        prompts = {
-            name: tokenizer.encode(tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True))
-            for name, (chat, _) in WORKLOADS.items()
+        prompts = {name: encode(tokenizer, chat) for name, (chat, _) in WORKLOADS.items()}
+        variants = {
+            name: [encode(tokenizer, vary(index)) for index in range(request_variants.DISTINCT[name])]
+            for name, vary in request_variants.VARIANTS.items()
         }
         counter, acceptance = Traversals(), Acceptance()
         for engine in engines.values():  # warm-up: routes, grammar compiler, batchers
@@ -379,7 +443,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> tuple[list[dict[str, A
             for engine in engines.values():
                 for _ in range(4):
                     await asyncio.gather(*(engine.router._probe_one(p) for p in list(engine.router.rtts)))  # noqa: SLF001
-            rows += await measure(engines, prompts, counter, acceptance, rtt, args)
+            rows += await measure(engines, prompts, variants, counter, acceptance, rtt, args)
         notes = [_accepted(mode, totals) for mode, totals in acceptance.by_mode.items() if mode != "push"]
         notes += [note for mode in engines if (note := FRAMES.note(mode)) is not None]
         if "draft" in engines:
@@ -392,6 +456,14 @@ async def run(args: argparse.Namespace, workdir: Path) -> tuple[list[dict[str, A
             proxy.terminate()
             proxy.wait()
         swarm.close()
+
+
+def encode(tokenizer: Any, chat: list[dict[str, str]]) -> list[int]:
+    """A chat's prompt tokens, as the gateway's chat template renders it."""
+    prompt: list[int] = tokenizer.encode(
+        tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    )
+    return prompt
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -441,7 +513,12 @@ def main() -> None:
     parser.add_argument("--rtts", default="0,50,100", help="round-trip times in ms (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=1, help="runs per measurement, median (default: 1)")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
-    parser.add_argument("--workloads", default=",".join([*WORKLOADS, "mixed"]), help="default: %(default)s")
+    parser.add_argument(
+        "--workloads", default=",".join([*WORKLOADS, "mixed", "sustained"]), help="default: %(default)s"
+    )
+    parser.add_argument(
+        "--window", type=float, default=WINDOW, help="seconds of the sustained run (default: %(default)s)"
+    )
     parser.add_argument("--modes", default=DEFAULT_MODES, help=f"of {','.join(MODES)} (default: %(default)s)")
     parser.add_argument("--new-tokens", type=int, default=NEW_TOKENS, help="per stream (default: %(default)s)")
     parser.add_argument("--draft-model", help="draft mode's model (default: a bfloat16 copy of the served one)")

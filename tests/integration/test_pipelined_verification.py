@@ -21,7 +21,7 @@ import pytest
 import torch
 from hivemind.p2p import P2P
 from openai.types.chat import ChatCompletionChunk
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+from transformers import AutoModelForCausalLM, LlamaConfig
 
 from gateway.generation import GenerationRequest, Grammar, SamplingParams
 from gateway.model.engine import GenerationEngine
@@ -30,6 +30,7 @@ from gateway.swarm.frames import Frame
 from shared.rpc_client import fetch_info
 from tests.helpers.gateway import start_gateway
 from tests.helpers.processes import LocalSwarm, ManagedProcess
+from tests.helpers.smollm2 import load_tokenizer
 from tests.helpers.tiny_swarm import process_of, speculating_engine, start_for_reference, start_replicated
 from tests.integration.conftest import client_peer
 from tests.integration.test_churn import start_nodes
@@ -125,7 +126,7 @@ def smol_vocab(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     torch.manual_seed(3)
     config = LlamaConfig(**{**_COMMON, "vocab_size": 49152, "initializer_range": 0.05}, tie_word_embeddings=True)
     AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval().save_pretrained(path)
-    AutoTokenizer.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name).save_pretrained(path)
+    load_tokenizer(smollm2_gguf).save_pretrained(path)
     return path
 
 

@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import PreTrainedModel
 
 from bench.draft_copy import bfloat16_copy, greedy_agreement
 from gateway.model.draft_model import DraftModel
 from gateway.model.files import load_tokenizer
 from shared.model_source import resolve_model
+from tests.helpers.smollm2 import load_reference
 from tests.tiny_models import GetTinyModel
 
 PROMPT = [3, 17, 42, 9, 5]
@@ -42,9 +43,7 @@ def test_the_copy_is_the_served_smollm2_in_bfloat16_and_the_gateway_takes_it_as_
     smollm2_gguf: Path, tmp_path: Path
 ) -> None:
     folder = bfloat16_copy(smollm2_gguf, tmp_path / "draft")
-    served = AutoModelForCausalLM.from_pretrained(
-        str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name, dtype=torch.float32
-    )
+    served = load_reference(smollm2_gguf)[0]
     saved = load_file(str(folder / "model.safetensors"))
     reference = served.state_dict()
     assert saved and all(tensor.dtype == torch.bfloat16 for tensor in saved.values())

@@ -19,7 +19,6 @@ import pytest
 import torch
 from transformers import (
     AutoModelForCausalLM,
-    AutoTokenizer,
     PretrainedConfig,
     PreTrainedModel,
     Qwen2MoeConfig,
@@ -32,6 +31,7 @@ from shared.errors import ModelLoadError
 from shared.model_source import ModelSource, load_config, resolve_model
 from shared.weights import SAFETENSORS_INDEX, GgufReader, WeightReader, open_weights
 from swarm_node.span import BlockSpan, build_span
+from tests.helpers.smollm2 import load_reference
 from tests.tiny_models import _COMMON, NUM_LAYERS, VOCAB, GetTinyModel, TinyModel
 
 MOE_GGUF_COMMON: dict[str, Any] = {**_COMMON, "num_experts": 4, "num_experts_per_tok": 2, "tie_word_embeddings": False}
@@ -425,10 +425,8 @@ def test_smollm2_gguf_spans_load_only_their_blocks_and_generate_like_transformer
     assert blocks_of(reader.loaded[before:]) == {None}
     assert "lm_head.weight" not in reader.loaded  # SmolLM2 ties its embeddings
 
-    folder, name = str(smollm2_gguf.parent), smollm2_gguf.name
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    reference_model, tokenizer = load_reference(smollm2_gguf)
     prompt = tokenizer("The capital of France is", return_tensors="pt").input_ids
-    reference_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
     with torch.inference_mode():
         reference = reference_model.generate(prompt, max_new_tokens=8, do_sample=False)
     expected = reference[0, prompt.shape[1] :].tolist()

@@ -20,7 +20,6 @@ import torch
 from bitsandbytes.nn.modules import Linear4bit, Linear8bitLt
 from torch import nn
 from torch.nn.functional import kl_div
-from transformers import AutoTokenizer
 
 from gateway.model.head import ModelHead, build_head
 from shared.model_source import load_config, resolve_model
@@ -28,6 +27,7 @@ from shared.weights import open_weights
 from swarm_node.cpu_projections import TransposedLinear, keep_batched_copy, onednn_pays_for_batches
 from swarm_node.quantize import QUANTIZED_PROJECTIONS, Quant, block_transform, resolve_quant
 from swarm_node.span import BlockSpan, build_span
+from tests.helpers.smollm2 import load_tokenizer
 from tests.tiny_models import GetTinyModel
 
 TINY_TOLERANCE = {"int8": 0.10, "nf4": 0.50}
@@ -143,7 +143,7 @@ def test_smollm2_quantized_spans_stay_close_and_sensible(smollm2_gguf: Path) -> 
     gguf = open_weights(source, config)
     head = build_head(config, gguf)
     reader = MemoryReader(gguf.read(sorted(name for name in gguf.names() if name.startswith("model.layers."))))
-    tokenizer = AutoTokenizer.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name)
+    tokenizer = load_tokenizer(smollm2_gguf)
     chat = tokenizer.apply_chat_template(
         [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True, tokenize=False
     )

@@ -28,6 +28,7 @@ from gateway.model.spec_tuner import SpecTuner
 from gateway.model.speculation import DecodePlan
 from gateway.model.suffix_drafts import SuffixDrafts
 from gateway.model.tokens import word_ids
+from tests.helpers.smollm2 import load_tokenizer
 from tests.tiny_models import _COMMON
 from tests.unit.gateway.model.test_speculative_engine import LocalEngine, local_engine, run
 from tests.unit.swarm_node.test_span_exactness import build_chain
@@ -50,7 +51,7 @@ def folder(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     torch.manual_seed(3)
     config = LlamaConfig(**{**_COMMON, "vocab_size": V, "initializer_range": 0.05}, tie_word_embeddings=True)
     AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval().save_pretrained(path)
-    AutoTokenizer.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name).save_pretrained(path)
+    load_tokenizer(smollm2_gguf).save_pretrained(path)
     return path
 
 

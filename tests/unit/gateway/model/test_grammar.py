@@ -12,12 +12,13 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from gateway.generation import GeneratedToken, GenerationRequest, Grammar, InvalidGrammar, SamplingParams
 from gateway.model.grammar import GrammarCompiler
 from gateway.model.sampling import Sampler
 from gateway.model.speculation import DecodePlan, verify_drafts
+from tests.helpers.smollm2 import load_tokenizer
 
 EOS = 2  # <|im_end|>
 V = 49152
@@ -25,7 +26,7 @@ V = 49152
 
 @pytest.fixture(scope="module")
 def tokenizer(smollm2_gguf: Path) -> PreTrainedTokenizerBase:
-    return AutoTokenizer.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name)
+    return load_tokenizer(smollm2_gguf)
 
 
 @pytest.fixture(scope="module")
