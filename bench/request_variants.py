@@ -46,7 +46,7 @@ _STORIES = [
 ]
 # (function, the parameter to rename, its new names): a first turn's code, then "rename it and show it again"; a
 # function's second new name is asked for only once every function has been asked for once
-_FUNCTIONS = [
+FUNCTIONS = [
     (
         """def moving_average(values, window):
     if window <= 0:
@@ -179,8 +179,8 @@ def tool(index: int) -> Chat:
 
 def agent(index: int) -> Chat:
     """A second turn that re-emits the first turn's function with a parameter renamed."""
-    code, old, names = _FUNCTIONS[index % len(_FUNCTIONS)]
-    new = names[(index // len(_FUNCTIONS)) % len(names)]
+    code, old, names = FUNCTIONS[index % len(FUNCTIONS)]
+    new = names[(index // len(FUNCTIONS)) % len(names)]
     first = code.split("(")[0].removeprefix("def ")
     return [
         {"role": "user", "content": f"Write a Python function `{first}`."},
@@ -200,6 +200,6 @@ VARIANTS = {"structured": structured, "tool": tool, "agent": agent, "novel": nov
 DISTINCT = {
     "structured": 4 * len(_PEOPLE),
     "tool": 4 * len(_CITIES),
-    "agent": 2 * len(_FUNCTIONS),
+    "agent": 2 * len(FUNCTIONS),
     "novel": len(_STORIES),
 }

@@ -106,19 +106,7 @@ WEATHER_CALL = {
     "required": ["name", "arguments"],
     "additionalProperties": False,
 }
-CODE = """def moving_average(values, window):
-    if window <= 0:
-        raise ValueError("window must be positive")
-    averages = []
-    total = 0.0
-    for index, value in enumerate(values):
-        total += value
-        if index >= window:
-            total -= values[index - window]
-        if index >= window - 1:
-            averages.append(total / window)
-    return averages
-"""
+CODE = request_variants.FUNCTIONS[0][0]  # moving_average, the agent workload's first turn
 WORKLOADS: dict[str, tuple[list[dict[str, str]], Grammar | None]] = {
     "structured": (
         [
