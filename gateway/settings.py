@@ -52,8 +52,8 @@ class EngineSettings(P2PSettings):
     num_threads: int | None = Field(None, gt=0, description="torch CPU threads; default: torch's own choice")
     config_cache: str = Field(
         "~/.cache/swarmgate/configs",
-        description="folder keeping each GGUF file's transformers config once converted (per file and transformers"
-        " version; the nodes' --config-cache), so a restart does not convert it again",
+        description="folder keeping each GGUF file's transformers config and tokenizer once converted (per file and"
+        " transformers version; the nodes' --config-cache), so a restart does not convert them again",
     )
     allowed_peers: list[str] = Field(
         default_factory=list, description="if given, route only through these node peer ids (an allowlist)"

@@ -117,12 +117,16 @@ class GenerationEngine:
             torch.set_num_threads(settings.num_threads)
         source = resolve_model(settings.model, settings.revision)
 
-        def read_config() -> PretrainedConfig:  # a GGUF's from the config cache once converted (shared.config_cache)
+        # A GGUF's config and tokenizer come from the config cache once converted (shared.config_cache).
+        def read_config() -> PretrainedConfig:
             return load_config(source, Path(settings.config_cache).expanduser())
+
+        def read_tokenizer() -> PreTrainedTokenizerBase:
+            return load_tokenizer(source, settings.chat_template, Path(settings.config_cache).expanduser())
 
         config = await asyncio.to_thread(read_config)
         tokenizer, head, defaults, adapters = await asyncio.gather(
-            asyncio.to_thread(load_tokenizer, source, settings.chat_template),
+            asyncio.to_thread(read_tokenizer),
             asyncio.to_thread(load_head, source, config),
             asyncio.to_thread(sampling_defaults, source),
             asyncio.to_thread(load_head_adapters, settings.adapter_folders(), config),

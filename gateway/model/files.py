@@ -7,6 +7,7 @@ from pathlib import Path
 from transformers import AutoTokenizer, GenerationConfig, PretrainedConfig, PreTrainedTokenizerBase
 
 from gateway.model.head import ModelHead, build_head
+from shared.config_cache import cached_tokenizer
 from shared.errors import ModelLoadError
 from shared.families import context_length
 from shared.model_source import ModelSource
@@ -16,9 +17,22 @@ from shared.weights import open_weights
 _SAMPLING_DEFAULTS = ("temperature", "top_p", "top_k", "repetition_penalty")
 
 
-def load_tokenizer(source: ModelSource, chat_template: Path | None = None) -> PreTrainedTokenizerBase:
-    """The model's tokenizer; ``chat_template``: a Jinja file that replaces the template it ships with."""
-    tokenizer: PreTrainedTokenizerBase = source.load(AutoTokenizer.from_pretrained, "the tokenizer")
+def load_tokenizer(
+    source: ModelSource, chat_template: Path | None = None, cache_dir: Path | None = None
+) -> PreTrainedTokenizerBase:
+    """The model's tokenizer; ``chat_template``: a Jinja file that replaces the template it ships with.
+
+    With ``cache_dir``, a GGUF file's tokenizer comes from there once transformers has converted it
+    (``shared.config_cache``)."""
+
+    def convert() -> PreTrainedTokenizerBase:
+        converted: PreTrainedTokenizerBase = source.load(AutoTokenizer.from_pretrained, "the tokenizer")
+        return converted
+
+    if source.kind == "gguf" and cache_dir is not None:
+        tokenizer = cached_tokenizer(Path(source.location), cache_dir, convert)
+    else:
+        tokenizer = convert()
     if chat_template is not None:
         try:
             tokenizer.chat_template = chat_template.read_text(encoding="utf-8")

@@ -89,12 +89,21 @@ def _wait_listening(process: ManagedProcess, timeout: float) -> Gateway:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         match = LISTENING.search(process.log_text())
-        if match:
+        if match and _accepts_connections(match.group(2)):
             return Gateway(process, match.group(2), match.group(1))
         if process.popen.poll() is not None:
             raise RuntimeError(f"gateway exited with {process.popen.returncode}:\n{process.log_text()[-3000:]}")
         time.sleep(0.2)
     raise TimeoutError(f"gateway did not start listening:\n{process.log_text()[-3000:]}")
+
+
+def _accepts_connections(url: str) -> bool:
+    # The port is bound (and logged) a moment before uvicorn listens on it: a refused connection means not yet.
+    try:
+        httpx.get(f"{url}/health", trust_env=False, timeout=5)
+    except httpx.TransportError:
+        return False
+    return True
 
 
 def stop_gracefully(swarm: LocalSwarm, timeout: float = 20.0) -> None:

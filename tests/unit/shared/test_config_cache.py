@@ -8,9 +8,13 @@ import shutil
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
-from transformers import PretrainedConfig
+import pytest
+from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
+from gateway.model.files import load_tokenizer
+from shared import config_cache
 from shared.config_cache import cache_key, cached_config
 from shared.model_source import ModelSource, load_config, resolve_model
 
@@ -82,3 +86,50 @@ def test_nodes_starting_together_convert_once(smollm2_gguf: Path, tmp_path: Path
     second.join(120)
     assert len(calls) == 1 and len(configs) == 2
     assert configs[0].to_dict() == configs[1].to_dict()
+
+
+def test_a_gguf_tokenizer_is_converted_once_then_read_back_identical(
+    smollm2_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gateway's path (load_tokenizer with the cache folder): the second load reads the stored folder, and it
+    tokenizes, decodes and templates exactly as transformers' conversion of the GGUF."""
+    source = resolve_model(str(smollm2_gguf))
+    converted = load_tokenizer(source)
+    conversions: list[str] = []
+    real_load = ModelSource.load
+
+    def counting_load(self: ModelSource, from_pretrained: Any, what: str) -> Any:
+        conversions.append(what)
+        return real_load(self, from_pretrained, what)
+
+    monkeypatch.setattr(ModelSource, "load", counting_load)
+    first = load_tokenizer(source, cache_dir=tmp_path)
+    stored = load_tokenizer(source, cache_dir=tmp_path)
+    assert conversions == ["the tokenizer"] and (tmp_path / f"{cache_key(smollm2_gguf)}.tokenizer").is_dir()
+    assert stored is not first  # read back from disk, not handed the converted object
+    text = "<|im_start|>user\nSay  hi, then\tdef f(x):\n    return x  # 🎉 日本語<|im_end|>"
+    assert stored(text)["input_ids"] == converted(text)["input_ids"]
+    assert stored.decode(converted(text)["input_ids"]) == converted.decode(converted(text)["input_ids"])
+    chat = [{"role": "user", "content": text}]
+    assert stored.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == (
+        converted.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    )
+    assert stored.get_vocab() == converted.get_vocab() and stored.eos_token == converted.eos_token
+
+
+def test_a_tokenizer_that_reads_back_different_is_not_kept(
+    smollm2_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = resolve_model(str(smollm2_gguf))
+    behaviour = config_cache._tokenizer_behaviour
+    seen: list[int] = []
+
+    def drifting(tokenizer: PreTrainedTokenizerBase) -> tuple[object, ...]:
+        seen.append(1)
+        return (*behaviour(tokenizer), len(seen))  # the read-back differs from the converted one
+
+    monkeypatch.setattr(config_cache, "_tokenizer_behaviour", drifting)
+    tokenizer = load_tokenizer(source, cache_dir=tmp_path)
+    assert tokenizer.eos_token == "<|im_end|>"  # the conversion still serves
+    assert not (tmp_path / f"{cache_key(smollm2_gguf)}.tokenizer").exists()
+    assert not list(tmp_path.glob("*.tmp"))
