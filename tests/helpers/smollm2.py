@@ -36,13 +36,13 @@ def load_reference(gguf: Path) -> Reference:
     the file's metadata, 5 more), and a dozen test modules on two xdist workers want the same model: the first to
     ask stores what transformers built (``torch.save``, the exact tensors) under the system's temporary folder, keyed
     by the file and the transformers and torch versions, and the rest read that back in about a second."""
-    stored = _stored(gguf, "reference.pt")
+    stored = _stored(gguf, "model.pt")
     with _alone(stored):
         if not stored.exists():
             model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-            _store((model, load_tokenizer(gguf)), stored)
-    model, tokenizer = torch.load(stored, weights_only=False)
-    return model.eval(), tokenizer
+            _store(model, stored)
+    model = torch.load(stored, weights_only=False)
+    return model.eval(), load_tokenizer(gguf)
 
 
 def load_tokenizer(gguf: Path) -> PreTrainedTokenizerBase:
