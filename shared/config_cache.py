@@ -21,6 +21,7 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import transformers
 from transformers import AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
@@ -29,6 +30,8 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from shared.file_lock import held
 
 logger = logging.getLogger(__name__)
+
+Converted = TypeVar("Converted")
 
 
 def cache_key(gguf_path: Path) -> str:
@@ -42,17 +45,27 @@ def cached_config(gguf_path: Path, cache_dir: Path, convert: Callable[[], Pretra
 
     A cache that cannot be read or written costs only the conversion (logged), never the start.
     """
-    entry = cache_dir / f"{cache_key(gguf_path)}.json"
-    with held(entry.with_suffix(".lock")):
-        config = _read(entry)
-        if config is not None:
-            return config
-        config = convert()
+    return _cached(cache_dir / f"{cache_key(gguf_path)}.json", _read, convert, _write)
+
+
+def _cached(
+    entry: Path,
+    read: Callable[[Path], Converted | None],
+    convert: Callable[[], Converted],
+    write: Callable[[Path, Converted], None],
+) -> Converted:
+    """What ``read`` finds in ``entry``, else ``convert``'s result, written there (a failed write is logged only);
+    under the entry's lock, so processes starting together convert once."""
+    with held(entry.with_name(f"{entry.name}.lock")):
+        found = read(entry)
+        if found is not None:
+            return found
+        converted = convert()
         try:
-            _write(entry, config)
+            write(entry, converted)
         except (OSError, TypeError, ValueError):
-            logger.warning("cannot write the config cache entry %s", entry, exc_info=True)
-        return config
+            logger.warning("cannot write the cache entry %s", entry, exc_info=True)
+        return converted
 
 
 def _read(entry: Path) -> PretrainedConfig | None:
@@ -80,20 +93,18 @@ def cached_tokenizer(
 
     As ``cached_config``: a cache that cannot be read or written (or reads back different) costs only the conversion.
     """
-    entry = cache_dir / f"{cache_key(gguf_path)}.tokenizer"
-    with held(entry.with_suffix(".tokenizer.lock")):
-        if entry.is_dir():
-            try:
-                stored: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(str(entry))
-                return stored
-            except (OSError, ValueError, KeyError, TypeError):
-                logger.warning("tokenizer cache entry %s unreadable; converting again", entry, exc_info=True)
-        tokenizer = convert()
-        try:
-            _write_tokenizer(entry, tokenizer)
-        except (OSError, TypeError, ValueError):
-            logger.warning("cannot write the tokenizer cache entry %s", entry, exc_info=True)
-        return tokenizer
+    return _cached(cache_dir / f"{cache_key(gguf_path)}.tokenizer", _read_tokenizer, convert, _write_tokenizer)
+
+
+def _read_tokenizer(entry: Path) -> PreTrainedTokenizerBase | None:
+    if not entry.is_dir():
+        return None
+    try:
+        stored: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(str(entry))
+    except (OSError, ValueError, KeyError, TypeError):
+        logger.warning("tokenizer cache entry %s unreadable; converting again", entry, exc_info=True)
+        return None
+    return stored
 
 
 # Checked on the entry before it is kept: plain text, whitespace runs, code, non-Latin script and the special tokens.
