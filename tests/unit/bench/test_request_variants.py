@@ -50,7 +50,7 @@ def test_sustained_run_counts_the_window_and_compares_finished_streams_only() ->
     assert run.begun == len(run.finished) + 8
     # every token handed out in the window counts once (the cut-off streams' too), and none after it: the clients
     # stop taking tokens when the window ends
-    assert run.emitted == engine.handed_out > 5 * len(run.finished)
+    assert run.emitted == engine.handed_out >= 5 * len(run.finished)
     assert run.speed == run.emitted / 0.35
     for label, tokens in run.finished.items():
         name, index = label.rsplit(" ", 1)
