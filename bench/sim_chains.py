@@ -7,12 +7,14 @@ LP's, ``sim/path_bound.py``; the per-node one beside it); per
 decoding session its hops and the share of hops that use part of their node's span, the swarm's KV memory the
 sessions use (block-tokens) and the share its pools charge; a session's round (seconds per token) as the data plane
 gives it, its chain's idle round (links plus 1.5 steps a hop) and its links; what ``plan_route`` picks on the same
-placement with every node's room ignored, and the fastest chain the bound credits (``sim/fastest_chain.py``).
+placement with every node's room ignored, and the fastest chain the bound credits (``sim/fastest_chain.py``). Every
+30 virtual seconds it says on stderr how far the run has got and the CPU it has taken.
 ``--oracle-next-rtts``: every node announces the true RTT to every server of its end block (swarm_node measures 4)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from dataclasses import replace
 
@@ -104,6 +106,7 @@ def main() -> None:
     chosen = replace(quick, nodes=args.nodes, seed=args.seed)
     samples: list[list[float]] = []
     worlds: list[World] = []
+    began = time.process_time()
     populate, record = sim_scenario._populate, sim_scenario._record
 
     def populating(scenario: Scenario) -> World:
@@ -114,11 +117,13 @@ def main() -> None:
         record(world, t, throughput, latest)
         if t >= chosen.measure_from and int(t) % EVERY == 0 and world.decoding:
             samples.append(sample(world))
+        if int(t) % EVERY == 0:  # a 300-node run takes an hour of CPU: say how far it is
+            done = f"{t:.0f} of {chosen.duration:.0f} virtual s, {time.process_time() - began:.0f} CPU s"
+            print(f"  [{done}, ours {throughput:.0f} tok/s]", file=sys.stderr, flush=True)  # noqa: T201
 
     sim_scenario._populate, sim_scenario._record = populating, recording
     if args.oracle_next_rtts:
         oracle_next_rtts(worlds)
-    began = time.process_time()
     s = run(chosen).summary
     a = np.array(samples).mean(axis=0)
     print(  # noqa: T201

@@ -20,7 +20,9 @@ is measured teacher-forced over push's tokens of every workload. ``chain`` is ``
 ``--no-speculative-trees`` (every step's drafts one chain). ``pipe`` is ``spec`` with ``--speculative-pipeline
 auto`` (the next verify frame leaves before the last returns where acceptance is above the cost model's break-even)
 and ``pipe-always`` with ``always`` (frames ahead whenever a round drafts); for them the notes count the frames sent
-ahead and how many of those were taken (their guess held) rather than voided. ``--workloads`` and ``--modes`` run a
+ahead and how many of those were taken (their guess held) rather than voided. ``push-again`` is push again in an
+engine of its own, the A/A control: its ratio to push is what the run's noise alone gives (modes take turns in ABBA
+order, so no mode is always run first). ``--workloads`` and ``--modes`` run a
 subset (``mixed`` and ``sustained`` are the 8 streams). Besides the table, each speculating mode's accepted /
 drafted tokens (the grammar's forced tokens count as drafts) and a plot of tok/s against RTT per workload
 (``wan_tokens.png``).
@@ -70,6 +72,8 @@ MODES: dict[str, dict[str, Any]] = {
     # pipelined verification (issue 26 part 5): frames ahead where the cost model finds they pay, or always
     "pipe": {"speculative": "ngram", "speculative_pipeline": "auto"},
     "pipe-always": {"speculative": "ngram", "speculative_pipeline": "always"},
+    # push's settings in an engine of its own: the A/A control, whose ratio to push is the run's noise
+    "push-again": {"speculative": "off"},
 }
 DEFAULT_MODES = "push,spec,draft"
 PUSH_TOKENS: dict[str, list[int]] = {}  # per workload, push's greedy tokens of the last run (for the draft agreement)
@@ -261,8 +265,10 @@ async def _measured(
     traversal count each stream's prefill as a chain step; the same tokens: every finished stream's, compared with
     the same stream's in every other run that finished it, of every mode."""
     got: dict[str, list[tuple[Run, float]]] = {mode: [] for mode in engines}
-    for _ in range(repeats):
-        for mode, engine in engines.items():
+    for repeat in range(repeats):
+        # ABBA: the modes' order turns each repeat, so no mode always runs first (or always after another's run)
+        order = list(engines.items()) if repeat % 2 == 0 else list(engines.items())[::-1]
+        for mode, engine in order:
             _forget_outputs(engine)
             steps, FRAMES.mode = counter.steps, mode
             done = await acceptance.counted(mode, run(engine))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
@@ -40,11 +41,12 @@ class DraftModel:
         self.model = model.eval()
 
     @classmethod
-    def load(cls, path: str, tokenizer: PreTrainedTokenizerBase) -> DraftModel:
+    def load(cls, path: str, tokenizer: PreTrainedTokenizerBase, cache_dir: Path | None = None) -> DraftModel:
         """The draft model at ``path`` (a folder, a GGUF file or a hub id, like MODEL) in float32; refused with
-        ``ModelLoadError`` when its tokenizer is not the served model's (its drafts would be other tokens)."""
+        ``ModelLoadError`` when its tokenizer is not the served model's (its drafts would be other tokens).
+        ``cache_dir``: where a GGUF draft's converted tokenizer is kept (``load_tokenizer``)."""
         source = resolve_model(path)
-        if load_tokenizer(source).get_vocab() != tokenizer.get_vocab():
+        if load_tokenizer(source, cache_dir=cache_dir).get_vocab() != tokenizer.get_vocab():
             raise ModelLoadError(f"the draft model {path} has another tokenizer than the served model")
         model: PreTrainedModel = source.load(
             lambda location, **kwargs: AutoModelForCausalLM.from_pretrained(location, dtype=torch.float32, **kwargs),

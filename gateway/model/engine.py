@@ -135,7 +135,12 @@ class GenerationEngine:
         engine = cls(settings, source, config, tokenizer, head)
         engine.sampling_defaults = defaults
         if settings.speculative == "draft" and settings.draft_model is not None:
-            engine.draft_model = await asyncio.to_thread(DraftModel.load, settings.draft_model, tokenizer)
+            draft = settings.draft_model
+
+            def read_draft() -> DraftModel:  # a GGUF draft's tokenizer from the same cache
+                return DraftModel.load(draft, tokenizer, Path(settings.config_cache).expanduser())
+
+            engine.draft_model = await asyncio.to_thread(read_draft)
         await engine.start(dht)
         return engine
 

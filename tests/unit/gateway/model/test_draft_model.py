@@ -7,6 +7,7 @@ itself gets every draft accepted. The engine runs over the in-process chain of t
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -20,7 +21,7 @@ from gateway.model.files import load_tokenizer
 from gateway.model.speculation import SpecTuner
 from gateway.settings import EngineSettings
 from shared.errors import ModelLoadError
-from shared.model_source import resolve_model
+from shared.model_source import ModelSource, resolve_model
 from tests.helpers.processes import save_tiny_tokenizer
 from tests.tiny_models import VOCAB, GetTinyModel, TinyModel
 from tests.unit.gateway.model.test_speculative_engine import PROMPT, LocalEngine, run
@@ -96,6 +97,25 @@ def test_tokens_emitted_while_nothing_was_drafted_are_read_apart_from_the_drafti
     # the tuner's probe after k = 0 rounds: its one-draft price must not carry the catch-up's read
     assert session.unpriced > 0.0
     assert drafts == greedy(draft.model, session.context, 3)  # the split read drafts the same tokens
+
+
+@pytest.mark.slow
+def test_a_gguf_draft_models_tokenizer_is_read_from_the_config_cache(
+    smollm2_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GGUF draft's tokenizer (read only to compare it with the served one) comes from the config cache the
+    gateway's own start filled, not from a conversion at every start."""
+    served = load_tokenizer(resolve_model(str(smollm2_gguf)), cache_dir=tmp_path)  # the gateway's start
+    loads: list[str] = []
+    real_load = ModelSource.load
+
+    def counting_load(self: ModelSource, from_pretrained: Any, what: str) -> Any:
+        loads.append(what)
+        return real_load(self, from_pretrained, what)
+
+    monkeypatch.setattr(ModelSource, "load", counting_load)
+    DraftModel.load(str(smollm2_gguf), served, tmp_path)
+    assert loads == ["the draft model"]  # its weights only: the tokenizer was read back, not converted
 
 
 def test_a_draft_model_with_another_tokenizer_is_refused_at_start(llama: TinyModel, tmp_path: Path) -> None:
