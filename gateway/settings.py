@@ -132,6 +132,9 @@ class EngineSettings(P2PSettings):
     def adapter_folders(self) -> dict[str, Path]:
         return parse_adapter_specs(self.adapters)
 
+    def config_cache_folder(self) -> Path:
+        return Path(self.config_cache).expanduser()
+
     max_model_len: int | None = Field(
         None,
         gt=0,

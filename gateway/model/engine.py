@@ -23,7 +23,6 @@ import contextlib
 import functools
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -117,16 +116,12 @@ class GenerationEngine:
             torch.set_num_threads(settings.num_threads)
         source = resolve_model(settings.model, settings.revision)
 
-        # A GGUF's config and tokenizer come from the config cache once converted (shared.config_cache).
-        def read_config() -> PretrainedConfig:
-            return load_config(source, Path(settings.config_cache).expanduser())
-
-        def read_tokenizer() -> PreTrainedTokenizerBase:
-            return load_tokenizer(source, settings.chat_template, Path(settings.config_cache).expanduser())
-
-        config = await asyncio.to_thread(read_config)
+        # A GGUF's config and tokenizer (and a GGUF draft's) come from the config cache once converted
+        # (shared.config_cache).
+        cache_dir = settings.config_cache_folder()
+        config = await asyncio.to_thread(load_config, source, cache_dir)
         tokenizer, head, defaults, adapters = await asyncio.gather(
-            asyncio.to_thread(read_tokenizer),
+            asyncio.to_thread(load_tokenizer, source, settings.chat_template, cache_dir),
             asyncio.to_thread(load_head, source, config),
             asyncio.to_thread(sampling_defaults, source),
             asyncio.to_thread(load_head_adapters, settings.adapter_folders(), config),
@@ -135,12 +130,7 @@ class GenerationEngine:
         engine = cls(settings, source, config, tokenizer, head)
         engine.sampling_defaults = defaults
         if settings.speculative == "draft" and settings.draft_model is not None:
-            draft = settings.draft_model
-
-            def read_draft() -> DraftModel:  # a GGUF draft's tokenizer from the same cache
-                return DraftModel.load(draft, tokenizer, Path(settings.config_cache).expanduser())
-
-            engine.draft_model = await asyncio.to_thread(read_draft)
+            engine.draft_model = await asyncio.to_thread(DraftModel.load, settings.draft_model, tokenizer, cache_dir)
         await engine.start(dht)
         return engine
 

@@ -16,7 +16,7 @@ import httpx
 import openai
 import psutil
 
-from tests.helpers.processes import LocalSwarm, ManagedProcess
+from tests.helpers.processes import CONFIG_CACHE, LocalSwarm, ManagedProcess
 
 LISTENING = re.compile(r"serving (\S+) on (http://127\.0\.0\.1:\d+)/v1")
 
@@ -69,6 +69,7 @@ def start_gateway(
     args += ["--conversation-keep-alive", "0"]
     args += ["--initial-peers", *swarm.initial_peers, *extra]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    env["SWARMGATE_CONFIG_CACHE"] = str(CONFIG_CACHE)
     with log.open("wb") as out:
         popen = subprocess.Popen(
             [sys.executable, "-m", *args],

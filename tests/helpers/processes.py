@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -21,6 +22,10 @@ import psutil
 from transformers import PreTrainedTokenizerFast
 
 SERVING = re.compile(r"serving blocks (\d+):(\d+) as (\w+)")
+# Every test's nodes and gateways keep a GGUF file's converted config and tokenizer in one folder (entries are keyed
+# by the file and the transformers version, written under a lock): a conversion costs a node some 8 CPU seconds at
+# start. Tests of the cache itself give --config-cache a folder of their own.
+CONFIG_CACHE = Path(tempfile.gettempdir()) / "swarmgate-test-configs"
 
 
 @dataclass
@@ -69,7 +74,7 @@ class LocalSwarm:
             "HF_HUB_OFFLINE": "1",
             "OMP_NUM_THREADS": "1",
             "SWARMGATE_THROUGHPUT_CACHE": str(self.workdir / "throughput.json"),
-            "SWARMGATE_CONFIG_CACHE": str(self.workdir / "configs"),
+            "SWARMGATE_CONFIG_CACHE": str(CONFIG_CACHE),
         }
         with log.open("wb") as out:
             popen = subprocess.Popen(

@@ -7,26 +7,60 @@ import os
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from prometheus_client.parser import text_string_to_metric_families
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from tests.helpers.processes import LocalSwarm
+from tests.helpers.polling import wait_until
+from tests.helpers.processes import LocalSwarm, ManagedProcess
+from tests.helpers.redis_server import free_port
 
 SPANS = ("0:15", "15:30")
 Reference = tuple[PreTrainedModel, PreTrainedTokenizerBase]
 
 
-def start_smollm2_swarm(swarm: LocalSwarm, gguf: Path) -> Reference:
-    """A DHT and the two nodes, serving once this returns; the reference loads while the nodes do."""
+@dataclass
+class SmolLM2Nodes:
+    """A DHT and SmolLM2's two nodes (``SPANS``, each with a Prometheus metrics port), serving."""
+
+    swarm: LocalSwarm
+    metrics_ports: list[int]
+
+    def wait_idle(self, within: float = 60.0) -> None:
+        """Until both nodes still run and hold no session: the gateways of the module before have closed theirs."""
+
+        def idle() -> bool:
+            for node in self.nodes():
+                if node.popen.poll() is not None:
+                    raise RuntimeError(f"{node.name} exited with {node.popen.returncode}:\n{node.log_text()[-3000:]}")
+            return all(_sessions_open(port) == 0 for port in self.metrics_ports)
+
+        wait_until(idle, within, state=lambda: [_sessions_open(port) for port in self.metrics_ports])
+
+    def nodes(self) -> list[ManagedProcess]:
+        return [process for process in self.swarm.processes if process.peer_id]
+
+
+def start_smollm2_nodes(swarm: LocalSwarm, gguf: Path) -> SmolLM2Nodes:
     swarm.start_dht()
-    nodes = [swarm.start_node(gguf, span) for span in SPANS]
-    reference = load_reference(gguf)
+    ports = [free_port() for _ in SPANS]
+    nodes = [swarm.start_node(gguf, span, "--metrics-port", str(port)) for span, port in zip(SPANS, ports, strict=True)]
     for node in nodes:
         swarm.wait_serving(node)
-    return reference
+    return SmolLM2Nodes(swarm, ports)
+
+
+def _sessions_open(port: int) -> float:
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", trust_env=False, timeout=30).text
+    for family in text_string_to_metric_families(text):
+        if family.name == "swarmgate_node_sessions_open":
+            return family.samples[0].value
+    raise AssertionError(f"no swarmgate_node_sessions_open at port {port}")
 
 
 def load_reference(gguf: Path) -> Reference:
@@ -34,14 +68,21 @@ def load_reference(gguf: Path) -> Reference:
 
     transformers dequantizes a GGUF file in Python, some 30 CPU seconds for SmolLM2 (and reads its tokenizer from
     the file's metadata, 5 more), and a dozen test modules on two xdist workers want the same model: the first to
-    ask stores what transformers built (``torch.save``, the exact tensors) under the system's temporary folder, keyed
-    by the file and the transformers and torch versions, and the rest read that back in about a second."""
-    stored = _stored(gguf, "model.pt")
+    ask stores what transformers built (its config and state dict: the exact tensors) under the system's temporary
+    folder, keyed by the file and the transformers and torch versions, and the rest rebuild it from that in a second
+    or two. Not the pickled module: transformers 5.24 installs the hooks that capture ``hidden_states`` at the first
+    forward, and a module pickled before it comes back believing them installed (its outputs then carry no hidden
+    states); nor ``save_pretrained``, which refuses a model loaded from a GGUF file."""
+    stored = _stored(gguf, "model-state.pt")
     with _alone(stored):
         if not stored.exists():
             model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-            _store(model, stored)
-    model = torch.load(stored, weights_only=False)
+            # its tensors are float32 already: the GGUF file's quantization_config does not describe them
+            config = {key: value for key, value in model.config.to_dict().items() if key != "quantization_config"}
+            _store({"config": config, "state": model.state_dict()}, stored)
+    saved = torch.load(stored, weights_only=True)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**saved["config"]), dtype=torch.float32)
+    model.load_state_dict(saved["state"], assign=True)
     return model.eval(), load_tokenizer(gguf)
 
 

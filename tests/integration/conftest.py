@@ -15,8 +15,10 @@ from transformers import AutoTokenizer
 
 from shared.dht_records import ModelRecord, ServerRecord
 from shared.membership import record_validators
+from tests.helpers.gateway import stop_gracefully
 from tests.helpers.processes import LocalSwarm, save_tiny_tokenizer
 from tests.helpers.redis_server import RedisServer, running_redis
+from tests.helpers.smollm2 import SmolLM2Nodes, start_smollm2_nodes
 from tests.tiny_models import NUM_LAYERS, VOCAB, GetTinyModel, TinyModel
 
 
@@ -36,6 +38,27 @@ def module_swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSwar
         yield swarm
     finally:
         swarm.close()
+
+
+@pytest.fixture(scope="session")
+def smollm2_nodes(tmp_path_factory: pytest.TempPathFactory, smollm2_gguf: Path) -> Iterator[SmolLM2Nodes]:
+    """SmolLM2's two nodes and their DHT, started once per xdist worker and shared by the modules that reach them
+    only through gateways of their own (``smollm2_swarm``): a start costs some 30 s of this machine's two cores."""
+    swarm = LocalSwarm(tmp_path_factory.mktemp("smollm2-nodes"))
+    try:
+        yield start_smollm2_nodes(swarm, smollm2_gguf)
+    finally:
+        stop_gracefully(swarm)
+        swarm.close()
+
+
+@pytest.fixture(scope="module")
+def smollm2_swarm(module_swarm: LocalSwarm, smollm2_nodes: SmolLM2Nodes) -> LocalSwarm:
+    """The module's own swarm on the shared SmolLM2 nodes: the gateways it starts stop with the module, and it starts
+    once the nodes are free of the sessions of the module before."""
+    smollm2_nodes.wait_idle()
+    module_swarm.initial_peers = list(smollm2_nodes.swarm.initial_peers)
+    return module_swarm
 
 
 @pytest.fixture(scope="session")

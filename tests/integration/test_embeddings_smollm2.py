@@ -9,7 +9,6 @@ through the nodes' prefill batcher together; no node holds a session or cache ro
 from __future__ import annotations
 
 import base64
-import socket
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,35 +23,22 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.helpers.gateway import Gateway, start_gateway, stop_gracefully
 from tests.helpers.node_info import wait_all_free
 from tests.helpers.processes import LocalSwarm
-from tests.helpers.smollm2 import SPANS, Reference, load_reference
+from tests.helpers.smollm2 import Reference, SmolLM2Nodes, load_reference
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 TOLERANCE = 2e-4  # per component of a unit vector: float32 through two processes vs one forward
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
-def swarm(module_swarm: LocalSwarm, smollm2_gguf: Path) -> Iterator[tuple[Gateway, Reference, list[int]]]:
+def swarm(
+    smollm2_swarm: LocalSwarm, smollm2_nodes: SmolLM2Nodes, smollm2_gguf: Path
+) -> Iterator[tuple[Gateway, Reference, list[int]]]:
     """The gateway, the reference model and each node's metrics port."""
     try:
-        module_swarm.start_dht()
-        ports = [free_port() for _ in SPANS]
-        nodes = [
-            module_swarm.start_node(smollm2_gguf, span, "--metrics-port", str(port))
-            for span, port in zip(SPANS, ports, strict=True)
-        ]
-        reference = load_reference(smollm2_gguf)
-        for node in nodes:
-            module_swarm.wait_serving(node)
-        yield start_gateway(module_swarm, smollm2_gguf), reference, ports
+        yield start_gateway(smollm2_swarm, smollm2_gguf), load_reference(smollm2_gguf), smollm2_nodes.metrics_ports
     finally:
-        stop_gracefully(module_swarm)
+        stop_gracefully(smollm2_swarm)
 
 
 def expected_vector(reference: Reference, token_ids: list[int]) -> torch.Tensor:
@@ -102,7 +88,7 @@ def test_embeddings_equal_the_whole_models_last_token_state(swarm: tuple[Gateway
 
 
 async def test_a_batch_equals_its_inputs_one_by_one_shares_prefill_forwards_and_holds_no_cache(
-    swarm: tuple[Gateway, Reference, list[int]], client_p2p: P2P, module_swarm: LocalSwarm
+    swarm: tuple[Gateway, Reference, list[int]], client_p2p: P2P, smollm2_nodes: SmolLM2Nodes
 ) -> None:
     gateway, reference, ports = swarm
     client = gateway.openai()
@@ -120,7 +106,7 @@ async def test_a_batch_equals_its_inputs_one_by_one_shares_prefill_forwards_and_
     assert torch.allclose(torch.tensor(mixed.data[1].embedding), expected_vector(reference, tokens[1]), atol=TOLERANCE)
     # The 12 prompts reached each node together: fewer padded forwards than inputs.
     assert all(0 < b - a < len(texts) for a, b in zip(before, after, strict=True)), (before, after)
-    infos = await wait_all_free(client_p2p, module_swarm, within=10)
+    infos = await wait_all_free(client_p2p, smollm2_nodes.swarm, within=10)
     assert all(i.sessions == 0 and i.cache_tokens_left == i.cache_tokens_total for i in infos)
 
 

@@ -14,7 +14,7 @@ from gateway.model.sampling import SamplingParams
 from gateway.settings import EngineSettings
 from shared.errors import MissingBlocks
 from tests.helpers.processes import LocalSwarm
-from tests.helpers.smollm2 import start_smollm2_swarm
+from tests.helpers.smollm2 import load_reference
 from tests.tiny_models import GetTinyModel
 
 pytestmark = pytest.mark.timeout(600)
@@ -66,9 +66,9 @@ async def _wait_covered(engine: GenerationEngine) -> None:
 
 
 @pytest.mark.slow
-async def test_smollm2_two_nodes_match_transformers_generate(local_swarm: LocalSwarm, smollm2_gguf: Path) -> None:
-    reference, tokenizer = start_smollm2_swarm(local_swarm, smollm2_gguf)
-    engine = await GenerationEngine.create(engine_settings(smollm2_gguf, local_swarm))
+async def test_smollm2_two_nodes_match_transformers_generate(smollm2_swarm: LocalSwarm, smollm2_gguf: Path) -> None:
+    reference, tokenizer = load_reference(smollm2_gguf)
+    engine = await GenerationEngine.create(engine_settings(smollm2_gguf, smollm2_swarm))
     try:
         await _wait_covered(engine)
         prompts = [
@@ -87,7 +87,7 @@ async def test_smollm2_two_nodes_match_transformers_generate(local_swarm: LocalS
             assert got == expected, (prompt, tokenizer.decode(got), tokenizer.decode(expected))
     finally:
         await engine.close()
-    await _speculative_greedy_equals_generate(local_swarm, smollm2_gguf, reference, tokenizer)
+    await _speculative_greedy_equals_generate(smollm2_swarm, smollm2_gguf, reference, tokenizer)
 
 
 COPY_PROMPT = (

@@ -19,26 +19,26 @@ from gateway.text.detokenizer import IncrementalDetokenizer
 from tests.helpers.gateway import Gateway, start_gateway, stop_gracefully
 from tests.helpers.node_info import node_infos, wait_all_free
 from tests.helpers.processes import LocalSwarm
-from tests.helpers.smollm2 import Reference, start_smollm2_swarm
+from tests.helpers.smollm2 import Reference, SmolLM2Nodes, load_reference
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")
-def swarm_and_reference(module_swarm: LocalSwarm, smollm2_gguf: Path) -> Iterator[tuple[Gateway, Reference]]:
+def swarm_and_reference(smollm2_swarm: LocalSwarm, smollm2_gguf: Path) -> Iterator[tuple[Gateway, Reference]]:
     try:
-        reference = start_smollm2_swarm(module_swarm, smollm2_gguf)
+        reference = load_reference(smollm2_gguf)
         # No speculation: the cache-reuse test counts the tokens the nodes process, and on a loaded machine the
         # loopback round trip can pass --speculative-min-rtt, so drafts (rejected ones too) would count as well.
         # No spot checks: their forwards are node work too, and a test here counts the nodes' work exactly.
         gateway = start_gateway(
-            module_swarm,
+            smollm2_swarm,
             smollm2_gguf,
             *("--conversation-keep-alive", "5", "--speculative", "off", "--verify-check-rate", "0"),
         )
         yield gateway, reference
     finally:
-        stop_gracefully(module_swarm)
+        stop_gracefully(smollm2_swarm)
 
 
 def reference_ids(reference: Reference, prompt_ids: list[int], tokens: int) -> list[int]:
@@ -137,16 +137,17 @@ def test_smollm2_byte_tokens_never_split_a_character(swarm_and_reference: tuple[
 
 
 async def test_a_second_chat_turn_reuses_the_first_turns_node_caches(
-    swarm_and_reference: tuple[Gateway, Reference], module_swarm: LocalSwarm, client_p2p: P2P
+    swarm_and_reference: tuple[Gateway, Reference], smollm2_nodes: SmolLM2Nodes, client_p2p: P2P
 ) -> None:
     gateway, reference = swarm_and_reference
     client = gateway.async_openai()
     chat = {"model": gateway.model, "max_tokens": 32, "temperature": 0}
 
     async def processed() -> list[int]:
-        return [info.tokens_processed for info in await node_infos(client_p2p, module_swarm)]
+        return [info.tokens_processed for info in await node_infos(client_p2p, smollm2_nodes.swarm)]
 
-    assert all(i.sessions == 0 for i in await wait_all_free(client_p2p, module_swarm, within=30))  # others expired
+    free = await wait_all_free(client_p2p, smollm2_nodes.swarm, within=30)
+    assert all(i.sessions == 0 for i in free)  # others expired
     turn1 = [{"role": "user", "content": "What is the capital of France?"}]
     first = await client.chat.completions.create(messages=turn1, **chat)  # type: ignore[call-overload]
     assert first.usage.prompt_tokens_details.cached_tokens == 0
@@ -179,7 +180,7 @@ async def test_a_second_chat_turn_reuses_the_first_turns_node_caches(
     assert second.choices[0].message.content == reference[1].decode(expected, skip_special_tokens=True)
 
     # Kept conversations expire (keep-alive 5 s): every node gets its room back.
-    infos = await wait_all_free(client_p2p, module_swarm, within=60)
+    infos = await wait_all_free(client_p2p, smollm2_nodes.swarm, within=60)
     assert all(i.sessions == 0 and i.cache_tokens_left == i.cache_tokens_total for i in infos), infos
 
     # The same turn 2 from scratch: the same text, the whole conversation sent to the nodes again.

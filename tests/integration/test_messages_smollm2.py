@@ -38,13 +38,11 @@ WEATHER: dict[str, Any] = {
 
 
 @pytest.fixture(scope="module")
-def gateway(module_swarm: LocalSwarm, smollm2_gguf: Path) -> Iterator[Gateway]:
+def gateway(smollm2_swarm: LocalSwarm, smollm2_gguf: Path) -> Iterator[Gateway]:
     try:
-        module_swarm.start_dht()
-        module_swarm.start_nodes(smollm2_gguf, ("0:15", "15:30"))
-        yield start_gateway(module_swarm, smollm2_gguf, "--auth", "keys", "--admin-key", KEY, timeout=600)
+        yield start_gateway(smollm2_swarm, smollm2_gguf, "--auth", "keys", "--admin-key", KEY, timeout=600)
     finally:
-        stop_gracefully(module_swarm)
+        stop_gracefully(smollm2_swarm)
 
 
 def client(gateway: Gateway, key: str = KEY) -> anthropic.Anthropic:

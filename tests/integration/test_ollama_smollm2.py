@@ -36,13 +36,11 @@ WEATHER_TOOL = {
 
 
 @pytest.fixture(scope="module")
-def gateway(module_swarm: LocalSwarm, smollm2_gguf: Path) -> Iterator[Gateway]:
+def gateway(smollm2_swarm: LocalSwarm, smollm2_gguf: Path) -> Iterator[Gateway]:
     try:
-        module_swarm.start_dht()
-        module_swarm.start_nodes(smollm2_gguf, ("0:15", "15:30"))
-        yield start_gateway(module_swarm, smollm2_gguf, timeout=600)
+        yield start_gateway(smollm2_swarm, smollm2_gguf, timeout=600)
     finally:
-        stop_gracefully(module_swarm)
+        stop_gracefully(smollm2_swarm)
 
 
 def client(gateway: Gateway) -> ollama.Client:

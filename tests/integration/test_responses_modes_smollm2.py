@@ -26,16 +26,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")
-def replicas(module_swarm: LocalSwarm, smollm2_gguf: Path, module_redis: RedisServer) -> Iterator[list[Gateway]]:
+def replicas(smollm2_swarm: LocalSwarm, smollm2_gguf: Path, module_redis: RedisServer) -> Iterator[list[Gateway]]:
     try:
-        module_swarm.start_dht()
-        module_swarm.start_nodes(smollm2_gguf, ("0:15", "15:30"))
         shared = ["--redis-url", module_redis.url, "--default-max-tokens", "48"]
-        a = start_gateway(module_swarm, smollm2_gguf, *shared, "--replica-id", "A", timeout=600)
-        b = start_gateway(module_swarm, smollm2_gguf, *shared, "--replica-id", "B", timeout=600)
+        a = start_gateway(smollm2_swarm, smollm2_gguf, *shared, "--replica-id", "A", timeout=600)
+        b = start_gateway(smollm2_swarm, smollm2_gguf, *shared, "--replica-id", "B", timeout=600)
         yield [a, b]
     finally:
-        stop_gracefully(module_swarm)
+        stop_gracefully(smollm2_swarm)
 
 
 def test_the_response_object_has_every_required_field_with_the_values_applied(replicas: list[Gateway]) -> None:

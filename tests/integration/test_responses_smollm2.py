@@ -28,18 +28,16 @@ ORIGIN = "http://localhost:3000"
 
 
 @pytest.fixture(scope="module")
-def replicas(module_swarm: LocalSwarm, smollm2_gguf: Path, module_redis: RedisServer) -> Iterator[list[Gateway]]:
+def replicas(smollm2_swarm: LocalSwarm, smollm2_gguf: Path, module_redis: RedisServer) -> Iterator[list[Gateway]]:
     try:
-        module_swarm.start_dht()
-        module_swarm.start_nodes(smollm2_gguf, ("0:15", "15:30"))
         shared = ["--redis-url", module_redis.url, "--conversation-keep-alive", "30", "--default-max-tokens", "64"]
         a = start_gateway(
-            module_swarm, smollm2_gguf, *shared, "--replica-id", "A", "--allowed-origins", ORIGIN, timeout=600
+            smollm2_swarm, smollm2_gguf, *shared, "--replica-id", "A", "--allowed-origins", ORIGIN, timeout=600
         )
-        b = start_gateway(module_swarm, smollm2_gguf, *shared, "--replica-id", "B", timeout=600)
+        b = start_gateway(smollm2_swarm, smollm2_gguf, *shared, "--replica-id", "B", timeout=600)
         yield [a, b]
     finally:
-        stop_gracefully(module_swarm)
+        stop_gracefully(smollm2_swarm)
 
 
 def chat_text(gateway: Gateway, messages: list[dict[str, Any]], max_tokens: int) -> str:

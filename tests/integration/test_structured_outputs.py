@@ -61,16 +61,12 @@ ASK = [{"role": "user", "content": "What is the weather like in Paris?"}]
 
 
 @pytest.fixture(scope="module")
-def gateway(module_swarm: LocalSwarm, smollm2_gguf: Path) -> Iterator[Gateway]:
+def gateway(smollm2_swarm: LocalSwarm, smollm2_gguf: Path) -> Iterator[Gateway]:
     try:
-        module_swarm.start_dht()
-        node = module_swarm.start_node(smollm2_gguf, "0:30")
-        # Generous: on a 2-core box shared by many test runs, loading SmolLM2 alone has taken minutes.
-        module_swarm.wait_serving(node, timeout=600)
-        # A step that times out bans the only node: give slow steps on a busy box room.
-        yield start_gateway(module_swarm, smollm2_gguf, "--step-timeout", "180", timeout=600)
+        # A step that times out bans the only node of its span: give slow steps on a busy box room.
+        yield start_gateway(smollm2_swarm, smollm2_gguf, "--step-timeout", "180", timeout=600)
     finally:
-        stop_gracefully(module_swarm)
+        stop_gracefully(smollm2_swarm)
 
 
 def patient(gateway: Gateway) -> openai.OpenAI:

@@ -8,7 +8,6 @@ import shutil
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 from transformers import PretrainedConfig, PreTrainedTokenizerBase
@@ -17,6 +16,7 @@ from gateway.model.files import load_tokenizer
 from shared import config_cache
 from shared.config_cache import cache_key, cached_config
 from shared.model_source import ModelSource, load_config, resolve_model
+from tests.helpers.model_loads import record_model_loads
 
 
 def counting(source: ModelSource, calls: list[int]) -> PretrainedConfig:
@@ -95,14 +95,7 @@ def test_a_gguf_tokenizer_is_converted_once_then_read_back_identical(
     tokenizes, decodes and templates exactly as transformers' conversion of the GGUF."""
     source = resolve_model(str(smollm2_gguf))
     converted = load_tokenizer(source)
-    conversions: list[str] = []
-    real_load = ModelSource.load
-
-    def counting_load(self: ModelSource, from_pretrained: Any, what: str) -> Any:
-        conversions.append(what)
-        return real_load(self, from_pretrained, what)
-
-    monkeypatch.setattr(ModelSource, "load", counting_load)
+    conversions = record_model_loads(monkeypatch)
     first = load_tokenizer(source, cache_dir=tmp_path)
     stored = load_tokenizer(source, cache_dir=tmp_path)
     assert conversions == ["the tokenizer"] and (tmp_path / f"{cache_key(smollm2_gguf)}.tokenizer").is_dir()

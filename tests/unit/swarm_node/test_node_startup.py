@@ -4,6 +4,7 @@ HTTP probes (liveness, and readiness only once the span is loaded and announced)
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from shared.dht_records import NodeState
+from swarm_node import cli
 from swarm_node.block_count import MARGIN_BYTES, NotEnoughMemory, auto_num_blocks
 from swarm_node.capacity import block_weight_bytes
 from swarm_node.metrics import NodeGauges, NodeMetrics
@@ -53,6 +55,33 @@ def run_serve(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def serve_in_this_process(
+    args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> list[str]:
+    """``swarm_node serve ARGS``'s ``main`` in this process, which must end it the argparse way (exit 2; anything
+    else, a traceback, fails the test): the lines it wrote to stderr, usage first."""
+    for name in [name for name in os.environ if name.startswith("SWARMGATE_")]:
+        monkeypatch.delenv(name)  # as the real command's: flags only
+    monkeypatch.setattr(cli, "configure_logging", lambda: None)  # the test process's logging is not the command's
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["serve", *args])
+    assert exited.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[0].startswith("usage: swarm_node serve")
+    return lines
+
+
+def test_a_bad_flag_value_ends_the_real_command_with_one_argparse_error(tiny_model: GetTinyModel) -> None:
+    """The process itself, once: usage, one error line, exit 2, no traceback. The cases below run the same ``main``
+    in this process (a process each costs its imports, several seconds on this machine)."""
+    done = run_serve(str(tiny_model("llama").folder), "--blocks", "3")
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert lines[0].startswith("usage: swarm_node serve")
+    assert lines[-1] == "swarm_node serve: error: --blocks must look like START:END, got '3'", lines[-1]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -69,22 +98,24 @@ def run_serve(*args: str) -> subprocess.CompletedProcess[str]:
     ],
 )
 def test_bad_flag_values_are_one_argparse_error_never_a_traceback(
-    tiny_model: GetTinyModel, args: list[str], message: str
+    tiny_model: GetTinyModel,
+    args: list[str],
+    message: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     folder = str(tiny_model("llama").folder)
-    done = run_serve(*(arg.replace("{model}", folder) for arg in args))
-    assert done.returncode == 2, done.stderr
-    assert "Traceback" not in done.stderr
-    lines = done.stderr.strip().splitlines()
-    assert lines[0].startswith("usage: swarm_node serve")
+    lines = serve_in_this_process([arg.replace("{model}", folder) for arg in args], capsys, monkeypatch)
     assert lines[-1].startswith("swarm_node serve: error: ") and message in lines[-1], lines[-1]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA")
-def test_asking_for_cuda_without_it_is_a_flag_error(tiny_model: GetTinyModel) -> None:
-    done = run_serve(str(tiny_model("llama").folder), "--device", "cuda", "--blocks", "0:1")
-    assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert done.stderr.strip().splitlines()[-1].startswith("swarm_node serve: error: --device cuda: this machine")
+def test_asking_for_cuda_without_it_is_a_flag_error(
+    tiny_model: GetTinyModel, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = [str(tiny_model("llama").folder), "--device", "cuda", "--blocks", "0:1"]
+    lines = serve_in_this_process(args, capsys, monkeypatch)
+    assert lines[-1].startswith("swarm_node serve: error: --device cuda: this machine")
 
 
 def test_probes_say_alive_at_once_and_ready_only_when_told() -> None:

@@ -7,7 +7,6 @@ itself gets every draft accepted. The engine runs over the in-process chain of t
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -21,7 +20,8 @@ from gateway.model.files import load_tokenizer
 from gateway.model.speculation import SpecTuner
 from gateway.settings import EngineSettings
 from shared.errors import ModelLoadError
-from shared.model_source import ModelSource, resolve_model
+from shared.model_source import resolve_model
+from tests.helpers.model_loads import record_model_loads
 from tests.helpers.processes import save_tiny_tokenizer
 from tests.tiny_models import VOCAB, GetTinyModel, TinyModel
 from tests.unit.gateway.model.test_speculative_engine import PROMPT, LocalEngine, run
@@ -106,16 +106,8 @@ def test_a_gguf_draft_models_tokenizer_is_read_from_the_config_cache(
     """A GGUF draft's tokenizer (read only to compare it with the served one) comes from the config cache the
     gateway's own start filled, not from a conversion at every start."""
     served = load_tokenizer(resolve_model(str(smollm2_gguf)), cache_dir=tmp_path)  # the gateway's start
-    loads: list[str] = []
-    real_load = ModelSource.load
-
-    def counting_load(self: ModelSource, from_pretrained: Any, what: str) -> Any:
-        loads.append(what)
-        if what == "the draft model":  # its weights are not what this test reads: a tiny model, not 135M dequantized
-            return llama.model
-        return real_load(self, from_pretrained, what)
-
-    monkeypatch.setattr(ModelSource, "load", counting_load)
+    # its weights are not what this test reads: a tiny model, not 135M dequantized
+    loads = record_model_loads(monkeypatch, {"the draft model": llama.model})
     DraftModel.load(str(smollm2_gguf), served, tmp_path)
     assert loads == ["the draft model"]  # its weights only: the tokenizer was read back, not converted
 
