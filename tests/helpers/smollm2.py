@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,6 +15,7 @@ import httpx
 import torch
 import transformers
 from prometheus_client.parser import text_string_to_metric_families
+from safetensors.torch import save_model
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from tests.helpers.polling import wait_until
@@ -68,21 +70,24 @@ def load_reference(gguf: Path) -> Reference:
 
     transformers dequantizes a GGUF file in Python, some 30 CPU seconds for SmolLM2 (and reads its tokenizer from
     the file's metadata, 5 more), and a dozen test modules on two xdist workers want the same model: the first to
-    ask stores what transformers built (its config and state dict: the exact tensors) under the system's temporary
-    folder, keyed by the file and the transformers and torch versions, and the rest rebuild it from that in a second
-    or two. Not the pickled module: transformers 5.24 installs the hooks that capture ``hidden_states`` at the first
-    forward, and a module pickled before it comes back believing them installed (its outputs then carry no hidden
-    states); nor ``save_pretrained``, which refuses a model loaded from a GGUF file."""
-    stored = _stored(gguf, "model-state.pt")
+    ask stores what transformers built (its config, generation config and weights as safetensors: the exact float32
+    tensors) under the system's temporary folder, keyed by the file and the transformers and torch versions, and the
+    rest load that folder in about a second. Not the pickled module: transformers 5.24 installs the hooks that capture
+    ``hidden_states`` at the first forward, and a module pickled before it comes back believing them installed (its
+    outputs then carry no hidden states); nor ``save_pretrained``, which refuses a model loaded from a GGUF file."""
+    stored = _stored(gguf, "model")
     with _alone(stored):
         if not stored.exists():
             model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+            partial = stored.with_suffix(".partial")
+            shutil.rmtree(partial, ignore_errors=True)
             # its tensors are float32 already: the GGUF file's quantization_config does not describe them
             config = {key: value for key, value in model.config.to_dict().items() if key != "quantization_config"}
-            _store({"config": config, "state": model.state_dict()}, stored)
-    saved = torch.load(stored, weights_only=True)
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**saved["config"]), dtype=torch.float32)
-    model.load_state_dict(saved["state"], assign=True)
+            AutoConfig.for_model(**config).save_pretrained(partial)
+            model.generation_config.save_pretrained(partial)
+            save_model(model, str(partial / "model.safetensors"))  # the tied embedding and LM head once
+            os.replace(partial, stored)  # whole or not at all, as ``_store``
+    model = AutoModelForCausalLM.from_pretrained(stored, dtype=torch.float32)
     return model.eval(), load_tokenizer(gguf)
 
 
