@@ -8,7 +8,8 @@ decoding session its hops and the share of hops that use part of their node's sp
 sessions use (block-tokens) and the share its pools charge; a session's round (seconds per token) as the data plane
 gives it, its chain's idle round (links plus 1.5 steps a hop) and its links; what ``plan_route`` picks on the same
 placement with every node's room ignored, and the fastest chain the bound credits (``sim/fastest_chain.py``). Every
-30 virtual seconds it says on stderr how far the run has got and the CPU it has taken.
+30 virtual seconds it says on stderr how far the run has got and the CPU it has taken (in all, in
+``plan_route`` calls and in the path bound).
 ``--oracle-next-rtts``: every node announces the true RTT to every server of its end block (swarm_node measures 4)."""
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ import sim.scenario as sim_scenario
 from gateway.swarm.routing import Hop, RouteRequest, plan_route
 from shared.server_records import NodeState
 from sim import swarm
-from sim.dataflow import fastest_rounds
+from sim.dataflow import fastest_rounds, path
 from sim.dataplane import GATEWAY_WORK, LEAST_WAIT
 from sim.hardware import LLAMA_70B, STEP_OVERHEAD
+from sim.path_bound import PathBound
 from sim.scenario import Scenario, run
 from sim.swarm import SimNode
 from sim.world import GATEWAY_LAST_MILE, SimGateway, World
@@ -108,20 +110,30 @@ def main() -> None:
     worlds: list[World] = []
     began = time.process_time()
     populate, record = sim_scenario._populate, sim_scenario._record
+    path_cpu = [0.0]  # CPU seconds in the path bound so far (a one-item list: the closure adds to it)
 
     def populating(scenario: Scenario) -> World:
         worlds.append(populate(scenario))
         return worlds[-1]
 
+    def timed_path(world: World, held_length: float, seconds: float = 60.0) -> PathBound | None:
+        began_call = time.process_time()
+        try:
+            return path(world, held_length, seconds)
+        finally:
+            path_cpu[0] += time.process_time() - began_call
+
     def recording(world: World, t: float, throughput: float, latest: tuple[float, float]) -> None:
         record(world, t, throughput, latest)
         if t >= chosen.measure_from and int(t) % EVERY == 0 and world.decoding:
             samples.append(sample(world))
-        if int(t) % EVERY == 0:  # a 300-node run takes an hour of CPU: say how far it is
+        if int(t) % EVERY == 0:  # a 300-node run takes an hour of CPU: say how far it is, and where the CPU went
             done = f"{t:.0f} of {chosen.duration:.0f} virtual s, {time.process_time() - began:.0f} CPU s"
-            print(f"  [{done}, ours {throughput:.0f} tok/s]", file=sys.stderr, flush=True)  # noqa: T201
+            split = f"plan_route {sum(world.route_times):.0f} s, path bound {path_cpu[0]:.0f} s"
+            print(f"  [{done} ({split}), ours {throughput:.0f} tok/s]", file=sys.stderr, flush=True)  # noqa: T201
 
     sim_scenario._populate, sim_scenario._record = populating, recording
+    sim_scenario.path = timed_path  # type: ignore[attr-defined]  # scenario's own name for ``dataflow.path``
     if args.oracle_next_rtts:
         oracle_next_rtts(worlds)
     s = run(chosen).summary

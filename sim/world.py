@@ -104,7 +104,8 @@ class SimGateway:
         known = view.memo.get("sim_routing_inputs")
         if not isinstance(known, _RoutingInputs):
             known = view.memo["sim_routing_inputs"] = _RoutingInputs.of(view)
-        if known.structure != self._routes_structure:
+        # ``is`` first: views in a row mostly share one structure, and comparing it costs a pass over every node.
+        if known.structure is not self._routes_structure and known.structure != self._routes_structure:
             self._routes.clear()
             self._routes_structure = known.structure
         refused = frozenset(peer for peer, left in request.room_left.items() if left < request.max_length)
@@ -119,6 +120,8 @@ class _RoutingInputs:
     structure: tuple[tuple[str, int, int, float], ...]
     peers_by_room: tuple[str, ...]
     rooms: npt.NDArray[np.int64]
+    # ``short_of``'s answers by max_length: a view serves many opens, and sessions share a few lengths
+    short: dict[int, frozenset[str]] = field(default_factory=dict, compare=False)
 
     @staticmethod
     def of(view: SwarmView) -> _RoutingInputs:
@@ -130,7 +133,12 @@ class _RoutingInputs:
 
     def short_of(self, max_length: int) -> frozenset[str]:
         """The nodes without room for a session of ``max_length`` tokens."""
-        return frozenset(self.peers_by_room[: int(np.searchsorted(self.rooms, max_length, side="left"))])
+        known = self.short.get(max_length)
+        if known is None:
+            known = self.short[max_length] = frozenset(
+                self.peers_by_room[: int(np.searchsorted(self.rooms, max_length, side="left"))]
+            )
+        return known
 
 
 @dataclass
