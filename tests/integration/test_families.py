@@ -1,7 +1,8 @@
 """Every family added for issue 17 through real node processes equals transformers' own generate, token for token.
 
-Per family: a DHT and two nodes (blocks 0:3 and 3:6) of its tiny random model, the gateway's engine on top; two
-prompts generated at once (their decode steps share the nodes' batched forwards) each equal ``generate`` alone.
+Per family: two nodes (blocks 0:3 and 3:6) of its tiny random model on the module's DHT, the gateway's engine on
+top; two prompts generated at once (their decode steps share the nodes' batched forwards) each equal ``generate``
+alone.
 One family (Mixtral: experts inside the span) also survives the SIGKILL of the node carrying its second half.
 """
 
@@ -33,12 +34,20 @@ def reference(model: torch.nn.Module, prompt: list[int]) -> list[int]:
     return [int(t) for t in output[0, len(prompt) :]]
 
 
+@pytest.fixture(scope="module")
+def families_dht(module_swarm: LocalSwarm) -> LocalSwarm:
+    """One DHT for the families' tests (a process's start is seconds of this machine's CPU): each family's tiny model
+    has a name of its own there, so no test sees another's nodes."""
+    module_swarm.start_dht()
+    return module_swarm
+
+
 @pytest.mark.parametrize("variant", NEW_FAMILIES)
 async def test_two_nodes_generate_what_transformers_generates(
-    local_swarm: LocalSwarm, tiny_with_tokenizer: GetTinyModel, variant: str
+    local_swarm: LocalSwarm, families_dht: LocalSwarm, tiny_with_tokenizer: GetTinyModel, variant: str
 ) -> None:
     tiny = tiny_with_tokenizer(variant)
-    local_swarm.start_dht()
+    local_swarm.initial_peers = list(families_dht.initial_peers)  # the test's own nodes, killed when it ends
     start_nodes(local_swarm, tiny.folder, ["0:3", "3:6"])
     engine = await GenerationEngine.create(engine_settings(tiny.folder, local_swarm))
     try:

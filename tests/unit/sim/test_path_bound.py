@@ -8,7 +8,7 @@ import pytest
 from scipy.optimize import linprog
 
 from sim import geography
-from sim.chain_pricing import Chain, Graph, price
+from sim.chain_pricing import CHUNK, Chain, Graph, _undominated, price
 from sim.fastest_chain import CITY_INDEX, Placement, fastest_rounds
 from sim.flow_bound import Stage, max_throughput
 from sim.path_bound import path_bound
@@ -185,3 +185,21 @@ def test_smoothed_duals_change_the_columns_not_the_bound(seed: int, monkeypatch:
     assert smoothed is not None and raw is not None and smoothed.closed and raw.closed
     assert smoothed.tokens_per_s == pytest.approx(raw.tokens_per_s, rel=1e-6, abs=1e-9)
     assert smoothed.tokens_per_s == pytest.approx(lp_by_hand(p, blocks, capacity, pool, 300.0), rel=1e-6, abs=1e-9)
+
+
+@pytest.mark.parametrize("size", [1, 7, CHUNK, CHUNK + 1, 3 * CHUNK + 5])
+def test_the_dominance_filter_keeps_exactly_the_labels_none_is_as_good_as(size: int) -> None:
+    """Against every pair compared by hand, with ties (few distinct values): a label is dropped when another is no
+    worse in f, t and m and either better in one or equal and earlier; across the filter's blocks too."""
+    rng = np.random.default_rng(size)
+    f, t, m = (rng.integers(0, 6, size).astype(np.float64) for _ in range(3))
+
+    def dominated(j: int) -> bool:
+        for i in range(size):
+            no_worse = f[i] <= f[j] and t[i] <= t[j] and m[i] <= m[j]
+            equal = f[i] == f[j] and t[i] == t[j] and m[i] == m[j]
+            if i != j and no_worse and (not equal or i < j):
+                return True
+        return False
+
+    assert _undominated(f, t, m).tolist() == [j for j in range(size) if not dominated(j)]
