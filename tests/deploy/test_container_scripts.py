@@ -8,7 +8,6 @@ import importlib.util
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -19,6 +18,7 @@ from types import ModuleType
 import pytest
 
 from tests.deploy.conftest import ROOT
+from tests.helpers.redis_server import free_port
 
 SCRIPTS = ROOT / "docker"
 PEER = "/dns4/dht/tcp/31337/p2p/QmZthY59sbKQBei9ZVyaq52CT97Bnr9nLh7qW7GzKz11Ri"
@@ -34,13 +34,6 @@ def load(name: str) -> ModuleType:
 
 entrypoint = load("entrypoint")
 healthcheck = load("healthcheck")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @contextlib.contextmanager

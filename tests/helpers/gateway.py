@@ -62,6 +62,14 @@ def start_gateway(
     swarm: LocalSwarm, model: str | Path, *extra: str, wait_ready: bool = True, timeout: float = 180.0
 ) -> Gateway:
     """Start `gateway serve MODEL` against the swarm's DHT; wait until it listens (and, by default, is ready)."""
+    gateway = _wait_listening(spawn_gateway(swarm, model, *extra), timeout)
+    if wait_ready:
+        gateway.wait_ready(timeout)
+    return gateway
+
+
+def spawn_gateway(swarm: LocalSwarm, model: str | Path, *extra: str) -> ManagedProcess:
+    """`gateway serve MODEL` against the swarm's DHT, started and not waited on (it stops with the swarm)."""
     log = swarm.workdir / f"gateway-{len(swarm.processes)}.log"
     # No Redis unless a test gives one (--redis-url): the machine's own Redis may hold other sessions' keys.
     args = ["gateway.cli", "serve", str(model), "--port", "0", "--num-threads", "1", "--redis-url", ""]
@@ -80,10 +88,7 @@ def start_gateway(
         )
     process = ManagedProcess("gateway", popen, log)
     swarm.processes.append(process)
-    gateway = _wait_listening(process, timeout)
-    if wait_ready:
-        gateway.wait_ready(timeout)
-    return gateway
+    return process
 
 
 def _wait_listening(process: ManagedProcess, timeout: float) -> Gateway:

@@ -12,7 +12,7 @@ from tests.helpers.processes import LocalSwarm
 
 
 async def node_infos(p2p: P2P, swarm: LocalSwarm) -> list[NodeInfo]:
-    peers = [p.peer_id for p in swarm.processes if p.peer_id]
+    peers = [node.peer_id for node in swarm.serving_nodes()]
     return [(await fetch_info(p2p, peer, 10.0))[0] for peer in peers]
 
 

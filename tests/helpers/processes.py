@@ -66,6 +66,10 @@ class LocalSwarm:
     processes: list[ManagedProcess] = field(default_factory=list)
     initial_peers: list[str] = field(default_factory=list)
 
+    def serving_nodes(self) -> list[ManagedProcess]:
+        """The nodes seen serving (``wait_serving`` read their peer id), whether or not they still run."""
+        return [process for process in self.processes if process.peer_id]
+
     def _spawn(self, name: str, args: list[str], wrapper: tuple[str, ...] = ()) -> ManagedProcess:
         log = self.workdir / f"{name}.log"
         env = {

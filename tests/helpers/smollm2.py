@@ -11,15 +11,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import torch
 import transformers
-from prometheus_client.parser import text_string_to_metric_families
 from safetensors.torch import save_model
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from tests.helpers.polling import wait_until
-from tests.helpers.processes import LocalSwarm, ManagedProcess
+from tests.helpers.processes import LocalSwarm
+from tests.helpers.prometheus import node_url, scrape, value
 from tests.helpers.redis_server import free_port
 
 SPANS = ("0:15", "15:30")
@@ -37,15 +36,12 @@ class SmolLM2Nodes:
         """Until both nodes still run and hold no session: the gateways of the module before have closed theirs."""
 
         def idle() -> bool:
-            for node in self.nodes():
+            for node in self.swarm.serving_nodes():
                 if node.popen.poll() is not None:
                     raise RuntimeError(f"{node.name} exited with {node.popen.returncode}:\n{node.log_text()[-3000:]}")
             return all(_sessions_open(port) == 0 for port in self.metrics_ports)
 
         wait_until(idle, within, state=lambda: [_sessions_open(port) for port in self.metrics_ports])
-
-    def nodes(self) -> list[ManagedProcess]:
-        return [process for process in self.swarm.processes if process.peer_id]
 
 
 def start_smollm2_nodes(swarm: LocalSwarm, gguf: Path) -> SmolLM2Nodes:
@@ -58,11 +54,7 @@ def start_smollm2_nodes(swarm: LocalSwarm, gguf: Path) -> SmolLM2Nodes:
 
 
 def _sessions_open(port: int) -> float:
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", trust_env=False, timeout=30).text
-    for family in text_string_to_metric_families(text):
-        if family.name == "swarmgate_node_sessions_open":
-            return family.samples[0].value
-    raise AssertionError(f"no swarmgate_node_sessions_open at port {port}")
+    return value(scrape(node_url(port)), "swarmgate_node_sessions_open")
 
 
 def load_reference(gguf: Path) -> Reference:

@@ -24,7 +24,7 @@ from shared.model_source import load_config, resolve_model
 from shared.rpc_client import fetch_info
 from shared.weights import open_weights
 from tests.helpers.chain_greedy import chain_greedy
-from tests.helpers.processes import LocalSwarm, ManagedProcess
+from tests.helpers.processes import LocalSwarm
 from tests.integration.conftest import client_dht
 from tests.tiny_models import NUM_LAYERS, GetTinyModel
 
@@ -77,17 +77,12 @@ class Client:
         raise AssertionError(f"timed out waiting until {predicate}")
 
 
-def start_nodes(swarm: LocalSwarm, model: Path, spans: list[str], *extra: str) -> list[ManagedProcess]:
-    nodes = swarm.start_nodes(model, spans, *extra)
-    return nodes
-
-
 @pytest.mark.slow
 async def test_sigkill_of_the_node_carrying_the_second_half_keeps_the_tokens(
     local_swarm: LocalSwarm, smollm2_gguf: Path
 ) -> None:
     local_swarm.start_dht()
-    start_nodes(local_swarm, smollm2_gguf, ["0:15", "15:30", "15:30"])
+    local_swarm.start_nodes(smollm2_gguf, ["0:15", "15:30", "15:30"])
     async with Client(smollm2_gguf, local_swarm) as client:
         await client.wait_for("every block is covered", lambda s: len(s) == 3)
         prompt = [1, 504, 3458, 282, 4649, 314]  # "The capital of France is" in SmolLM2's vocabulary
@@ -113,7 +108,7 @@ async def test_sigkill_of_the_node_carrying_the_second_half_keeps_the_tokens(
 async def test_num_blocks_takes_the_uncovered_half(local_swarm: LocalSwarm, tiny_model: GetTinyModel) -> None:
     folder = tiny_model("llama").folder
     local_swarm.start_dht()
-    start_nodes(local_swarm, folder, ["0:3"])
+    local_swarm.start_nodes(folder, ["0:3"])
     node = local_swarm._spawn(
         "auto",
         [
@@ -140,8 +135,8 @@ async def test_min_latency_prefers_near_replicas_and_max_throughput_spreads(
     # One at a time: the first node measures its speed and the others read it from the swarm's throughput cache, so
     # all four announce the same throughput (two measuring at once on a busy box can differ by more than the 25%
     # that turns a 4/4 spread into 5/3).
-    near = [start_nodes(local_swarm, folder, [span])[0] for span in ("0:3", "3:6")]
-    far = [start_nodes(local_swarm, folder, [span], "--added-latency", "0.05")[0] for span in ("0:3", "3:6")]
+    near = [local_swarm.start_nodes(folder, [span])[0] for span in ("0:3", "3:6")]
+    far = [local_swarm.start_nodes(folder, [span], "--added-latency", "0.05")[0] for span in ("0:3", "3:6")]
     async with Client(folder, local_swarm) as client:
         await client.wait_for("four nodes are online", lambda s: len(s) == 4)
         hops = await client.router.route(32, fresh=True)
@@ -166,8 +161,8 @@ async def test_sigterm_drains_then_goes_offline_and_new_sessions_go_elsewhere(
 ) -> None:
     folder = tiny_model("llama").folder
     local_swarm.start_dht()
-    first, second = start_nodes(
-        local_swarm, folder, [f"0:{NUM_LAYERS}", f"0:{NUM_LAYERS}"], "--drain-timeout", "30", "--announce-period", "2"
+    first, second = local_swarm.start_nodes(
+        folder, [f"0:{NUM_LAYERS}", f"0:{NUM_LAYERS}"], "--drain-timeout", "30", "--announce-period", "2"
     )
     async with Client(folder, local_swarm) as client:
         await client.wait_for("both nodes are online", lambda s: len(s) == 2)
@@ -199,7 +194,7 @@ async def test_a_frozen_node_is_noticed_by_the_liveness_watch_well_before_the_st
 ) -> None:
     folder = tiny_model("llama").folder
     local_swarm.start_dht()
-    start_nodes(local_swarm, folder, ["0:3", "3:6", "3:6"])
+    local_swarm.start_nodes(folder, ["0:3", "3:6", "3:6"])
     async with Client(folder, local_swarm) as client:
         await client.wait_for("three nodes are online", lambda s: len(s) == 3)
         prompt = [7, 1, 8, 2, 8]

@@ -18,11 +18,11 @@ import openai
 import pytest
 import torch
 from hivemind.p2p import P2P
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers.gateway import Gateway, start_gateway, stop_gracefully
 from tests.helpers.node_info import wait_all_free
 from tests.helpers.processes import LocalSwarm
+from tests.helpers.prometheus import node_url, scrape, value
 from tests.helpers.smollm2 import Reference, SmolLM2Nodes, load_reference
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -49,12 +49,7 @@ def expected_vector(reference: Reference, token_ids: list[int]) -> torch.Tensor:
 
 
 def prefill_forwards(port: int) -> float:
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", trust_env=False, timeout=30).text
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "swarmgate_node_step_latency_seconds_count" and sample.labels.get("kind") == "prefill":
-                return sample.value
-    return 0.0
+    return value(scrape(node_url(port)), "swarmgate_node_step_latency_seconds_count", kind="prefill")
 
 
 def test_embeddings_equal_the_whole_models_last_token_state(swarm: tuple[Gateway, Reference, list[int]]) -> None:

@@ -7,19 +7,18 @@ last: it stops a node and watches the page (in headless Chromium) redraw the cov
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers.browser import Browser, find_chromium
 from tests.helpers.gateway import Gateway, start_gateway, stop_gracefully
 from tests.helpers.processes import LocalSwarm, ManagedProcess
+from tests.helpers.prometheus import Samples, scrape, value
+from tests.helpers.redis_server import free_port
 from tests.integration.conftest import CONTEXT
 from tests.tiny_models import TinyModel
 
@@ -27,14 +26,7 @@ pytestmark = pytest.mark.timeout(300)
 
 ROOT = Path(__file__).resolve().parents[2]
 SPANS = ("0:3", "3:6")
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 AMBER, RED = (240, 162, 2), (198, 40, 40)  # the page's colours for blocks with one and with no online node
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -52,24 +44,6 @@ def swarm(module_swarm: LocalSwarm, chat_model: TinyModel) -> Iterator[tuple[Gat
         yield start_gateway(module_swarm, chat_model.folder, "--step-timeout", "10"), ports
     finally:
         stop_gracefully(module_swarm)
-
-
-def parse(text: str) -> Samples:
-    return {
-        (sample.name, frozenset(sample.labels.items())): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, frozenset(labels.items())), 0.0)
-
-
-def scrape(url: str) -> Samples:
-    response = httpx.get(f"{url}/metrics", trust_env=False, timeout=30)
-    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
-    return parse(response.text)
 
 
 def wait_until(check: Callable[[Samples], bool], url: str, timeout: float = 30.0) -> Samples:

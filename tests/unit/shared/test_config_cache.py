@@ -3,6 +3,7 @@ nodes starting together wait for one conversion instead of each doing their own.
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import threading
@@ -15,42 +16,56 @@ from transformers import PretrainedConfig, PreTrainedTokenizerBase
 from gateway.model.files import load_tokenizer
 from shared import config_cache
 from shared.config_cache import cache_key, cached_config
-from shared.model_source import ModelSource, load_config, resolve_model
+from shared.model_source import load_config, resolve_model
 from tests.helpers.model_loads import record_model_loads
+from tests.helpers.smollm2 import load_tokenizer as smollm2_tokenizer
 
 
-def counting(source: ModelSource, calls: list[int]) -> PretrainedConfig:
+@pytest.fixture(scope="module")
+def smollm2_config(smollm2_gguf: Path) -> PretrainedConfig:
+    """transformers' own conversion of SmolLM2's config, done once: some 10 CPU s here each time."""
+    return load_config(resolve_model(str(smollm2_gguf)))
+
+
+def counting(converted: PretrainedConfig, calls: list[int]) -> PretrainedConfig:
+    """A conversion that counts its calls: a fresh copy of ``converted`` each time, as a real conversion gives."""
     calls.append(1)
-    return load_config(source)  # transformers' own conversion
+    return copy.deepcopy(converted)
 
 
-def test_a_config_is_converted_once_then_read_back_equal(smollm2_gguf: Path, tmp_path: Path) -> None:
+def test_a_config_is_converted_once_then_read_back_equal(
+    smollm2_gguf: Path, smollm2_config: PretrainedConfig, tmp_path: Path
+) -> None:
     source, calls = resolve_model(str(smollm2_gguf)), []
-    first = cached_config(smollm2_gguf, tmp_path, lambda: counting(source, calls))
-    again = cached_config(smollm2_gguf, tmp_path, lambda: counting(source, calls))
+    first = cached_config(smollm2_gguf, tmp_path, lambda: counting(smollm2_config, calls))
+    again = cached_config(smollm2_gguf, tmp_path, lambda: counting(smollm2_config, calls))
     assert len(calls) == 1
     assert type(again) is type(first) and again.to_dict() == first.to_dict()
     assert load_config(source, tmp_path).to_dict() == first.to_dict()  # the node's path reads the same entry
 
 
-def test_a_changed_file_is_converted_again(smollm2_gguf: Path, tmp_path: Path) -> None:
-    copy = tmp_path / "model.gguf"
-    shutil.copyfile(smollm2_gguf, copy)
-    source, calls = resolve_model(str(copy)), []
-    cached_config(copy, tmp_path / "cache", lambda: counting(source, calls))
-    before = cache_key(copy)
-    os.utime(copy, ns=(time.time_ns(), time.time_ns() + 10**9))  # replaced in place: a new modification time
-    assert cache_key(copy) != before
-    cached_config(copy, tmp_path / "cache", lambda: counting(source, calls))
+def test_a_changed_file_is_converted_again(
+    smollm2_gguf: Path, smollm2_config: PretrainedConfig, tmp_path: Path
+) -> None:
+    replaced = tmp_path / "model.gguf"
+    shutil.copyfile(smollm2_gguf, replaced)
+    calls: list[int] = []
+    cached_config(replaced, tmp_path / "cache", lambda: counting(smollm2_config, calls))
+    before = cache_key(replaced)
+    os.utime(replaced, ns=(time.time_ns(), time.time_ns() + 10**9))  # replaced in place: a new modification time
+    assert cache_key(replaced) != before
+    cached_config(replaced, tmp_path / "cache", lambda: counting(smollm2_config, calls))
     assert len(calls) == 2
 
 
-def test_an_unreadable_entry_is_converted_again(smollm2_gguf: Path, tmp_path: Path) -> None:
-    source, calls = resolve_model(str(smollm2_gguf)), []
+def test_an_unreadable_entry_is_converted_again(
+    smollm2_gguf: Path, smollm2_config: PretrainedConfig, tmp_path: Path
+) -> None:
+    calls: list[int] = []
     (tmp_path / f"{cache_key(smollm2_gguf)}.json").write_text("{not json")
-    config = cached_config(smollm2_gguf, tmp_path, lambda: counting(source, calls))
+    config = cached_config(smollm2_gguf, tmp_path, lambda: counting(smollm2_config, calls))
     assert len(calls) == 1 and config.model_type == "llama"
-    assert cached_config(smollm2_gguf, tmp_path, lambda: counting(source, calls)).to_dict() == config.to_dict()
+    assert cached_config(smollm2_gguf, tmp_path, lambda: counting(smollm2_config, calls)).to_dict() == config.to_dict()
     assert len(calls) == 1  # the bad entry was replaced
 
 
@@ -58,20 +73,22 @@ def blocked_lock_waiters() -> int:
     return sum(" -> " in line for line in Path("/proc/locks").read_text().splitlines())
 
 
-def test_nodes_starting_together_convert_once(smollm2_gguf: Path, tmp_path: Path) -> None:
+def test_nodes_starting_together_convert_once(
+    smollm2_gguf: Path, smollm2_config: PretrainedConfig, tmp_path: Path
+) -> None:
     """The second waits on the lock (seen in /proc/locks) while the first converts, then reads its entry."""
-    source, calls = resolve_model(str(smollm2_gguf)), []
+    calls: list[int] = []
     converting, release = threading.Event(), threading.Event()
 
     def first_convert() -> PretrainedConfig:
         converting.set()
         assert release.wait(60)
-        return counting(source, calls)
+        return counting(smollm2_config, calls)
 
     configs: list[PretrainedConfig] = []
     first = threading.Thread(target=lambda: configs.append(cached_config(smollm2_gguf, tmp_path, first_convert)))
     second = threading.Thread(
-        target=lambda: configs.append(cached_config(smollm2_gguf, tmp_path, lambda: counting(source, calls)))
+        target=lambda: configs.append(cached_config(smollm2_gguf, tmp_path, lambda: counting(smollm2_config, calls)))
     )
     waiting = blocked_lock_waiters()
     first.start()
@@ -94,7 +111,7 @@ def test_a_gguf_tokenizer_is_converted_once_then_read_back_identical(
     """The gateway's path (load_tokenizer with the cache folder): the second load reads the stored folder, and it
     tokenizes, decodes and templates exactly as transformers' conversion of the GGUF."""
     source = resolve_model(str(smollm2_gguf))
-    converted = load_tokenizer(source)
+    converted = smollm2_tokenizer(smollm2_gguf)  # transformers' conversion, kept across runs by the test helper
     conversions = record_model_loads(monkeypatch)
     first = load_tokenizer(source, cache_dir=tmp_path)
     stored = load_tokenizer(source, cache_dir=tmp_path)
