@@ -17,7 +17,7 @@ import torch
 from gateway.model.engine import GenerationEngine, GenerationRequest
 from gateway.model.sampling import SamplingParams
 from tests.helpers.processes import LocalSwarm
-from tests.integration.test_churn import Client, start_nodes
+from tests.integration.test_churn import Client
 from tests.integration.test_engine_chain import _wait_covered, engine_settings
 from tests.tiny_models import GetTinyModel
 
@@ -48,7 +48,7 @@ async def test_two_nodes_generate_what_transformers_generates(
 ) -> None:
     tiny = tiny_with_tokenizer(variant)
     local_swarm.initial_peers = list(families_dht.initial_peers)  # the test's own nodes, killed when it ends
-    start_nodes(local_swarm, tiny.folder, ["0:3", "3:6"])
+    local_swarm.start_nodes(tiny.folder, ["0:3", "3:6"])
     engine = await GenerationEngine.create(engine_settings(tiny.folder, local_swarm))
     try:
         await _wait_covered(engine)
@@ -66,7 +66,7 @@ async def test_two_nodes_generate_what_transformers_generates(
 async def test_mixtral_failover_replays_exactly(local_swarm: LocalSwarm, tiny_model: GetTinyModel) -> None:
     tiny = tiny_model("mixtral")
     local_swarm.start_dht()
-    start_nodes(local_swarm, tiny.folder, ["0:3", "3:6", "3:6"])
+    local_swarm.start_nodes(tiny.folder, ["0:3", "3:6", "3:6"])
     async with Client(tiny.folder, local_swarm) as client:
         await client.wait_for("every block is covered", lambda s: len(s) == 3)
         prompt = PROMPTS[1]

@@ -33,7 +33,6 @@ from tests.helpers.processes import LocalSwarm, ManagedProcess
 from tests.helpers.smollm2 import load_tokenizer
 from tests.helpers.tiny_swarm import process_of, speculating_engine, start_for_reference, start_replicated
 from tests.integration.conftest import client_peer
-from tests.integration.test_churn import start_nodes
 from tests.integration.test_engine_chain import _wait_covered, engine_settings
 from tests.tiny_models import _COMMON, GetTinyModel, TinyModel
 from tests.unit.gateway.model.test_speculative_engine import PROMPT, OracleDrafts
@@ -134,7 +133,7 @@ async def test_a_grammar_constrained_request_gives_the_same_tokens_pipelined(
     local_swarm: LocalSwarm, smol_vocab: Path
 ) -> None:
     local_swarm.start_dht()
-    start_nodes(local_swarm, smol_vocab, ["0:3", "3:6"])
+    local_swarm.start_nodes(smol_vocab, ["0:3", "3:6"])
     base = engine_settings(smol_vocab, local_swarm).model_copy(update={"speculative_min_rtt": 0.0})
     prompt = [1, 504, 2503, 314, 253, 1378, 28, 2]
     request = GenerationRequest(
