@@ -15,7 +15,6 @@ from sim.swarm import SimNode, queue_depth
 from sim.world import GATEWAY_LAST_MILE, World
 
 TICK = 1.0  # seconds of virtual time per data-plane step
-WARM_ITERATIONS = 12  # fixed-point iterations per tick, starting from the last tick's solution
 
 
 def tick(world: World) -> float:
@@ -37,7 +36,7 @@ def tick(world: World) -> float:
     start = world.at_node
     if start is None or len(start) != len(nodes):
         start = None if start is None else np.concatenate([start, fixed[len(start) :] * 1.5])
-    rates = solve(chains, Nodes(fixed, token_time), start, WARM_ITERATIONS if start is not None else 60)
+    rates = solve(chains, Nodes(fixed, token_time), start)
     world.at_node = rates.at_node
     for node, present in zip(nodes, rates.present, strict=True):
         node.queue_depth = queue_depth(float(present))
