@@ -1,16 +1,17 @@
 """Where a KV-bound simulated swarm's throughput goes: the decoding sessions' chains and the KV they hold, sampled
-every 30 s over the steady window of the quick 70B steady scenario (``sim/scenarios.py``) at 1.2x load. Not a test:
-it prints a few lines. Sampling reads the world and changes nothing in it.
+every 30 s over the steady window of the quick 70B steady scenario (``sim/scenarios.py``) at 1.2x load (``--load``).
+Not a test: it prints a few lines. Sampling reads the world and changes nothing in it.
 
-``python -m bench.sim_chains [--nodes N] [--seed S] [--oracle-next-rtts]``. Printed: ours and the bound (the path
-LP's, ``sim/path_bound.py``; the per-node one beside it); per
-decoding session its hops and the share of hops that use part of their node's span, the swarm's KV memory the
-sessions use (block-tokens) and the share its pools charge; a session's round (seconds per token) as the data plane
-gives it, its chain's idle round (links plus 1.5 steps a hop) and its links; what ``plan_route`` picks on the same
-placement with every node's room ignored, and the fastest chain the bound credits (``sim/fastest_chain.py``). Every
-30 virtual seconds it says on stderr how far the run has got and the CPU it has taken (in all, in
-``plan_route`` calls and in the path bound).
-``--oracle-next-rtts``: every node announces the true RTT to every server of its end block (swarm_node measures 4)."""
+``python -m bench.sim_chains [--nodes N] [--seed S] [--load L] [--oracle-next-rtts] [--planned-routing]``. Printed:
+ours and the bound (the path LP's, ``sim/path_bound.py``; the per-node one beside it); per decoding session its hops
+and the share of hops that use part of their node's span, the swarm's KV memory the sessions use (block-tokens) and
+the share its pools charge; a session's round (seconds per token) as the data plane gives it, its chain's idle round
+(links plus 1.5 steps a hop), its links and its max_length, and the path bound with the served sessions' mean
+max_length as H (the bound's H is the arrivals'); what ``plan_route`` picks on the same placement with every node's
+room ignored, and the fastest chain the bound credits (``sim/fastest_chain.py``). Every 30 virtual seconds it says
+on stderr how far the run has got and the CPU it has taken (in all, in ``plan_route`` calls and in the path bound).
+``--oracle-next-rtts``: every node announces the true RTT to every server of its end block (swarm_node measures 4).
+``--planned-routing``: whole chains routed by the path LP's plan (``sim/planned_routing.py``), not ``plan_route``."""
 
 from __future__ import annotations
 
@@ -71,10 +72,15 @@ def sample(world: World) -> list[float]:
         picks.append(idle_round(world, gateway, plan_route(view, RouteRequest(1, rtts=rtts, push=True), gateway.mode)))
     fastest = fastest_rounds(world, serving)
     sessions = max(1, len(world.decoding))
+    served = used / sessions / world.model.num_blocks
+    kept = world.path_chains, world.route_plan  # the run's own (its next bound starts there; planned routing reads it)
+    at_served = path(world, served)
+    world.path_chains, world.route_plan = kept
     return [
         len(world.decoding), hops / sessions, partial / max(1, hops), used / pool, charged / pool,
         float(np.mean(rounds)), float(np.mean(idle)), float(np.mean(links)),
         float(np.mean([p[0] for p in picks])), float(np.mean([p[1] for p in picks])), min(fastest),
+        served, at_served.tokens_per_s if at_served is not None else float("nan"),
     ]  # fmt: skip
 
 
@@ -103,9 +109,11 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=100)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--oracle-next-rtts", action="store_true")
+    parser.add_argument("--planned-routing", action="store_true")
+    parser.add_argument("--load", type=float, default=1.2)
     args = parser.parse_args()
-    quick = Scenario("70b steady (quick)", model=LLAMA_70B, load=1.2).quick()  # quick() caps the nodes: set after
-    chosen = replace(quick, nodes=args.nodes, seed=args.seed)
+    quick = Scenario("70b steady (quick)", model=LLAMA_70B, load=args.load).quick()  # quick() caps the nodes: set after
+    chosen = replace(quick, nodes=args.nodes, seed=args.seed, planned_routing=args.planned_routing)
     samples: list[list[float]] = []
     worlds: list[World] = []
     began = time.process_time()
@@ -139,7 +147,9 @@ def main() -> None:
     s = run(chosen).summary
     a = np.array(samples).mean(axis=0)
     print(  # noqa: T201
-        f"nodes {chosen.nodes} seed {chosen.seed}{' oracle next_rtts' if args.oracle_next_rtts else ''}:"
+        f"nodes {chosen.nodes} seed {chosen.seed} load {chosen.load}"
+        f"{' oracle next_rtts' if args.oracle_next_rtts else ''}"
+        f"{' planned routing' if args.planned_routing else ''}:"
         f" ours {s['throughput']:.0f} tok/s, path bound {s['bound']:.0f}, ours/bound {s['ratio']:.3f}"
         f" (per-node bound {s['node_bound']:.0f}, ours/per-node {s['node_ratio']:.3f};"
         f" per-node in {s['path_kept_node']:.0f} samples where pricing gave up, gap open in {s['path_open']:.0f}),"
@@ -147,6 +157,8 @@ def main() -> None:
         f"  decoding {a[0]:.0f}, hops/session {a[1]:.2f}, hops over part of a span {a[2]:.3f},"
         f" KV memory used {a[3]:.3f}, charged by the pools {a[4]:.3f}\n"
         f"  session round {a[5]:.3f} s, its chain idle {a[6]:.3f} s (links {a[7]:.3f} s);"
+        f" served mean max_length {a[11]:.0f}"
+        f" (path bound with it as H: {a[12]:.0f}, ours/that {s['throughput'] / a[12]:.3f});"
         f" plan_route with room ignored: idle {a[8]:.3f} s (links {a[9]:.3f} s); fastest chain {a[10]:.3f} s;"
         f" CPU {time.process_time() - began:.0f} s"
     )

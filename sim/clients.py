@@ -10,6 +10,7 @@ from shared.errors import MissingBlocks
 from shared.kv_charge import pool_tokens
 from shared.server_records import NodeState
 from sim.hardware import STEP_OVERHEAD
+from sim.planned_routing import NoPlannedRoom
 from sim.swarm import SimNode
 from sim.workload import Request
 from sim.world import GATEWAY_LAST_MILE, Session, SimGateway, World
@@ -32,7 +33,7 @@ def _open(world: World, session: Session, start: int, end: int, deadline: float)
     for attempt in range(OPEN_TRIES):
         try:
             hops = session.gateway.route(session, start, end, frozenset(avoid), fresh=attempt == 1)
-        except MissingBlocks:
+        except (MissingBlocks, NoPlannedRoom):
             break
         if avoid.intersection(h.peer_id for h in hops):
             break  # every server of some block refused: the gateway waits for room (gateway.swarm.failover)

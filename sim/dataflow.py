@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from gateway.swarm.routing import Hop
 from sim import clients, fastest_chain
 from sim.chain_pricing import Chain, Graph
 from sim.dataplane import GATEWAY_WORK, LEAST_WAIT, Chains, Nodes, solve
 from sim.flow_bound import Stage, max_throughput
 from sim.hardware import STEP_OVERHEAD
 from sim.path_bound import PathBound, path_bound
+from sim.planned_routing import PlannedChain
 from sim.swarm import SimNode, queue_depth
 from sim.world import GATEWAY_LAST_MILE, World
 
@@ -112,4 +114,9 @@ def path(world: World, held_length: float, seconds: float = 60.0) -> PathBound |
     found = path_bound(graph, capacity, pool, held_length, seconds, start=start)
     if found is not None:  # by peer: rows change as nodes come and go
         world.path_chains = [(c.gateway, tuple((serving[n].peer_id, e) for n, e in c.hops)) for c in found.used]
+        world.route_plan = [
+            PlannedChain(c.gateway, tuple(Hop(serving[n].peer_id, e, serving[n].end) for n, e in c.hops), y * round_)
+            for c, y in zip(found.used, found.rates, strict=True)
+            for round_ in [graph.round(c)]
+        ]
     return found

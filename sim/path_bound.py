@@ -51,6 +51,7 @@ class PathBound:
     closed: bool  # whether the gap closed (else tokens_per_s is still a bound, a looser one)
     # the chains the restricted LP's optimum runs: a start for the next call
     used: tuple[Chain, ...] = field(default=(), repr=False)
+    rates: tuple[float, ...] = field(default=(), repr=False)  # tokens/s on each of ``used`` there
 
 
 def path_bound(
@@ -83,7 +84,7 @@ def path_bound(
             for chain in chains[: max(PER_ROUND, len(start))]:
                 columns[chain] = _column(graph, chain, per_block_compute, per_block_kv)
             made, start = made + min(len(chains), max(PER_ROUND, len(start))), ()
-            reached, pi, mu, used = _solve(columns, count)
+            reached, pi, mu, used, rates = _solve(columns, count)
             a, m = pi * per_block_compute, mu * per_block_kv
             done += 1
             chains = []
@@ -104,7 +105,7 @@ def path_bound(
             chains = [c for f, c in priced if f < 1.0 - SLACK and c not in columns]
             closed = least >= 1.0 - SLACK or best <= reached * (1 + GAP)
             if closed or not chains or done >= iterations or time.process_time() - began > seconds:
-                return PathBound(float(best), reached, made, done, closed, used)
+                return PathBound(float(best), reached, made, done, closed, used, rates)
     except TooManyLabels:
         return None
 
@@ -131,8 +132,11 @@ def _column(graph: Graph, chain: Chain, per_block_compute: Floats, per_block_kv:
     return column
 
 
-def _solve(columns: dict[Chain, _Column], count: int) -> tuple[float, Floats, Floats, tuple[Chain, ...]]:
-    """The restricted LP: (its throughput, compute duals, KV duals, the chains it runs), duals clipped to >= 0.
+def _solve(
+    columns: dict[Chain, _Column], count: int
+) -> tuple[float, Floats, Floats, tuple[Chain, ...], tuple[float, ...]]:
+    """The restricted LP: (its throughput, compute duals, KV duals, the chains it runs, their tokens/s), duals
+    clipped to >= 0.
     Chains unused for ``IDLE`` solves in a row leave it, so that it stays small (any may come back: pricing sees
     every chain)."""
     listed = list(columns.values())
@@ -144,9 +148,10 @@ def _solve(columns: dict[Chain, _Column], count: int) -> tuple[float, Floats, Fl
     if result.status != 0:
         raise RuntimeError(f"restricted LP: {result.message}")
     used = tuple(chain for chain, y in zip(list(columns), result.x, strict=True) if y > 0)
+    rates = tuple(float(y) for y in result.x if y > 0)
     for chain, column, y in zip(list(columns), listed, result.x, strict=True):
         column.idle = 0 if y > 0 else column.idle + 1
         if column.idle > IDLE:
             del columns[chain]
     duals = np.maximum(0.0, -np.asarray(result.ineqlin.marginals))
-    return float(-result.fun), duals[:count], duals[count:], used
+    return float(-result.fun), duals[:count], duals[count:], used, rates

@@ -14,10 +14,11 @@ from gateway.swarm.bans import BanList
 from gateway.swarm.room_refusals import RoomRefusals
 from gateway.swarm.routing import Hop, RouteRequest, RoutingMode, plan_route
 from gateway.swarm.view import SwarmView
-from sim import geography
+from sim import geography, planned_routing
 from sim.events import EventQueue
 from sim.geography import City
 from sim.hardware import ModelShape, NodeHardware
+from sim.planned_routing import PlannedChain
 from sim.swarm import Dht, SimNode
 from sim.workload import Request
 
@@ -41,7 +42,8 @@ class Session:
 
 class SimGateway:
     """One gateway: its view of the DHT, RTTs to nodes, bans and refusals for room on the virtual clock, its load;
-    routes with the real ``plan_route``, timing each call."""
+    routes with the real ``plan_route``, timing each call (or, where the world says so, whole chains by the path LP's
+    plan: ``planned_routing``)."""
 
     def __init__(self, world: World, city: City, mode: RoutingMode) -> None:
         self.world = world
@@ -79,6 +81,9 @@ class SimGateway:
             push=True,
             room_left=self.refusals.room_left(view),
         )
+        if self.world.planned_routing and self.world.route_plan and start == 0 and end == self.world.model.num_blocks:
+            return planned_routing.pick(self.world.route_plan, self.world.gateways.index(self), view, request,
+                                        self.world.plan_rng)  # fmt: skip
         key = self._memo_key(view, request)
         if key is not None and key in self._routes:
             return list(self._routes[key])
@@ -177,6 +182,10 @@ class World:
         self.decoding: dict[int, tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.float64]]] = {}
         self.at_node: npt.NDArray[np.float64] | None = None  # the data plane's last solution
         self.path_chains: list[tuple[int, tuple[tuple[str, int], ...]]] = []  # the path bound's last chains, by peer
+        # ``planned_routing``: whole chains are routed on the path LP's last plan (``route_plan``) by ``plan_rng``
+        self.planned_routing = False
+        self.route_plan: list[PlannedChain] = []
+        self.plan_rng = np.random.default_rng(seed + 1)  # its own stream: the arrivals' draws stay the same
         self.offered: Callable[[float], float] = lambda now: 0.0  # tokens/s the arrivals ask for at a time
         self.balancing = True  # nodes run their rebalancing check (a scenario may turn it off to compare)
 

@@ -1,0 +1,110 @@
+"""Planned routing (``sim.planned_routing``): a session goes only on a chain of the path LP's plan with room on every
+hop, drawn in proportion to the plan's sessions, and waits where none has room; and a simulated run with it routes
+every decoding session over every block."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pytest
+
+import sim.planned_routing
+import sim.world
+from gateway.swarm.routing import Hop, RouteRequest, RoutingMode, plan_route
+from gateway.swarm.view import SwarmView
+from shared.server_records import NodeState, ServerRecord
+from sim.hardware import LLAMA_70B
+from sim.planned_routing import NoPlannedRoom, PlannedChain, pick
+from sim.scenario import Scenario, run
+
+BLOCKS = 8
+MAX_LENGTH = 1000
+
+
+def record(peer: str, start: int, end: int, room: int = 10_000, state: NodeState = NodeState.ONLINE) -> ServerRecord:
+    return ServerRecord(
+        peer_id=peer, start=start, end=end, state=state, cache_tokens_left=room, version="test", protocol=1
+    )
+
+
+def view(*records: ServerRecord) -> SwarmView:
+    return SwarmView(BLOCKS, {r.peer_id: r for r in records})
+
+
+# Two chains from gateway 0 (a-b and c-d), one from gateway 1 (a-d, entering d mid-span).
+PLAN = [
+    PlannedChain(0, (Hop("a", 0, 4), Hop("b", 4, 8)), sessions=3.0),
+    PlannedChain(0, (Hop("c", 0, 2), Hop("d", 2, 8)), sessions=1.0),
+    PlannedChain(1, (Hop("a", 0, 4), Hop("d", 4, 8)), sessions=5.0),
+]
+SWARM = [record("a", 0, 4), record("b", 4, 8), record("c", 0, 2), record("d", 2, 8)]
+
+
+def picks(swarm: list[ServerRecord], request: RouteRequest, gateway: int = 0, draws: int = 4000) -> Counter[str]:
+    rng = np.random.default_rng(0)
+    return Counter("-".join(h.peer_id for h in pick(PLAN, gateway, view(*swarm), request, rng)) for _ in range(draws))
+
+
+def test_chains_are_drawn_in_proportion_to_the_plans_sessions_from_the_sessions_own_gateway() -> None:
+    drawn = picks(SWARM, RouteRequest(MAX_LENGTH))
+    assert set(drawn) == {"a-b", "c-d"}
+    assert drawn["a-b"] / 4000 == pytest.approx(0.75, abs=0.03)
+    assert picks(SWARM, RouteRequest(MAX_LENGTH), gateway=1) == Counter({"a-d": 4000})
+
+
+@pytest.mark.parametrize(
+    ("swarm", "request_", "left"),
+    [
+        ([record("b", 4, 8, room=MAX_LENGTH - 1), *SWARM[2:], SWARM[0]], RouteRequest(MAX_LENGTH), {"c-d"}),
+        (SWARM, RouteRequest(MAX_LENGTH, room_left={"a": 10}), {"c-d"}),
+        (SWARM, RouteRequest(MAX_LENGTH, banned=frozenset({"d"})), {"a-b"}),
+        (
+            [SWARM[0], SWARM[1], SWARM[2], record("d", 2, 8, state=NodeState.DRAINING)],
+            RouteRequest(MAX_LENGTH),
+            {"a-b"},
+        ),
+        ([SWARM[0], SWARM[1], SWARM[2], record("d", 3, 8)], RouteRequest(MAX_LENGTH), {"a-b"}),  # d moved
+        ([SWARM[0], SWARM[2], SWARM[3]], RouteRequest(MAX_LENGTH), {"c-d"}),  # b gone
+    ],
+    ids=["record short of room", "refused since", "banned", "draining", "moved", "gone"],
+)
+def test_a_chain_with_any_hop_unfit_is_never_drawn(
+    swarm: list[ServerRecord], request_: RouteRequest, left: set[str]
+) -> None:
+    assert set(picks(swarm, request_, draws=200)) == left
+
+
+def test_with_no_planned_chain_fit_the_session_waits_rather_than_take_another() -> None:
+    with pytest.raises(NoPlannedRoom):
+        pick(PLAN, 0, view(*SWARM), RouteRequest(MAX_LENGTH, banned=frozenset({"a", "c"})), np.random.default_rng(0))
+
+
+def test_a_planned_run_opens_whole_chains_only_by_the_plan_once_there_is_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A small 70B run with planned routing: once the first plan is made, no whole chain is opened by ``plan_route``
+    (failover patches still are), and sessions decode and finish."""
+    calls: list[str] = []
+    real_pick = sim.planned_routing.pick
+
+    def picking(*args: Any, **kwargs: Any) -> list[Hop]:
+        calls.append("plan")
+        return real_pick(*args, **kwargs)
+
+    def routing(view: SwarmView, request: RouteRequest, mode: RoutingMode) -> list[Hop]:
+        whole = request.start == 0 and request.end in (None, view.num_blocks)
+        calls.append("plan_route whole" if whole else "plan_route part")
+        return plan_route(view, request, mode)
+
+    monkeypatch.setattr(sim.planned_routing, "pick", picking)
+    monkeypatch.setattr(sim.world, "plan_route", routing)
+    scenario = replace(
+        Scenario("planned", model=LLAMA_70B, nodes=30, load=1.2, churn=False, planned_routing=True).quick(),
+        duration=240.0,
+        measure_from=180.0,
+    )
+    result = run(scenario)
+    assert "plan" in calls
+    assert "plan_route whole" not in calls[calls.index("plan") :]
+    assert result.metrics.finished > 0 and max(result.metrics.throughput) > 0
