@@ -73,9 +73,9 @@ def sample(world: World) -> list[float]:
     fastest = fastest_rounds(world, serving)
     sessions = max(1, len(world.decoding))
     served = used / sessions / world.model.num_blocks
-    kept = world.path_chains, world.route_plan  # the run's own (its next bound starts there; planned routing reads it)
+    kept = world.route_plan  # the run's own (its next bound starts there; planned routing reads it)
     at_served = path(world, served)
-    world.path_chains, world.route_plan = kept
+    world.route_plan = kept
     return [
         len(world.decoding), hops / sessions, partial / max(1, hops), used / pool, charged / pool,
         float(np.mean(rounds)), float(np.mean(idle)), float(np.mean(links)),

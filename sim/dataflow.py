@@ -106,14 +106,13 @@ def path(world: World, held_length: float, seconds: float = 60.0) -> PathBound |
     capacity = np.array([n.capacity for n in serving])
     pool = np.array([float(n.hw.cache_tokens) for n in serving])
     row = {n.peer_id: i for i, n in enumerate(serving)}
-    start = tuple(
-        Chain(g, tuple((row[peer], entry) for peer, entry in hops))
-        for g, hops in world.path_chains
-        if all(peer in row for peer, _ in hops)
+    start = tuple(  # the last plan's chains: a warm start
+        Chain(c.gateway, tuple((row[hop.peer_id], hop.start) for hop in c.hops))
+        for c in world.route_plan
+        if all(hop.peer_id in row for hop in c.hops)
     )
     found = path_bound(graph, capacity, pool, held_length, seconds, start=start)
     if found is not None:  # by peer: rows change as nodes come and go
-        world.path_chains = [(c.gateway, tuple((serving[n].peer_id, e) for n, e in c.hops)) for c in found.used]
         world.route_plan = [
             PlannedChain(c.gateway, tuple(Hop(serving[n].peer_id, e, serving[n].end) for n, e in c.hops), y * round_)
             for c, y in zip(found.used, found.rates, strict=True)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gateway.swarm.routing import Hop, RouteRequest
+from gateway.swarm.routing import Hop, RouteRequest, cache_room
 from gateway.swarm.view import SwarmView
 from shared.server_records import NodeState
 
@@ -51,5 +51,4 @@ def _fits(view: SwarmView, request: RouteRequest, hop: Hop) -> bool:
         return False
     if not server.start <= hop.start < hop.end == server.end:
         return False  # the node moved since the plan was made
-    room = min(server.cache_tokens_left, request.room_left.get(hop.peer_id, server.cache_tokens_left))
-    return room >= request.max_length
+    return cache_room(server, request) >= request.max_length

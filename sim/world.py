@@ -181,8 +181,8 @@ class World:
         self._node_rtts: dict[tuple[str, str], float] = {}
         self.decoding: dict[int, tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.float64]]] = {}
         self.at_node: npt.NDArray[np.float64] | None = None  # the data plane's last solution
-        self.path_chains: list[tuple[int, tuple[tuple[str, int], ...]]] = []  # the path bound's last chains, by peer
-        # ``planned_routing``: whole chains are routed on the path LP's last plan (``route_plan``) by ``plan_rng``
+        # The path LP's last plan (``dataflow.path``): its next solve starts from these chains, and with
+        # ``planned_routing`` whole chains are routed on them by ``plan_rng``
         self.planned_routing = False
         self.route_plan: list[PlannedChain] = []
         self.plan_rng = np.random.default_rng(seed + 1)  # its own stream: the arrivals' draws stay the same

@@ -96,7 +96,7 @@ def hop_cost(
     """Seconds a token spends on ``server``'s ``blocks``: compute, and its links (see the module docstring)."""
     own_rtt = request.rtts.get(server.peer_id, UNKNOWN_RTT)
     block_time = server.block_time if server.throughput > 0 else UNKNOWN_BLOCK_TIME
-    penalty = CACHE_SHORT_PENALTY if _room(server, request) < request.max_length else 0.0
+    penalty = CACHE_SHORT_PENALTY if cache_room(server, request) < request.max_length else 0.0
     penalty += request.penalties.get(server.peer_id, 0.0)
     if not request.push:
         return own_rtt + blocks * block_time + penalty
@@ -104,13 +104,13 @@ def hop_cost(
     return link_in / 2 + (own_rtt / 2 if last else 0.0) + blocks * block_time + penalty
 
 
-def _room(server: ServerRecord, request: RouteRequest) -> int:
+def cache_room(server: ServerRecord, request: RouteRequest) -> int:
     """Tokens of cache room ``server`` has for all routing knows: its record's, or less after a refusal."""
     return min(server.cache_tokens_left, request.room_left.get(server.peer_id, server.cache_tokens_left))
 
 
 def _cache_left(table: route_search.ServerTable, request: RouteRequest) -> route_search.Ints:
-    """``_room`` for the table's servers, by row (the table's own array when no refusal applies)."""
+    """``cache_room`` for the table's servers, by row (the table's own array when no refusal applies)."""
     if not request.room_left:
         return table.cache_left
     refused = [(row, request.room_left[p]) for row, p in enumerate(table.peers) if p in request.room_left]
@@ -146,7 +146,7 @@ def _max_throughput(
     servers: list[ServerRecord], enterable: dict[int, route_search.Ints], request: RouteRequest, end: int
 ) -> list[Hop]:
     def spare_rate(server: ServerRecord) -> tuple[bool, float, str]:
-        has_room = _room(server, request) >= request.max_length
+        has_room = cache_room(server, request) >= request.max_length
         rate = (server.throughput or 1.0) * (server.end - server.start)  # block-tokens per second
         busy = 1 + server.queue_depth + request.load.get(server.peer_id, 0)
         trusted = 1.0 - request.penalties.get(server.peer_id, 0.0)  # reputation orders equally spare nodes
