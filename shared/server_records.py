@@ -72,6 +72,10 @@ class ServerRecord(BaseModel):
     # How the node computes: "quant/dtype/device", e.g. "nf4/bfloat16/cuda" (gateway.swarm.verify.tolerances picks
     # how far its outputs may differ from a replica's by it). Announced only when set, like ``adapters``.
     precision: str | None = Field(None, max_length=64)
+    # Where a DRAINING node is moving (the new span's first block; its length stays): nodes choosing a span count it
+    # there already (``swarm_node.span_choice``), so that those checking while it drains and loads do not all take
+    # the same gap. Announced only when set, like ``adapters``.
+    moving_to: int | None = Field(None, ge=0)
     version: str
     protocol: int
 
@@ -93,6 +97,8 @@ def record_json(server: ServerRecord) -> dict[str, Any]:
         del data["adapters"]
     if server.precision is None:
         del data["precision"]
+    if server.moving_to is None:
+        del data["moving_to"]
     return data
 
 

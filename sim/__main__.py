@@ -1,4 +1,4 @@
-"""``python -m sim [--quick] [--out DIR]``: run the scenarios, write the report (sim/report.py).
+"""``python -m sim [--quick] [--out DIR] [--seed S]``: run the scenarios, write the report (sim/report.py).
 
 On a small machine the full set runs in parts: ``--nodes N --save FILE`` runs the scenarios of one size and keeps
 their results; ``--report-from FILE...`` writes the report of the parts together."""
@@ -9,6 +9,7 @@ import argparse
 import pickle
 import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 from sim import report, scenarios
@@ -25,6 +26,7 @@ def main() -> None:
     parser.add_argument("--max-nodes", type=int, default=None, help="skip scenarios with more nodes than this")
     parser.add_argument("--nodes", type=int, default=None, help="run only the scenarios of this many nodes")
     parser.add_argument("--only", default=None, help="run only the scenarios whose name contains this")
+    parser.add_argument("--seed", type=int, default=None, help="run the scenarios with this seed, not their own")
     parser.add_argument("--save", type=Path, default=None, help="keep the results here (pickle) instead of a report")
     parser.add_argument("--report-from", type=Path, nargs="+", default=None, help="saved results to report on")
     args = parser.parse_args()
@@ -35,6 +37,7 @@ def main() -> None:
         chosen = scenarios.quick() if args.quick else scenarios.full()
         chosen = [s for s in chosen if (args.max_nodes is None or s.nodes <= args.max_nodes)]
         chosen = [s for s in chosen if args.only is None or args.only in s.name]
+        chosen = [s if args.seed is None else replace(s, seed=args.seed) for s in chosen]
         results = _run_all([s for s in chosen if args.nodes is None or s.nodes == args.nodes], args.workers)
         print(f"{len(results)} scenarios in {time.monotonic() - began:.0f} s wall", flush=True)  # noqa: T201
         if args.save:

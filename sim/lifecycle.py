@@ -8,6 +8,7 @@ from shared.server_records import NodeState
 from sim import clients
 from sim.swarm import ANNOUNCE_PERIOD, BALANCE_PERIOD, DRAIN_TIMEOUT, SimNode, balance_move, join_start
 from sim.world import World
+from swarm_node.span_choice import fills_a_gap
 
 DRAIN_POLL = 1.0  # seconds between a draining node's looks at its open sessions
 
@@ -24,6 +25,7 @@ def _online(world: World, node: SimNode, first: bool) -> None:
     if node.gone:
         return
     node.state = NodeState.ONLINE
+    node.moving_to = None
     world.dht.announce(node, world.clock.now)
     if first:
         phase = float(world.rng.uniform(0, 1))
@@ -49,24 +51,33 @@ def _balance_forever(world: World, node: SimNode) -> None:
 
 
 def _move(world: World, node: SimNode, new_start: int) -> None:
+    """Drain (only while the new span holds no block nobody serves: ``swarm_node.server``'s move does the same),
+    load the new span, come online."""
     world.metrics.moves += 1
     node.moves += 1
     node.state = NodeState.DRAINING
+    node.moving_to = new_start
     world.dht.announce(node, world.clock.now)
 
     def reload() -> None:
         node.start, node.end = new_start, new_start + node.span
         world.clock.after(node.hw.load_time, lambda: _online(world, node, first=False))
 
-    _drain(world, node, world.clock.now + DRAIN_TIMEOUT, reload)
+    def gap() -> bool:
+        return fills_a_gap(world.dht.servers(world.clock.now).values(), new_start, node.span, world.model.num_blocks)
+
+    _drain(world, node, world.clock.now + DRAIN_TIMEOUT, reload, gap)
 
 
-def _drain(world: World, node: SimNode, deadline: float, then: Callable[[], None]) -> None:
-    """Let open sessions finish; at the deadline the rest fail over (not a fault: no ban)."""
+def _drain(
+    world: World, node: SimNode, deadline: float, then: Callable[[], None], stop: Callable[[], bool] = lambda: False
+) -> None:
+    """Let open sessions finish; at the deadline, or once ``stop`` says so, the rest fail over (not a fault: no
+    ban)."""
     if node.gone:
         return
-    if node.sessions and world.clock.now < deadline:
-        world.clock.after(DRAIN_POLL, lambda: _drain(world, node, deadline, then))
+    if node.sessions and world.clock.now < deadline and not stop():
+        world.clock.after(DRAIN_POLL, lambda: _drain(world, node, deadline, then, stop))
         return
     for index in sorted(node.sessions):
         clients.fail_over(world, world.sessions[index], node, fault=False)
@@ -82,6 +93,7 @@ def leave(world: World, node: SimNode, crash: bool) -> None:
             clients.fail_over(world, world.sessions[index], node, fault=True)
         return
     node.state = NodeState.DRAINING
+    node.moving_to = None  # leaving, not moving
     world.dht.announce(node, world.clock.now)
 
     def gone() -> None:

@@ -37,8 +37,9 @@ def _legend() -> list[str]:
         " sim/ASSUMPTIONS.md), or the per-node bound in the samples marked where its pricing gave up; *per-node"
         " bound*: the LP max-flow with each node's KV pool at the fastest chain through it (the bound before; it"
         " sizes the arrivals; after an event, its figures are in brackets); *after event*: against the path bound up to"
-        " 2 balance periods + 15 s on, the per-node one past that; *offered*: what the arrivals ask for; *served*:"
-        " ours / min(offered, bound), what could be served at best."
+        " 2 balance periods + 15 s on, the per-node one past that, and ours' mean tokens/s from the event to the end"
+        " (the bounds are steady-state figures, and fall while nodes move); *offered*: what the arrivals ask for;"
+        " *served*: ours / min(offered, bound), what could be served at best."
     ]
 
 
@@ -69,7 +70,9 @@ def _after(summary: dict[str, float]) -> str:
     """Against the path bound, the per-node one in brackets (saved runs from before have the latter only)."""
     if "recovered_after" in summary:
         text = _recovered(summary, "")
-        return text + (f" (per-node: {_recovered(summary, 'node_')})" if "node_recovered_after" in summary else "")
+        text += f" (per-node: {_recovered(summary, 'node_')})" if "node_recovered_after" in summary else ""
+        after = summary.get("throughput_after")
+        return text + (f"; ours after: {after:.0f} tok/s" if after is not None else "")
     if "flash_ratio" in summary:
         node = f" (per-node: {summary['node_flash_ratio']:.0%})" if "node_flash_ratio" in summary else ""
         return f"during: {summary['flash_ratio']:.0%}{node}"

@@ -220,6 +220,9 @@ def summarize(world: World, scenario: Scenario) -> dict[str, float]:
     every = np.array(m.path_bound)
     path_servable = np.minimum(np.where(np.isnan(every), held, every), offered)
     if scenario.event in ("leave", "region"):
+        # tokens/s served from the event to the end: after it the bounds are steady-state figures that a swarm
+        # rebuilding its sessions does not reach, and that fall when its nodes move (a ratio can look good then)
+        summary["throughput_after"] = float(ours[times >= scenario.event_at].mean())
         summary |= _recovery(times, ours, path_servable, scenario.event_at)
         summary |= {f"node_{k}": v for k, v in _recovery(times, ours, node_servable, scenario.event_at).items()}
     if scenario.event == "flash":

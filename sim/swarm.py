@@ -38,6 +38,7 @@ class SimNode:
     queue_depth: int = 0
     gone: bool = False
     moves: int = 0
+    moving_to: int | None = None  # announced while draining and loading for a move (``ServerRecord.moving_to``)
 
     @property
     def peer_id(self) -> str:
@@ -72,6 +73,7 @@ class SimNode:
             cache_tokens_left=max(0, self.room()),
             cache_tokens_total=self.hw.cache_tokens,
             queue_depth=self.queue_depth,
+            moving_to=self.moving_to,
             version="sim",
             protocol=1,
         )

@@ -53,7 +53,7 @@ from swarm_node.reachability_probe import Reach, settle_reachability
 from swarm_node.self_test import SelfTestFailed, run_self_test
 from swarm_node.settings import NodeSettings
 from swarm_node.span import build_span
-from swarm_node.span_choice import block_throughputs, choose_new_start, choose_start
+from swarm_node.span_choice import block_throughputs, choose_new_start, choose_start, fills_a_gap
 from swarm_node.throughput import BlockSpeed, block_speed, load_cached, speed_key
 
 logger = logging.getLogger(__name__)
@@ -64,6 +64,9 @@ PROBE_TIMEOUT = 2.0
 # bounded so that a node exits within its drain timeout + 10 s of SIGTERM, whoever else is gone (two of these and
 # the DHT's stop grace, shared.dht_process, fit in that).
 STOP_ANNOUNCE_TIMEOUT = 2.0
+# While a move drains, how often the node reads the DHT for a block of its new span that nobody serves any more
+# (``span_choice.fills_a_gap``: then it stops waiting for its sessions).
+GAP_CHECK_PERIOD = 5.0
 
 
 def resolve_device(setting: str) -> torch.device:
@@ -105,6 +108,7 @@ class SpanServer:
         )
         self.pool = CachePool(cache_tokens)
         self.start, self.end = span or (0, 0)
+        self.moving_to: int | None = None  # the new span's start while a move drains and loads (announced)
         self.announced: NodeState | None = None  # the state of the last announcement that reached the DHT
         self.dht_answers = True  # False once a bounded announcement on the way out timed out or failed
         self.next_rtts: dict[str, float] = {}
@@ -194,6 +198,7 @@ class SpanServer:
                 job.start()
             await stop.wait()
             logger.info("stopping: draining open sessions")
+            self.moving_to = None  # leaving, not moving
             await self._drain()
             await asyncio.gather(*(job.stop() for job in jobs))
         finally:
@@ -292,15 +297,38 @@ class SpanServer:
         logger.info("chose blocks %d:%d where the swarm is weakest", start, start + num_blocks)
         return start
 
-    async def _drain(self) -> None:
-        """Refuse new sessions (announced) and let open ones finish, up to the drain timeout."""
+    async def _drain(self, until_gap_in: tuple[int, int] | None = None) -> None:
+        """Refuse new sessions (announced) and let open ones finish, up to the drain timeout; for a move to blocks
+        ``until_gap_in`` (start, count), only while they hold none that nobody serves (``fills_a_gap``: no session
+        of the swarm can go on then, so waiting would only delay the fix)."""
         self.status.state = NodeState.DRAINING
         await self._announce_leaving()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.settings.drain_timeout):
-                await self.pool.wait_until_empty()
+                if until_gap_in is None:
+                    await self.pool.wait_until_empty()
+                else:
+                    await self._wait_until_empty_or_gap(*until_gap_in)
         if self.pool.sessions:
-            logger.warning("drain timeout: leaving %d sessions behind", self.pool.sessions)
+            logger.warning("drained: leaving %d open sessions behind", self.pool.sessions)
+
+    async def _wait_until_empty_or_gap(self, start: int, count: int) -> None:
+        assert self.dht is not None  # started in run()
+        empty = asyncio.ensure_future(self.pool.wait_until_empty())
+        try:
+            while not empty.done():
+                try:
+                    servers = await fetch_servers(self.dht, self.source.name, self.num_model_blocks)
+                except Exception as error:  # a failed read leaves the drain to its timeout, as any drain
+                    logger.debug("reading the swarm while draining failed: %r", error)
+                else:
+                    if fills_a_gap(servers.values(), start, count, self.num_model_blocks):
+                        logger.info("blocks %d:%d hold one nobody serves: not waiting for open sessions", start,
+                                    start + count)  # fmt: skip
+                        return
+                await asyncio.wait({empty}, timeout=GAP_CHECK_PERIOD)
+        finally:
+            empty.cancel()
 
     async def _announce_leaving(self, expiration: float | None = None) -> None:
         """Announce on the way out, bounded (``dht_answers`` says whether it went through)."""
@@ -336,6 +364,7 @@ class SpanServer:
             relay_addrs=self.relay_addrs,
             adapters=sorted(self.settings.adapter_folders()),
             precision=f"{self.quant}/{str(self.dtype).removeprefix('torch.')}/{self.device.type}",
+            moving_to=self.moving_to if self.status.state is NodeState.DRAINING else None,
             version=shared.__version__,
             protocol=PROTOCOL_VERSION,
         )
@@ -367,7 +396,8 @@ class SpanServer:
             return
         num_blocks = self.end - self.start
         logger.info("moving from %d:%d to %d:%d", self.start, self.end, new_start, new_start + num_blocks)
-        await self._drain()
+        self.moving_to = new_start  # others choosing spans count us there from the first DRAINING record on
+        await self._drain(until_gap_in=(new_start, num_blocks))
         backend = await self._load(new_start, new_start + num_blocks)
         try:
             await self._self_test(backend)
@@ -376,14 +406,14 @@ class SpanServer:
                 "not moving: the self-test of blocks %d:%d failed: %s", new_start, new_start + num_blocks, error
             )
             backend.shutdown()
-            self.status.state = NodeState.ONLINE
+            self.status.state, self.moving_to = NodeState.ONLINE, None
             await self._announce()
             return
         old = self.handlers.backend
         self.start, self.end = new_start, new_start + num_blocks
         self.handlers.use_backend(backend)
         old.shutdown()
-        self.status.state = NodeState.ONLINE
+        self.status.state, self.moving_to = NodeState.ONLINE, None
         await self._announce()
 
 
