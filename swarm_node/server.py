@@ -297,6 +297,11 @@ class SpanServer:
         logger.info("chose blocks %d:%d where the swarm is weakest", start, start + num_blocks)
         return start
 
+    async def _stay(self) -> None:
+        """A move given up: online on the old span again (its backend was never shut down), no longer moving."""
+        self.status.state, self.moving_to = NodeState.ONLINE, None
+        await self._announce()
+
     async def _drain(self, until_gap_in: tuple[int, int] | None = None) -> None:
         """Refuse new sessions (announced) and let open ones finish, up to the drain timeout; for a move to blocks
         ``until_gap_in`` (start, count), only while they hold none that nobody serves (``fills_a_gap``: no session
@@ -398,7 +403,12 @@ class SpanServer:
         logger.info("moving from %d:%d to %d:%d", self.start, self.end, new_start, new_start + num_blocks)
         self.moving_to = new_start  # others choosing spans count us there from the first DRAINING record on
         await self._drain(until_gap_in=(new_start, num_blocks))
-        backend = await self._load(new_start, new_start + num_blocks)
+        try:
+            backend = await self._load(new_start, new_start + num_blocks)
+        except Exception:  # out of memory, a shard gone: whatever it was, the old span is still loaded and served
+            logger.exception("not moving: loading blocks %d:%d failed", new_start, new_start + num_blocks)
+            await self._stay()
+            return
         try:
             await self._self_test(backend)
         except SelfTestFailed as error:
@@ -406,8 +416,7 @@ class SpanServer:
                 "not moving: the self-test of blocks %d:%d failed: %s", new_start, new_start + num_blocks, error
             )
             backend.shutdown()
-            self.status.state, self.moving_to = NodeState.ONLINE, None
-            await self._announce()
+            await self._stay()
             return
         old = self.handlers.backend
         self.start, self.end = new_start, new_start + num_blocks

@@ -40,6 +40,7 @@ async def move(
     monkeypatch: pytest.MonkeyPatch,
     others: list[ServerRecord],
     later: list[ServerRecord] | None = None,
+    load_fails: bool = False,
 ) -> tuple[list[ServerRecord], float, SpanServer]:
     """A node on blocks 0:2 of the tiny llama, with a session open, checks whether to move among ``others`` (from
     its third read of the DHT on, ``later``): the records it announced, the seconds it drained, and the node."""
@@ -54,7 +55,7 @@ async def move(
     server = SpanServer(settings)
     server.start, server.end = 0, 2
     server.status.state = NodeState.ONLINE
-    server.dht = SimpleNamespace(peer_id=SimpleNamespace(to_base58=lambda: ME))  # type: ignore[assignment]
+    server.dht = SimpleNamespace(peer_id=SimpleNamespace(to_base58=lambda: ME))
     server.handlers = SimpleNamespace(backend=Backend(), use_backend=lambda b: None)  # type: ignore[assignment]
     announced: list[ServerRecord] = []
     drained: list[float] = []
@@ -73,6 +74,8 @@ async def move(
 
     async def load(start: int, end: int) -> Backend:
         drained.append(time.monotonic())
+        if load_fails:
+            raise MemoryError(f"no room for blocks {start}:{end}")
         return Backend()
 
     async def self_test(_backend: Any) -> None:
@@ -123,3 +126,16 @@ async def test_a_moving_node_stops_draining_once_a_block_of_its_new_span_loses_i
     announced, drained, _ = await move(tiny_model, tmp_path, monkeypatch, weak, later=[weak[0], weak[2]])
     assert [(r.state, r.start) for r in announced] == [(NodeState.DRAINING, 0), (NodeState.ONLINE, 2)]
     assert drained < DRAIN_TIMEOUT / 2
+
+
+async def test_a_move_whose_load_fails_leaves_the_node_online_where_it_was(
+    tiny_model: GetTinyModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not DRAINING for good, and not announcing a destination it will never reach (others would count it there)."""
+    gap = [record("A", 0, 2), record("B", 4, 6)]
+    announced, _, server = await move(tiny_model, tmp_path, monkeypatch, gap, load_fails=True)
+    assert [(r.state, r.start, r.moving_to) for r in announced] == [
+        (NodeState.DRAINING, 0, 2),
+        (NodeState.ONLINE, 0, None),
+    ]
+    assert (server.start, server.moving_to, server.status.state) == (0, None, NodeState.ONLINE)
