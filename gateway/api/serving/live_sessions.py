@@ -55,6 +55,11 @@ T = TypeVar("T")
 HEARTBEAT_SECONDS = 3.0
 KEEPALIVE_SECONDS = 10.0  # an idle stream sends a comment line this often (proxies close idle ones at 30-60 s)
 WATCH_PERIOD = 0.5  # seconds between checks whether anyone still reads an abandoned stream
+# Before its first reader came, a stream is abandoned only after this long (or ``resume_grace``, if longer): the
+# response returned with it starts reading once the event loop runs it, which a starved process can delay past
+# ``resume_grace`` (CI saw a stream stopped before its client read a token); one whose client left before the
+# response started is stopped after it.
+FIRST_READER_GRACE = 30.0
 RETRY_MS = 1000  # EventSource clients reconnect after this long instead of their default (~3 s)
 CANCEL_WAIT = 5.0  # DELETE waits this long for the owning replica to confirm the cancel
 SLOW_STOP_SECONDS = 2.0  # a stopped generation's cleanup taking longer than this is logged
@@ -81,6 +86,7 @@ class LiveSession:
         self._ticket = ticket
         self._stop = asyncio.Event()
         self.readers = 0
+        self.read_once = False  # whether any reader has come (``_watch_readers``: FIRST_READER_GRACE before that)
         self._finished = False
 
     def stop(self) -> None:
@@ -157,14 +163,16 @@ class LiveSession:
             logger.warning("session %s: its generation took %.1fs to stop", self.id, took)
 
     async def _watch_readers(self, producer: asyncio.Task[None]) -> None:
-        """Stop the producer once nobody has read the stream for ``resume_grace`` seconds."""
+        """Stop the producer once nobody has read the stream for ``resume_grace`` seconds (``FIRST_READER_GRACE``
+        before its first reader came)."""
         last_seen = time.monotonic()
         while not producer.done():
             await asyncio.sleep(WATCH_PERIOD)
+            grace = self.tracker.resume_grace if self.read_once else max(self.tracker.resume_grace, FIRST_READER_GRACE)
             if self.readers > 0 or await self.tracker.remote_reader(self.id):
                 last_seen = time.monotonic()
-            elif time.monotonic() - last_seen >= self.tracker.resume_grace:
-                logger.info("stream abandoned: no reader for %.1fs, stopping it", self.tracker.resume_grace)
+            elif time.monotonic() - last_seen >= grace:
+                logger.info("stream abandoned: no reader for %.1fs, stopping it", grace)
                 self.stop()
                 return
 
@@ -280,6 +288,7 @@ class SessionTracker:
         gone = asyncio.Event()
         if live is not None:
             live.readers += 1
+            live.read_once = True
         else:
             presence = asyncio.create_task(self._announce_reader(session_id, gone))
             self.tasks.add(presence)

@@ -5,14 +5,19 @@ The same across real gateway processes and a frozen node is in tests/integration
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import time
+from collections.abc import AsyncGenerator
 
 import httpx
 import openai
 import pytest
 
+from gateway.api import request_log
+from gateway.api.auth import Caller
+from gateway.api.serving import live_sessions
 from gateway.api.serving.common import ServingConfig
 from gateway.api.serving.live_sessions import SessionTracker
 from gateway.app import create_app
@@ -110,3 +115,24 @@ async def test_ignore_eos_still_honours_stop_strings() -> None:
         body = completion(max_tokens=6, ignore_eos=True, stop=["c"])
         choice = (await client.post("/v1/completions", json=body)).json()["choices"][0]
     assert (choice["text"], choice["finish_reason"]) == ("ab", "stop")
+
+
+async def test_a_stream_whose_response_starts_reading_late_is_not_stopped_as_abandoned(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A gateway process starved for longer than ``resume_grace`` between handing the stream to its response and the
+    response's first read (CI saw it) must not stop the stream as abandoned: its client is there, not gone."""
+    monkeypatch.setattr(live_sessions, "WATCH_PERIOD", 0.01)
+    tracker = SessionTracker(SessionStore(RedisLink(None), "test"), None, "scripted", 0.05, keepalive=KEEPALIVE)
+    live = await tracker.open(request_log.RequestRecord("cmpl-late", "completions", 1, 3), Caller("k", False), 8)
+
+    async def chunks() -> AsyncGenerator[str, None]:
+        for piece in ("hello", "world"):
+            yield json.dumps({"text": piece})
+            await asyncio.sleep(0.05)
+
+    reader = live.stream(chunks())
+    await asyncio.sleep(0.3)  # thirty checks for readers, six times resume_grace: nobody has read yet
+    events = [event async for event in reader if not isinstance(event, bytes)]
+    assert [event.data for event in events] == [json.dumps({"text": "hello"}), json.dumps({"text": "world"}), "[DONE]"]
+    await tracker.close()
