@@ -6,7 +6,8 @@
     ├── Unauthorized            401     invalid_request_error   invalid_api_key
     ├── NotFound                404     invalid_request_error   model_not_found, not_found, session_not_found
     ├── MethodNotAllowed        405     invalid_request_error   method_not_allowed
-    ├── SessionCancelled        409     invalid_request_error   session_cancelled (DELETE /v1/sessions/{id})
+    ├── SessionCancelled        409     invalid_request_error   session_cancelled (a DELETE, an abandoned stream,
+    │                                                           the gateway's shutdown)
     ├── RateLimited             429     requests | tokens       rate_limit_exceeded (with Retry-After)
     ├── ServiceUnavailable      503     service_unavailable     missing_blocks, swarm_unavailable, draining,
     │                                                           session_lost (an SSE error event: its replica is gone),
@@ -70,8 +71,9 @@ class SessionCancelled(APIError):
     status = 409
     type = "invalid_request_error"
 
-    def __init__(self, session_id: str) -> None:
-        super().__init__(f"Session {session_id} was cancelled (DELETE /v1/sessions/{session_id}).", "session_cancelled")
+    def __init__(self, session_id: str, why: str | None = None) -> None:
+        why = why or f"DELETE /v1/sessions/{session_id}"
+        super().__init__(f"Session {session_id} was cancelled ({why}).", "session_cancelled")
 
 
 class RateLimited(APIError):

@@ -85,17 +85,21 @@ class LiveSession:
         self.id = record.id
         self._ticket = ticket
         self._stop = asyncio.Event()
+        self._stop_reason: str | None = None  # said in the session's error; None: a DELETE
         self.readers = 0
-        self.read_once = False  # whether any reader has come (``_watch_readers``: FIRST_READER_GRACE before that)
+        self.read_once = False  # whether any reader, here or on another replica, has come (FIRST_READER_GRACE before)
         self._finished = False
 
-    def stop(self) -> None:
+    def stop(self, why: str | None = None) -> None:
+        """Stop the generation; ``why`` goes into its error (by default, a DELETE of the session)."""
+        if not self._stop.is_set():
+            self._stop_reason = why
         self._stop.set()
 
     async def cancelled(self) -> NoReturn:
         """A stop signal: fires with ``SessionCancelled`` once the session is told to stop."""
         await self._stop.wait()
-        raise SessionCancelled(self.id)
+        raise SessionCancelled(self.id, self._stop_reason)
 
     async def finish_after(self, work: Awaitable[T], on_success: bool = True) -> T:
         """``work``'s result; the session ends with it (or only if it fails, with ``on_success`` False)."""
@@ -170,10 +174,10 @@ class LiveSession:
             await asyncio.sleep(WATCH_PERIOD)
             grace = self.tracker.resume_grace if self.read_once else max(self.tracker.resume_grace, FIRST_READER_GRACE)
             if self.readers > 0 or await self.tracker.remote_reader(self.id):
-                last_seen = time.monotonic()
+                last_seen, self.read_once = time.monotonic(), True  # a reader on another replica counts too
             elif time.monotonic() - last_seen >= grace:
                 logger.info("stream abandoned: no reader for %.1fs, stopping it", grace)
-                self.stop()
+                self.stop(f"no client read its stream for {grace:.1f}s")
                 return
 
     async def _finish(self, status: SessionStatus) -> None:
@@ -375,7 +379,7 @@ class SessionTracker:
 
     async def close(self) -> None:
         for live in list(self.live.values()):
-            live.stop()
+            live.stop("the gateway is shutting down")
         if self.tasks:
             await asyncio.wait(set(self.tasks), timeout=10)
         if self._heartbeat is not None:

@@ -136,3 +136,40 @@ async def test_a_stream_whose_response_starts_reading_late_is_not_stopped_as_aba
     events = [event async for event in reader if not isinstance(event, bytes)]
     assert [event.data for event in events] == [json.dumps({"text": "hello"}), json.dumps({"text": "world"}), "[DONE]"]
     await tracker.close()
+
+
+async def test_a_stream_read_only_on_another_replica_is_stopped_soon_after_that_reader_leaves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A client that resumed on another replica and then left: ``resume_grace`` applies, not the first reader's 30 s
+    (the stream would go on generating for nobody)."""
+    monkeypatch.setattr(live_sessions, "WATCH_PERIOD", 0.01)
+    tracker = SessionTracker(SessionStore(RedisLink(None), "test"), None, "scripted", 0.05, keepalive=KEEPALIVE)
+    live = await tracker.open(request_log.RequestRecord("cmpl-remote", "completions", 1, 3), Caller("k", False), 8)
+    remote_reads = asyncio.Event()
+    remote_left = asyncio.Event()
+
+    async def remote_reader(_session_id: str) -> bool:
+        remote_reads.set()
+        return not remote_left.is_set()
+
+    monkeypatch.setattr(tracker, "remote_reader", remote_reader)
+
+    async def chunks() -> AsyncGenerator[str, None]:
+        while True:  # generates until stopped
+            yield json.dumps({"text": "x"})
+            await asyncio.sleep(0.01)
+
+    live.stream(chunks())
+    async with asyncio.timeout(5):
+        await remote_reads.wait()
+    remote_left.set()
+    async with asyncio.timeout(2):  # resume_grace (0.05 s) and its checks, far below FIRST_READER_GRACE (30 s)
+        await live._stop.wait()
+    async with asyncio.timeout(5):  # the events as a client resuming now reads them
+        events = [event.data async for event in tracker.read(live.id, 0) if not isinstance(event, bytes)]
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
+    assert error["code"] == "session_cancelled"
+    assert "no client read its stream for" in error["message"] and "DELETE" not in error["message"]
+    await tracker.close()
