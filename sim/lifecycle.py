@@ -8,7 +8,7 @@ from shared.server_records import NodeState
 from sim import clients
 from sim.swarm import ANNOUNCE_PERIOD, BALANCE_PERIOD, DRAIN_TIMEOUT, SimNode, balance_move, join_start
 from sim.world import World
-from swarm_node.span_choice import fills_a_gap
+from swarm_node.span_choice import GAP_CHECK_PERIOD, fills_a_gap
 
 DRAIN_POLL = 1.0  # seconds between a draining node's looks at its open sessions
 
@@ -63,7 +63,12 @@ def _move(world: World, node: SimNode, new_start: int) -> None:
         node.start, node.end = new_start, new_start + node.span
         world.clock.after(node.hw.load_time, lambda: _online(world, node, first=False))
 
+    checked = [world.clock.now - GAP_CHECK_PERIOD]  # the first check on the records the move was chosen from
+
     def gap() -> bool:
+        if world.clock.now - checked[0] < GAP_CHECK_PERIOD:
+            return False
+        checked[0] = world.clock.now
         return fills_a_gap(world.dht.servers(world.clock.now).values(), new_start, node.span, world.model.num_blocks)
 
     _drain(world, node, world.clock.now + DRAIN_TIMEOUT, reload, gap)

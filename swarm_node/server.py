@@ -19,6 +19,8 @@ import contextlib
 import functools
 import logging
 import signal
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +55,7 @@ from swarm_node.reachability_probe import Reach, settle_reachability
 from swarm_node.self_test import SelfTestFailed, run_self_test
 from swarm_node.settings import NodeSettings
 from swarm_node.span import build_span
-from swarm_node.span_choice import block_throughputs, choose_new_start, choose_start, fills_a_gap
+from swarm_node.span_choice import GAP_CHECK_PERIOD, block_throughputs, choose_new_start, choose_start, fills_a_gap
 from swarm_node.throughput import BlockSpeed, block_speed, load_cached, speed_key
 
 logger = logging.getLogger(__name__)
@@ -64,9 +66,15 @@ PROBE_TIMEOUT = 2.0
 # bounded so that a node exits within its drain timeout + 10 s of SIGTERM, whoever else is gone (two of these and
 # the DHT's stop grace, shared.dht_process, fit in that).
 STOP_ANNOUNCE_TIMEOUT = 2.0
-# While a move drains, how often the node reads the DHT for a block of its new span that nobody serves any more
-# (``span_choice.fills_a_gap``: then it stops waiting for its sessions).
-GAP_CHECK_PERIOD = 5.0
+
+
+@dataclass(frozen=True)
+class _Move:
+    """A move being made: the new span, and the records it was chosen from."""
+
+    start: int
+    num_blocks: int
+    servers: list[ServerRecord]
 
 
 def resolve_device(setting: str) -> torch.device:
@@ -302,35 +310,39 @@ class SpanServer:
         self.status.state, self.moving_to = NodeState.ONLINE, None
         await self._announce()
 
-    async def _drain(self, until_gap_in: tuple[int, int] | None = None) -> None:
-        """Refuse new sessions (announced) and let open ones finish, up to the drain timeout; for a move to blocks
-        ``until_gap_in`` (start, count), only while they hold none that nobody serves (``fills_a_gap``: no session
-        of the swarm can go on then, so waiting would only delay the fix)."""
+    async def _drain(self, move: _Move | None = None) -> None:
+        """Refuse new sessions (announced) and let open ones finish, up to the drain timeout; for a ``move``, only
+        while its new span holds no block that nobody serves (``fills_a_gap``: no session of the swarm can go on
+        then, so waiting would only delay the fix)."""
         self.status.state = NodeState.DRAINING
         await self._announce_leaving()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.settings.drain_timeout):
-                if until_gap_in is None:
+                if move is None:
                     await self.pool.wait_until_empty()
                 else:
-                    await self._wait_until_empty_or_gap(*until_gap_in)
+                    await self._wait_until_empty_or_gap(move)
         if self.pool.sessions:
             logger.warning("drained: leaving %d open sessions behind", self.pool.sessions)
 
-    async def _wait_until_empty_or_gap(self, start: int, count: int) -> None:
+    async def _wait_until_empty_or_gap(self, move: _Move) -> None:
+        """Until the pool is empty or the new span holds a block nobody serves: checked first on the records the
+        move was chosen from, then on the DHT every ``GAP_CHECK_PERIOD``."""
         assert self.dht is not None  # started in run()
         empty = asyncio.ensure_future(self.pool.wait_until_empty())
+        servers: Iterable[ServerRecord] | None = move.servers
         try:
             while not empty.done():
-                try:
-                    servers = await fetch_servers(self.dht, self.source.name, self.num_model_blocks)
-                except Exception as error:  # a failed read leaves the drain to its timeout, as any drain
-                    logger.debug("reading the swarm while draining failed: %r", error)
-                else:
-                    if fills_a_gap(servers.values(), start, count, self.num_model_blocks):
-                        logger.info("blocks %d:%d hold one nobody serves: not waiting for open sessions", start,
-                                    start + count)  # fmt: skip
-                        return
+                if servers is None:
+                    try:
+                        servers = (await fetch_servers(self.dht, self.source.name, self.num_model_blocks)).values()
+                    except Exception as error:  # a failed read leaves the drain to its timeout, as any drain
+                        logger.debug("reading the swarm while draining failed: %r", error)
+                if servers is not None and fills_a_gap(servers, move.start, move.num_blocks, self.num_model_blocks):
+                    logger.info("blocks %d:%d hold one nobody serves: not waiting for open sessions", move.start,
+                                move.start + move.num_blocks)  # fmt: skip
+                    return
+                servers = None
                 await asyncio.wait({empty}, timeout=GAP_CHECK_PERIOD)
         finally:
             empty.cancel()
@@ -369,7 +381,7 @@ class SpanServer:
             relay_addrs=self.relay_addrs,
             adapters=sorted(self.settings.adapter_folders()),
             precision=f"{self.quant}/{str(self.dtype).removeprefix('torch.')}/{self.device.type}",
-            moving_to=self.moving_to if self.status.state is NodeState.DRAINING else None,
+            moving_to=self.moving_to,  # None unless a move drains or loads (_maybe_move, _stay)
             version=shared.__version__,
             protocol=PROTOCOL_VERSION,
         )
@@ -402,7 +414,7 @@ class SpanServer:
         num_blocks = self.end - self.start
         logger.info("moving from %d:%d to %d:%d", self.start, self.end, new_start, new_start + num_blocks)
         self.moving_to = new_start  # others choosing spans count us there from the first DRAINING record on
-        await self._drain(until_gap_in=(new_start, num_blocks))
+        await self._drain(_Move(new_start, num_blocks, list(servers.values())))
         try:
             backend = await self._load(new_start, new_start + num_blocks)
         except Exception:  # out of memory, a shard gone: whatever it was, the old span is still loaded and served

@@ -18,6 +18,9 @@ from collections.abc import Iterable
 from shared.server_records import NodeState, ServerRecord
 
 LIVE_STATES = (NodeState.JOINING, NodeState.ONLINE)
+# While a move drains, how often the node reads the DHT for a block of its new span that nobody serves any more
+# (``fills_a_gap``: then it stops waiting for its sessions); the simulator checks as often.
+GAP_CHECK_PERIOD = 5.0
 
 
 def block_throughputs(
