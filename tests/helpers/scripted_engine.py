@@ -87,13 +87,14 @@ class ScriptedEngine(WholeSwarm):
     """Generates ``script`` (as text) for every request; ``fail_at`` raises ``failure`` before that token. A ``<``
     in the script is an EOS token, which ends the generation unless the request says ``ignore_eos`` (as the real
     engine does). ``stall_seconds`` > 0: the engine produces nothing for that long before token ``stall_at`` (a
-    frozen node, a failover waiting for a replacement)."""
+    frozen node, a failover waiting for a replacement); ``token_seconds`` before every other token."""
 
     script: str = "hello world"
     failure: Exception | None = None
     fail_at: int = 0
     stall_at: int = 0
     stall_seconds: float = 0.0
+    token_seconds: float = 0.001  # others get turns
     model_name: str = "scripted"
     context_length: int = 64
     codec: CharCodec = field(default_factory=CharCodec)
@@ -109,7 +110,7 @@ class ScriptedEngine(WholeSwarm):
             for produced, char in enumerate(self.script[: request.max_new_tokens]):
                 if self.failure is not None and produced == self.fail_at:
                     raise self.failure
-                await asyncio.sleep(self.stall_seconds if produced == self.stall_at else 0.001)  # others get turns
+                await asyncio.sleep(self.stall_seconds if produced == self.stall_at else self.token_seconds)
                 token = ALPHABET.index(char)
                 yield GeneratedToken(token, token == 0, -0.1)
                 if token == 0 and not request.ignore_eos:

@@ -29,8 +29,8 @@ from tests.helpers.scripted_engine import ScriptedEngine, completion, sse_data
 KEEPALIVE = 0.1
 
 
-def make_client(engine: ScriptedEngine) -> httpx.AsyncClient:
-    tracker = SessionTracker(SessionStore(RedisLink(None), "test"), None, engine.model_name, 0.0, keepalive=KEEPALIVE)
+def make_client(engine: ScriptedEngine, keepalive: float = KEEPALIVE) -> httpx.AsyncClient:
+    tracker = SessionTracker(SessionStore(RedisLink(None), "test"), None, engine.model_name, 0.0, keepalive=keepalive)
     app = create_app(engine, ServingConfig(engine.model_name), tracker)
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway")
 
@@ -68,9 +68,13 @@ async def test_a_response_has_one_created_in_every_chunk_and_the_usage_chunk(
 
 
 async def test_a_busy_stream_sends_no_keepalives() -> None:
-    async with make_client(ScriptedEngine(script="hello world")) as client:
-        response = await client.post("/v1/completions", json=completion(stream=True))
+    """A token every 0.05 s for over a second: busy throughout, though it outlasts the keep-alive period twice (a
+    loaded machine can delay a token by more than the others' 0.1 s period, so this one is longer)."""
+    engine = ScriptedEngine(script="hello world hello world", token_seconds=0.05)
+    async with make_client(engine, keepalive=0.5) as client:
+        response = await client.post("/v1/completions", json=completion(stream=True, max_tokens=32))
     assert ": keep-alive" not in response.text and sse_data(response)[-1] == "[DONE]"
+    assert text_of(sse_data(response)) == "hello world hello world"
 
 
 async def test_the_openai_client_ignores_keepalives() -> None:
