@@ -177,3 +177,24 @@ async def test_a_stream_read_only_on_another_replica_is_stopped_soon_after_that_
     assert error["code"] == "session_cancelled"
     assert "no client read its stream for" in error["message"] and "DELETE" not in error["message"]
     await tracker.close()
+
+
+async def test_a_stream_stopped_by_the_gateways_shutdown_says_so() -> None:
+    tracker = SessionTracker(SessionStore(RedisLink(None), "test"), None, "scripted", 5.0, keepalive=KEEPALIVE)
+    live = await tracker.open(request_log.RequestRecord("cmpl-closing", "completions", 1, 3), Caller("k", False), 8)
+    produced = asyncio.Event()
+
+    async def chunks() -> AsyncGenerator[str, None]:
+        while True:  # generates until stopped
+            yield json.dumps({"text": "x"})
+            produced.set()
+            await asyncio.sleep(0.01)
+
+    reader = live.stream(chunks())
+    async with asyncio.timeout(5):
+        await produced.wait()
+        await tracker.close()
+        events = [event.data async for event in reader if not isinstance(event, bytes)]
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
+    assert error["code"] == "session_cancelled" and "the gateway is shutting down" in error["message"], error
