@@ -63,12 +63,13 @@ def _move(world: World, node: SimNode, new_start: int) -> None:
         node.start, node.end = new_start, new_start + node.span
         world.clock.after(node.hw.load_time, lambda: _online(world, node, first=False))
 
-    checked = [world.clock.now - GAP_CHECK_PERIOD]  # the first check on the records the move was chosen from
+    checked = world.clock.now - GAP_CHECK_PERIOD  # the first check on the records the move was chosen from
 
     def gap() -> bool:
-        if world.clock.now - checked[0] < GAP_CHECK_PERIOD:
+        nonlocal checked
+        if world.clock.now - checked < GAP_CHECK_PERIOD:
             return False
-        checked[0] = world.clock.now
+        checked = world.clock.now
         return fills_a_gap(world.dht.servers(world.clock.now).values(), new_start, node.span, world.model.num_blocks)
 
     _drain(world, node, world.clock.now + DRAIN_TIMEOUT, reload, gap)
