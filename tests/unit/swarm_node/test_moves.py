@@ -7,7 +7,7 @@ import asyncio
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -34,6 +34,13 @@ class Backend:
         pass
 
 
+class Moved(NamedTuple):
+    announced: list[ServerRecord]  # the records the node announced
+    drained: float  # the seconds it drained
+    server: SpanServer
+    reads: int  # how often it read the swarm's records from the DHT
+
+
 async def move(
     tiny_model: GetTinyModel,
     tmp_path: Path,
@@ -41,9 +48,9 @@ async def move(
     others: list[ServerRecord],
     later: list[ServerRecord] | None = None,
     load_fails: bool = False,
-) -> tuple[list[ServerRecord], float, SpanServer]:
+) -> Moved:
     """A node on blocks 0:2 of the tiny llama, with a session open, checks whether to move among ``others`` (from
-    its third read of the DHT on, ``later``): the records it announced, the seconds it drained, and the node."""
+    its third read of the DHT on, ``later``)."""
     settings = NodeSettings(
         model=str(tiny_model("llama").folder),
         num_blocks=2,
@@ -89,14 +96,14 @@ async def move(
     async with server.pool.reserve(16):  # a session that does not finish: the drain waits for it
         async with asyncio.timeout(10 * DRAIN_TIMEOUT):
             await server._maybe_move()
-    return announced, drained[-1] - drained[0] if len(drained) == 2 else 0.0, server
+    return Moved(announced, drained[-1] - drained[0] if len(drained) == 2 else 0.0, server, len(reads))
 
 
 async def test_a_moving_node_announces_where_it_goes_while_it_drains_and_loads(
     tiny_model: GetTinyModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     weak = [record("A", 0, 2, 30.0), record("B", 2, 4, 1.0), record("C", 4, NUM_LAYERS, 30.0)]  # 2:4 served, weakly
-    announced, drained, server = await move(tiny_model, tmp_path, monkeypatch, weak)
+    announced, drained, server, _ = await move(tiny_model, tmp_path, monkeypatch, weak)
     assert [(r.state, r.start, r.moving_to) for r in announced] == [
         (NodeState.DRAINING, 0, 2),  # still on its old span, counted by others on the new one
         (NodeState.ONLINE, 2, None),
@@ -109,12 +116,13 @@ async def test_a_node_moving_to_serve_a_block_nobody_serves_does_not_wait_for_it
     tiny_model: GetTinyModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """While a block is served by nobody no session of the swarm can go on: the drain would only delay the fix."""
-    announced, drained, _ = await move(tiny_model, tmp_path, monkeypatch, [record("A", 0, 2), record("B", 4, 6)])
+    announced, drained, _, reads = await move(tiny_model, tmp_path, monkeypatch, [record("A", 0, 2), record("B", 4, 6)])
     assert [(r.state, r.start, r.moving_to) for r in announced] == [
         (NodeState.DRAINING, 0, 2),
         (NodeState.ONLINE, 2, None),
     ]
     assert drained < DRAIN_TIMEOUT / 2
+    assert reads == 1  # the gap was seen in the records the move was chosen from, not read again
 
 
 async def test_a_moving_node_stops_draining_once_a_block_of_its_new_span_loses_its_last_server(
@@ -123,7 +131,7 @@ async def test_a_moving_node_stops_draining_once_a_block_of_its_new_span_loses_i
     """The simulator's case: the move is chosen while a crashed node's record still covers a block, which then
     expires; the drain re-reads the swarm and stops waiting."""
     weak = [record("A", 0, 2, 30.0), record("B", 2, 4, 1.0), record("C", 4, NUM_LAYERS, 30.0)]
-    announced, drained, _ = await move(tiny_model, tmp_path, monkeypatch, weak, later=[weak[0], weak[2]])
+    announced, drained, _, _ = await move(tiny_model, tmp_path, monkeypatch, weak, later=[weak[0], weak[2]])
     assert [(r.state, r.start) for r in announced] == [(NodeState.DRAINING, 0), (NodeState.ONLINE, 2)]
     assert drained < DRAIN_TIMEOUT / 2
 
@@ -133,7 +141,7 @@ async def test_a_move_whose_load_fails_leaves_the_node_online_where_it_was(
 ) -> None:
     """Not DRAINING for good, and not announcing a destination it will never reach (others would count it there)."""
     gap = [record("A", 0, 2), record("B", 4, 6)]
-    announced, _, server = await move(tiny_model, tmp_path, monkeypatch, gap, load_fails=True)
+    announced, _, server, _ = await move(tiny_model, tmp_path, monkeypatch, gap, load_fails=True)
     assert [(r.state, r.start, r.moving_to) for r in announced] == [
         (NodeState.DRAINING, 0, 2),
         (NodeState.ONLINE, 0, None),
