@@ -7,7 +7,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +15,7 @@ import httpx
 import openai
 import psutil
 
+from tests.helpers.launcher import spawn
 from tests.helpers.processes import CONFIG_CACHE, LocalSwarm, ManagedProcess
 
 LISTENING = re.compile(r"serving (\S+) on (http://127\.0\.0\.1:\d+)/v1")
@@ -78,15 +78,8 @@ def spawn_gateway(swarm: LocalSwarm, model: str | Path, *extra: str) -> ManagedP
     args += ["--initial-peers", *swarm.initial_peers, *extra]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     env["SWARMGATE_CONFIG_CACHE"] = str(CONFIG_CACHE)
-    with log.open("wb") as out:
-        popen = subprocess.Popen(
-            [sys.executable, "-m", *args],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,  # its own group, as the nodes': ManagedProcess.send(SIGKILL/SIGSTOP) signals it
-        )
-    process = ManagedProcess("gateway", popen, log)
+    # Its own session, as the nodes': ManagedProcess.send(SIGKILL/SIGSTOP) signals its group.
+    process = ManagedProcess("gateway", spawn(args, env, log, fork=swarm.fork), log)
     swarm.processes.append(process)
     return process
 

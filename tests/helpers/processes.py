@@ -21,6 +21,8 @@ from pathlib import Path
 import psutil
 from transformers import PreTrainedTokenizerFast
 
+from tests.helpers.launcher import ProcessHandle, spawn
+
 SERVING = re.compile(r"serving blocks (\d+):(\d+) as (\w+)")
 # Every test's nodes and gateways keep a GGUF file's converted config and tokenizer in one folder (entries are keyed
 # by the file and the transformers version, written under a lock): a conversion costs a node some 8 CPU seconds at
@@ -31,7 +33,7 @@ CONFIG_CACHE = Path(tempfile.gettempdir()) / "swarmgate-test-configs"
 @dataclass
 class ManagedProcess:
     name: str
-    popen: subprocess.Popen[bytes]
+    popen: ProcessHandle
     log: Path
     peer_id: str = ""
 
@@ -65,6 +67,7 @@ class LocalSwarm:
     workdir: Path
     processes: list[ManagedProcess] = field(default_factory=list)
     initial_peers: list[str] = field(default_factory=list)
+    fork: bool = True  # start processes from the tests' launcher (``tests.helpers.launcher``), not fresh interpreters
 
     def serving_nodes(self) -> list[ManagedProcess]:
         """The nodes seen serving (``wait_serving`` read their peer id), whether or not they still run."""
@@ -80,14 +83,17 @@ class LocalSwarm:
             "SWARMGATE_THROUGHPUT_CACHE": str(self.workdir / "throughput.json"),
             "SWARMGATE_CONFIG_CACHE": str(CONFIG_CACHE),
         }
-        with log.open("wb") as out:
-            popen = subprocess.Popen(
-                [*wrapper, sys.executable, "-m", *args],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-            )
+        if wrapper:  # a command to run it under: a fresh interpreter
+            with log.open("wb") as out:
+                popen: ProcessHandle = subprocess.Popen(
+                    [*wrapper, sys.executable, "-m", *args],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                )
+        else:
+            popen = spawn(args, env, log, fork=self.fork)
         process = ManagedProcess(name, popen, log)
         self.processes.append(process)
         return process
@@ -95,16 +101,9 @@ class LocalSwarm:
     def start_dht(self, *extra: str, timeout: float = 60.0, host: str = "127.0.0.1") -> str:
         """``host``: the address it listens on (and whose multiaddrs become ``initial_peers``)."""
         log = self.workdir / "dht.stdout"
-        err = (self.workdir / "dht.log").open("wb")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        with log.open("wb") as out:
-            popen = subprocess.Popen(
-                [sys.executable, "-m", "swarm_node.cli", "dht", "--host-maddrs", f"/ip4/{host}/tcp/0", *extra],
-                stdout=out,
-                stderr=err,
-                env=env,
-                start_new_session=True,
-            )
+        args = ["swarm_node.cli", "dht", "--host-maddrs", f"/ip4/{host}/tcp/0", *extra]
+        popen = spawn(args, env, log, stderr=self.workdir / "dht.log", fork=self.fork)
         self.processes.append(ManagedProcess("dht", popen, self.workdir / "dht.log"))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

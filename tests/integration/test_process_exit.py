@@ -50,6 +50,7 @@ def _descendants(process: ManagedProcess) -> list[psutil.Process]:
 def test_exits_after_the_bootstrap_is_gone(
     kind: str, stuck: bool, local_swarm: LocalSwarm, tiny_with_tokenizer: GetTinyModel
 ) -> None:
+    local_swarm.fork = False  # how a process exits is this test's subject: fresh interpreters, as users start them
     local_swarm.start_dht()
     process = _start(kind, local_swarm, tiny_with_tokenizer)
     children = _descendants(process)
