@@ -165,15 +165,21 @@ _launcher = Launcher()
 
 
 def spawn(
-    args: list[str], env: dict[str, str], stdout: Path, stderr: Path | None = None, fork: bool = True
+    args: list[str],
+    env: dict[str, str],
+    stdout: Path,
+    stderr: Path | None = None,
+    fork: bool = True,
+    wrapper: tuple[str, ...] = (),
 ) -> ProcessHandle:
     """``python -m *args`` in a session of its own, output to ``stdout`` (``stderr`` too unless given): a child of
-    the launcher where ``fork`` and the run allow it, else a fresh interpreter."""
-    if fork and os.environ.get("SWARMGATE_TEST_LAUNCHER", "1") != "0":
+    the launcher where ``fork`` and the run allow it, else a fresh interpreter, run under ``wrapper`` (a command
+    such as ``ip netns exec NS``: always a fresh interpreter) if given."""
+    if fork and not wrapper and os.environ.get("SWARMGATE_TEST_LAUNCHER", "1") != "0":
         return _launcher.spawn(args, env, stdout, stderr)
     with stdout.open("wb") as out, open(stderr or os.devnull, "wb") as err:
         return subprocess.Popen(
-            [sys.executable, "-m", *args],
+            [*wrapper, sys.executable, "-m", *args],
             stdout=out,
             stderr=err if stderr else subprocess.STDOUT,
             env=env,

@@ -11,7 +11,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterable
@@ -83,18 +82,7 @@ class LocalSwarm:
             "SWARMGATE_THROUGHPUT_CACHE": str(self.workdir / "throughput.json"),
             "SWARMGATE_CONFIG_CACHE": str(CONFIG_CACHE),
         }
-        if wrapper:  # a command to run it under: a fresh interpreter
-            with log.open("wb") as out:
-                popen: ProcessHandle = subprocess.Popen(
-                    [*wrapper, sys.executable, "-m", *args],
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    start_new_session=True,
-                )
-        else:
-            popen = spawn(args, env, log, fork=self.fork)
-        process = ManagedProcess(name, popen, log)
+        process = ManagedProcess(name, spawn(args, env, log, fork=self.fork, wrapper=wrapper), log)
         self.processes.append(process)
         return process
 
