@@ -1,7 +1,7 @@
 """Whether the path LP's optimum (``sim/path_bound.py``) serves a gateway more than its users ask of it: the bound
 has no per-gateway demand rows (a chain starts at any gateway), so it could send every token through the best
 placed one. The quick 70B steady scenario at 1.2x load: at every path-bound call from ``--from`` on, the optimum's
-tokens/s by gateway against the offered load there (users pick the nearest gateway, ``sim.scenario.nearest_gateway``:
+tokens/s by gateway against the offered load there (users pick the nearest gateway, ``sim.world.World.nearest_gateway``:
 shares by sampling the cities), and the optimum with each gateway's tokens cut to its offered (a lower figure than
 the bound would be with the rows, not a bound). Not a test.
 
@@ -20,7 +20,7 @@ from sim import geography
 from sim.dataflow import path
 from sim.hardware import LLAMA_70B
 from sim.path_bound import PathBound
-from sim.scenario import Scenario, nearest_gateway, run
+from sim.scenario import Scenario, run
 from sim.world import World
 
 SHARE_SAMPLES = 200_000
@@ -28,7 +28,7 @@ SHARE_SAMPLES = 200_000
 
 def gateway_shares(world: World, rng: np.random.Generator) -> list[float]:
     """Each gateway's share of the users (the nearest gateway to a city drawn by the cities' shares)."""
-    counts = Counter(id(nearest_gateway(world, geography.sample_city(rng))) for _ in range(SHARE_SAMPLES))
+    counts = Counter(id(world.nearest_gateway(geography.sample_city(rng))) for _ in range(SHARE_SAMPLES))
     return [counts[id(gateway)] / SHARE_SAMPLES for gateway in world.gateways]
 
 

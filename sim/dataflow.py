@@ -11,8 +11,8 @@ from sim.chain_pricing import Chain, Graph
 from sim.dataplane import GATEWAY_WORK, LEAST_WAIT, Chains, Nodes, solve
 from sim.flow_bound import Stage, max_throughput
 from sim.hardware import STEP_OVERHEAD
-from sim.path_bound import PathBound, path_bound
-from sim.planned_routing import PlannedChain
+from sim.path_bound import PathBound, fastest_plan, path_bound
+from sim.planned_routing import DEMAND_MARGIN, DEMAND_WINDOW, PlannedChain
 from sim.swarm import SimNode, queue_depth
 from sim.world import GATEWAY_LAST_MILE, World
 
@@ -112,10 +112,23 @@ def path(world: World, held_length: float, seconds: float = 60.0) -> PathBound |
         if all(hop.peer_id in row for hop in c.hops)
     )
     found = path_bound(graph, capacity, pool, held_length, seconds, start=start)
-    if found is not None:  # by peer: rows change as nodes come and go
-        world.route_plan = [
+    if found is None:
+        return None
+
+    def by_peer(chains: tuple[Chain, ...], rates: tuple[float, ...]) -> list[PlannedChain]:  # rows change
+        return [
             PlannedChain(c.gateway, tuple(Hop(serving[n].peer_id, e, serving[n].end) for n, e in c.hops), y * round_)
-            for c, y in zip(found.used, found.rates, strict=True)
+            for c, y in zip(chains, rates, strict=True)
             for round_ in [graph.round(c)]
         ]
+
+    world.route_plan = by_peer(found.used, found.rates)
+    now, m = world.clock.now, world.metrics
+    # since the traffic started (none is offered before: a mean over that would size the plan for nothing)
+    recent = [o for t, o in zip(m.times, m.offered, strict=True) if t > now - DEMAND_WINDOW and o > 0]
+    offered = float(np.mean(recent)) if recent else world.offered(now)
+    world.demand_plan = []
+    if world.planned_routing and 0 < offered < found.reached:
+        demand = DEMAND_MARGIN * offered * np.array(world.gateway_shares())
+        world.demand_plan = by_peer(*fastest_plan(graph, capacity, pool, held_length, found.known, demand))
     return found

@@ -40,6 +40,7 @@ SLACK = 1e-9  # a chain enters only if its price is below 1 by more than this (s
 # The cheap rounds price at duals smoothed over iterations (this share the last pricing point's, the rest the new
 # restricted LP's): raw duals jump from one extreme point to another, and the columns found there often go unused.
 SMOOTH = 0.5
+UNMET = 1e3  # ``fastest_plan``'s price of a token/s of demand left unmet (a chain's round is seconds)
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class PathBound:
     # the chains the restricted LP's optimum runs: a start for the next call
     used: tuple[Chain, ...] = field(default=(), repr=False)
     rates: tuple[float, ...] = field(default=(), repr=False)  # tokens/s on each of ``used`` there
+    known: tuple[Chain, ...] = field(default=(), repr=False)  # every chain of the last restricted LP, used or not
 
 
 def path_bound(
@@ -105,9 +107,40 @@ def path_bound(
             chains = [c for f, c in priced if f < 1.0 - SLACK and c not in columns]
             closed = least >= 1.0 - SLACK or best <= reached * (1 + GAP)
             if closed or not chains or done >= iterations or time.process_time() - began > seconds:
-                return PathBound(float(best), reached, made, done, closed, used, rates)
+                return PathBound(float(best), reached, made, done, closed, used, rates, tuple(columns))
     except TooManyLabels:
         return None
+
+
+def fastest_plan(
+    graph: Graph, capacity: Floats, pool: Floats, held_length: float, chains: tuple[Chain, ...], demand: Floats
+) -> tuple[tuple[Chain, ...], tuple[float, ...]]:
+    """Tokens/s per chain that carry ``demand`` (tokens/s per gateway) within the same compute and KV rows as the
+    path LP with the fewest sessions at once: minimise sum_c y_c x T_c (Little's law), so the fastest chains first.
+    Over ``chains`` (the path LP's) and each gateway's fastest chains through each last node (``price`` with every
+    block's KV price 1 / B: f = T). Demand a gateway's chains cannot carry is left unmet at a price
+    (``UNMET``) no chain's round comes near. The path LP's optimum spreads sessions over slow chains wherever that
+    adds throughput; below it a plan has no reason to. Returns (chains used, their tokens/s)."""
+    _, fastest = price(graph, np.zeros(len(capacity)), np.full(len(capacity), 1.0 / graph.blocks), np.inf)
+    chains = tuple(dict.fromkeys([*chains, *(c for _, c in fastest)]))
+    spans = (graph.placement.ends - graph.placement.starts).astype(float)
+    per_block_compute, per_block_kv = 1.0 / (capacity * spans), held_length / (spans * pool)
+    listed = [_column(graph, chain, per_block_compute, per_block_kv) for chain in chains]
+    count, gateways = len(spans), len(demand)
+    # columns: y per chain, then unmet demand per gateway; rows: compute, KV, then - carried - unmet <= - demand
+    rows = [r for c in listed for r in c.rows] + [2 * count + c.gateway for c in chains]
+    rows += [2 * count + g for g in range(gateways)]
+    cols = [i for i, c in enumerate(listed) for _ in c.rows] + list(range(len(chains)))
+    cols += [len(chains) + g for g in range(gateways)]
+    vals = [v for c in listed for v in c.vals] + [-1.0] * (len(chains) + gateways)
+    matrix = coo_matrix((vals, (rows, cols)), shape=(2 * count + gateways, len(chains) + gateways)).tocsr()
+    costs = np.append([graph.round(chain) for chain in chains], np.full(gateways, UNMET))
+    limits = np.append(np.ones(2 * count), -np.asarray(demand))
+    result = linprog(costs, A_ub=matrix, b_ub=limits, method="highs")
+    if result.status != 0:
+        raise RuntimeError(f"fastest plan: {result.message}")
+    kept = [(chain, float(y)) for chain, y in zip(chains, result.x[: len(chains)], strict=True) if y > 0]
+    return tuple(c for c, _ in kept), tuple(y for _, y in kept)
 
 
 def _price(graph: Graph, chain: Chain, a: Floats, m: Floats) -> float:

@@ -7,6 +7,14 @@ tokens/s times seconds a token, Little's law). Planned routing puts a new sessio
 room for it, chosen at random in proportion to those sessions (Helix routes requests by its flow solution's
 weights the same way), and when none has room the session waits for room as it does when the swarm is full,
 rather than take a chain the plan does not run. Failover patches (part of a chain) are routed by ``plan_route``.
+
+Below the swarm's throughput the LP's optimum is the wrong plan: it spreads sessions over slow chains wherever that
+adds throughput nobody asks for (at 0.6x load session rounds 27 % slower than ``plan_route``'s). There the plan is
+``path_bound.fastest_plan`` for the offered load at each gateway (its mean over ``DEMAND_WINDOW``, as a gateway
+would measure it, times ``DEMAND_MARGIN``), and a session
+that finds none of its chains with room goes by ``plan_route``: the swarm has room the plan does not use, and
+waiting for a planned chain would refuse sessions an idle swarm could carry. Where the offered load reaches the
+optimum (the swarm is KV-bound) there is no such fallback: a chain off the plan takes room from the plan's chains.
 """
 
 from __future__ import annotations
@@ -18,6 +26,12 @@ import numpy as np
 from gateway.swarm.routing import Hop, RouteRequest, cache_room
 from gateway.swarm.view import SwarmView
 from shared.server_records import NodeState
+
+DEMAND_MARGIN = 1.1  # the demand plan carries this multiple of the offered load (bursts, and the draw's spread)
+# The offered load a plan is sized by: its mean over this many seconds. A burst's arrivals go by ``plan_route``
+# where the plan has no room; a plan for the burst's peak would be the optimum's slow chains, and sessions opened
+# on them keep them for their whole length.
+DEMAND_WINDOW = 300.0
 
 
 class NoPlannedRoom(RuntimeError):

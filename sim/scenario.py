@@ -156,11 +156,7 @@ def _start_traffic(world: World, scenario: Scenario, mean_output: float, held_le
 
 def _gateway_for(world: World) -> SimGateway:
     """Users are where volunteers are (the cities' shares); each uses the gateway nearest to it."""
-    return nearest_gateway(world, geography.sample_city(world.rng))
-
-
-def nearest_gateway(world: World, user: geography.City) -> SimGateway:
-    return min(world.gateways, key=lambda g: geography.distance_km(user, g.city))
+    return world.nearest_gateway(geography.sample_city(world.rng))
 
 
 def _event(world: World, scenario: Scenario) -> None:

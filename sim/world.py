@@ -81,9 +81,13 @@ class SimGateway:
             push=True,
             room_left=self.refusals.room_left(view),
         )
-        if self.world.planned_routing and self.world.route_plan and start == 0 and end == self.world.model.num_blocks:
-            return planned_routing.pick(self.world.route_plan, self.world.gateways.index(self), view, request,
-                                        self.world.plan_rng)  # fmt: skip
+        plan = self.world.demand_plan or self.world.route_plan
+        if self.world.planned_routing and plan and start == 0 and end == self.world.model.num_blocks:
+            try:
+                return planned_routing.pick(plan, self.world.gateways.index(self), view, request, self.world.plan_rng)
+            except planned_routing.NoPlannedRoom:
+                if not self.world.demand_plan:
+                    raise  # KV-bound: wait for room on the plan
         key = self._memo_key(view, request)
         if key is not None and key in self._routes:
             return list(self._routes[key])
@@ -185,6 +189,9 @@ class World:
         # ``planned_routing`` whole chains are routed on them by ``plan_rng``
         self.planned_routing = False
         self.route_plan: list[PlannedChain] = []
+        # with ``planned_routing``, where the offered load is below the LP's optimum: the fastest chains that carry
+        # it (``path_bound.fastest_plan``), routed on instead, with ``plan_route`` where none has room
+        self.demand_plan: list[PlannedChain] = []
         self.plan_rng = np.random.default_rng(seed + 1)  # its own stream: the arrivals' draws stay the same
         self.offered: Callable[[float], float] = lambda now: 0.0  # tokens/s the arrivals ask for at a time
         self.balancing = True  # nodes run their rebalancing check (a scenario may turn it off to compare)
@@ -197,6 +204,17 @@ class World:
         if key not in self._node_rtts:
             self._node_rtts[key] = geography.rtt(a.city, b.city, a.last_mile, b.last_mile)
         return self._node_rtts[key]
+
+    def nearest_gateway(self, user: City) -> SimGateway:
+        """The gateway a user there goes to: the nearest."""
+        return min(self.gateways, key=lambda g: geography.distance_km(user, g.city))
+
+    def gateway_shares(self) -> list[float]:
+        """Each gateway's share of the users (of the arrivals): the cities' shares by their nearest gateway."""
+        shares = [0.0] * len(self.gateways)
+        for city in geography.CITIES:
+            shares[self.gateways.index(self.nearest_gateway(city))] += city.share
+        return [share / sum(shares) for share in shares]
 
     def complete(self, session: Session) -> bool:
         """The session's hops cover every block, in order."""

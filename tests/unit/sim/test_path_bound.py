@@ -11,7 +11,7 @@ from sim import geography
 from sim.chain_pricing import CHUNK, Chain, Graph, _undominated, price
 from sim.fastest_chain import CITY_INDEX, Placement, fastest_rounds
 from sim.flow_bound import Stage, max_throughput
-from sim.path_bound import path_bound
+from sim.path_bound import fastest_plan, path_bound
 from tests.unit.sim.test_fastest_chain import chains as hops
 
 GATEWAYS = ((CITY_INDEX["Ashburn"], 0.0005), (CITY_INDEX["Singapore"], 0.0005))
@@ -141,6 +141,58 @@ def test_one_shared_fast_node_makes_it_strictly_tighter() -> None:
     relaxed = max_throughput(stages, 2)
     assert relaxed == pytest.approx(10_000 / held / fast, rel=1e-6)
     assert found.tokens_per_s < 0.6 * relaxed
+
+
+def test_below_the_optimum_the_fastest_plan_takes_the_fast_chain_only() -> None:
+    # The swarm above: the optimum runs the fast chain X-Y to Y's pool and the rest the slow way, X-Z. A plan for
+    # less than Y's pool carries runs X-Y alone; for more, X-Y full and the rest on X-Z; past the optimum, the
+    # optimum, the rest unmet. The fast chain is found even when not among the chains given.
+    p = Placement(
+        np.array([0, 1, 1]), np.array([1, 2, 2]),
+        np.array([CITY_INDEX["Ashburn"], CITY_INDEX["Ashburn"], CITY_INDEX["Sydney"]]),
+        np.full(3, 0.0005), np.full(3, 0.02), np.zeros(3),
+    )  # fmt: skip
+    capacity, pool, held = np.full(3, 1e6), np.array([10_000.0, 1_000.0, 1e9]), 100.0
+    graph = Graph.of(p, (GATEWAYS[0],), 2, WORK)
+    fast, slow = Chain(0, ((0, 0), (1, 1))), Chain(0, ((0, 0), (2, 1)))
+    on_y = 1_000 / held / graph.round(fast)  # what Y's pool carries
+
+    def plan(demand: float) -> dict[Chain, float]:
+        return dict(zip(*fastest_plan(graph, capacity, pool, held, (slow,), np.array([demand])), strict=True))
+
+    assert plan(0.5 * on_y) == {fast: pytest.approx(0.5 * on_y)}
+    assert plan(2 * on_y) == {fast: pytest.approx(on_y), slow: pytest.approx(on_y)}
+    optimum = path_bound(graph, capacity, pool, held)
+    assert optimum is not None
+    assert sum(plan(10 * optimum.tokens_per_s).values()) == pytest.approx(optimum.tokens_per_s)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_fastest_plan_carries_each_gateways_demand_within_every_row_with_no_more_sessions(seed: int) -> None:
+    # The optimum scaled down carries the same demand at each gateway: the fastest plan carries it, on that
+    # gateway's chains, holds no more sessions at once (sum of y x T) and fits every node's compute and KV room.
+    p, blocks, capacity, pool = random_swarm(seed)
+    graph = Graph.of(p, GATEWAYS, blocks, WORK)
+    optimum = path_bound(graph, capacity, pool, held_length=300.0)
+    assert optimum is not None
+    demand = np.zeros(len(GATEWAYS))
+    for chain, y in zip(optimum.used, optimum.rates, strict=True):
+        demand[chain.gateway] += 0.4 * y
+    chains, rates = fastest_plan(graph, capacity, pool, 300.0, optimum.known, demand)
+    carried = np.zeros(len(GATEWAYS))
+    for chain, y in zip(chains, rates, strict=True):
+        carried[chain.gateway] += y
+    assert carried == pytest.approx(demand, rel=1e-6, abs=1e-9)
+    sessions = sum(y * graph.round(c) for c, y in zip(chains, rates, strict=True))
+    scaled = sum(0.4 * y * graph.round(c) for c, y in zip(optimum.used, optimum.rates, strict=True))
+    assert sessions <= scaled * (1 + 1e-6) + 1e-12
+    spans = p.ends - p.starts
+    compute, kv = np.zeros(len(spans)), np.zeros(len(spans))
+    for chain, y in zip(chains, rates, strict=True):
+        for node, used in graph.blocks_of(chain):
+            compute[node] += y * used
+            kv[node] += y * graph.round(chain) * 300.0 * used / spans[node]
+    assert np.all(compute <= capacity * spans * (1 + 1e-6)) and np.all(kv <= pool * (1 + 1e-6))
 
 
 def test_pricing_keeps_a_dearer_label_that_is_faster() -> None:

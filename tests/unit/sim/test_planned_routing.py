@@ -1,6 +1,7 @@
 """Planned routing (``sim.planned_routing``): a session goes only on a chain of the path LP's plan with room on every
-hop, drawn in proportion to the plan's sessions, and waits where none has room; and a simulated run with it routes
-every decoding session over every block."""
+hop, drawn in proportion to the plan's sessions, and waits where none has room, except on a plan sized to a demand
+below the optimum, where ``plan_route`` routes it; and a simulated run with it routes every decoding session over
+every block."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ from gateway.swarm.view import SwarmView
 from shared.server_records import NodeState, ServerRecord
 from sim.hardware import LLAMA_70B
 from sim.planned_routing import NoPlannedRoom, PlannedChain, pick
-from sim.scenario import Scenario, run
+from sim.scenario import Scenario, run, settle
+from sim.workload import Request
+from sim.world import Session
 
 BLOCKS = 8
 MAX_LENGTH = 1000
@@ -108,3 +111,25 @@ def test_a_planned_run_opens_whole_chains_only_by_the_plan_once_there_is_one(mon
     assert "plan" in calls
     assert "plan_route whole" not in calls[calls.index("plan") :]
     assert result.metrics.finished > 0 and max(result.metrics.throughput) > 0
+
+
+def test_on_a_demand_plan_a_session_with_no_planned_room_goes_by_plan_route_and_on_the_optimum_waits() -> None:
+    world = settle(Scenario("planned", model=LLAMA_70B, nodes=30, churn=False, planned_routing=True).quick(), 150.0)
+    blocks = world.model.num_blocks
+    gateway = world.gateways[0]
+    session = Session(0, gateway, Request(prompt=200, output=300), 150.0)
+    full = [PlannedChain(0, (Hop("gone", 0, blocks),), sessions=1.0)]  # no node of the swarm: never fits
+    world.route_plan = full
+    with pytest.raises(NoPlannedRoom):
+        gateway.route(session, 0, blocks, frozenset(), fresh=False)
+    world.demand_plan = full
+    hops = gateway.route(session, 0, blocks, frozenset(), fresh=False)
+    assert hops[0].start == 0 and hops[-1].end == blocks
+    assert all(a.end == b.start for a, b in zip(hops, hops[1:], strict=False))
+    assert all(hop.peer_id in world.nodes for hop in hops)
+    # The demand plan is what a session is drawn from where it has room, not the optimum's plan.
+    other = gateway.route(session, 0, blocks, frozenset({hops[0].peer_id}), fresh=False)
+    assert other != hops
+    world.route_plan = [PlannedChain(0, tuple(hops), sessions=1.0)]
+    world.demand_plan = [PlannedChain(0, tuple(other), sessions=1.0)]
+    assert gateway.route(session, 0, blocks, frozenset(), fresh=False) == other
