@@ -1,35 +1,25 @@
 """Whether the path LP's optimum (``sim/path_bound.py``) serves a gateway more than its users ask of it: the bound
 has no per-gateway demand rows (a chain starts at any gateway), so it could send every token through the best
 placed one. The quick 70B steady scenario at 1.2x load: at every path-bound call from ``--from`` on, the optimum's
-tokens/s by gateway against the offered load there (users pick the nearest gateway, ``sim.world.World.nearest_gateway``:
-shares by sampling the cities), and the optimum with each gateway's tokens cut to its offered (a lower figure than
-the bound would be with the rows, not a bound). Not a test.
+tokens/s by gateway against the offered load there (users pick the nearest gateway: ``World.gateway_shares``), and
+the optimum with each gateway's tokens cut to its offered (a lower figure than the bound would be with the rows, not
+a bound). Not a test.
 
 ``python -m bench.path_bound_demand [--nodes N] [--seed S] [--from SECONDS]``."""
 
 from __future__ import annotations
 
 import argparse
-from collections import Counter
 from dataclasses import replace
 
 import numpy as np
 
 import sim.scenario as sim_scenario
-from sim import geography
 from sim.dataflow import path
 from sim.hardware import LLAMA_70B
 from sim.path_bound import PathBound
 from sim.scenario import Scenario, run
 from sim.world import World
-
-SHARE_SAMPLES = 200_000
-
-
-def gateway_shares(world: World, rng: np.random.Generator) -> list[float]:
-    """Each gateway's share of the users (the nearest gateway to a city drawn by the cities' shares)."""
-    counts = Counter(id(world.nearest_gateway(geography.sample_city(rng))) for _ in range(SHARE_SAMPLES))
-    return [counts[id(gateway)] / SHARE_SAMPLES for gateway in world.gateways]
 
 
 def main() -> None:
@@ -59,7 +49,7 @@ def main() -> None:
     quick = Scenario("70b steady (quick)", model=LLAMA_70B, load=1.2).quick()
     summary = run(replace(quick, nodes=args.nodes, seed=args.seed)).summary
     world = worlds[-1]
-    shares = gateway_shares(world, np.random.default_rng(0))
+    shares = world.gateway_shares()
     offered = float(np.mean([c[2] for c in calls]))
     print(  # noqa: T201
         f"nodes {args.nodes} seed {args.seed}: ours {summary['throughput']:.0f} tok/s, path bound"
