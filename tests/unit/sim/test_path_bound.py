@@ -11,7 +11,7 @@ from sim import geography
 from sim.chain_pricing import CHUNK, Chain, Graph, _undominated, price
 from sim.fastest_chain import CITY_INDEX, Placement, fastest_rounds
 from sim.flow_bound import Stage, max_throughput
-from sim.path_bound import fastest_plan, path_bound
+from sim.path_bound import PathBound, fastest_plan, path_bound
 from tests.unit.sim.test_fastest_chain import chains as hops
 
 GATEWAYS = ((CITY_INDEX["Ashburn"], 0.0005), (CITY_INDEX["Singapore"], 0.0005))
@@ -116,18 +116,31 @@ def test_pricing_finds_the_least_price_of_every_chain(seed: int) -> None:
         assert all(f == pytest.approx(priced(c), rel=1e-9) for f, c in chains)
 
 
-def test_one_shared_fast_node_makes_it_strictly_tighter() -> None:
-    # Blocks 0:1 on X, 1:2 on Y (beside X) or Z (across the world). The per-node relaxation credits X's pool at the
-    # fast chain X-Y although Y's small pool carries few sessions and the rest must go the slow way, X-Z.
-    city = CITY_INDEX["Ashburn"]
-    far = CITY_INDEX["Sydney"]
+def shared_fast_node() -> tuple[Placement, np.ndarray, np.ndarray, float, Graph]:
+    """Blocks 0:1 on X, 1:2 on Y (beside X, a small pool) or Z (across the world, a huge one), one gateway beside X:
+    (placement, capacity, pool, held length, graph)."""
+    city, far = CITY_INDEX["Ashburn"], CITY_INDEX["Sydney"]
     p = Placement(
         np.array([0, 1, 1]), np.array([1, 2, 2]), np.array([city, city, far]),
         np.full(3, 0.0005), np.full(3, 0.02), np.zeros(3),
     )  # fmt: skip
-    capacity, pool, held = np.full(3, 1e6), np.array([10_000.0, 1_000.0, 1e9]), 100.0
-    gateways = (GATEWAYS[0],)
-    graph = Graph.of(p, gateways, 2, WORK)
+    return p, np.full(3, 1e6), np.array([10_000.0, 1_000.0, 1e9]), 100.0, Graph.of(p, (GATEWAYS[0],), 2, WORK)
+
+
+def solved(seed: int) -> tuple[Placement, int, np.ndarray, np.ndarray, Graph, PathBound]:
+    """``random_swarm(seed)``, its graph and its path LP (H = 300)."""
+    p, blocks, capacity, pool = random_swarm(seed)
+    graph = Graph.of(p, GATEWAYS, blocks, WORK)
+    found = path_bound(graph, capacity, pool, held_length=300.0)
+    assert found is not None
+    return p, blocks, capacity, pool, graph, found
+
+
+def test_one_shared_fast_node_makes_it_strictly_tighter() -> None:
+    # The per-node relaxation credits X's pool at the fast chain X-Y although Y's small pool carries few sessions
+    # and the rest must go the slow way, X-Z.
+    p, capacity, pool, held, graph = shared_fast_node()
+    city = CITY_INDEX["Ashburn"]
     fast, slow = graph.round(Chain(0, ((0, 0), (1, 1)))), graph.round(Chain(0, ((0, 0), (2, 1))))
     assert slow > 2 * fast
     # Y's pool carries 1,000 / (100 x fast); X's remaining 9,000 go the slow way.
@@ -144,16 +157,10 @@ def test_one_shared_fast_node_makes_it_strictly_tighter() -> None:
 
 
 def test_below_the_optimum_the_fastest_plan_takes_the_fast_chain_only() -> None:
-    # The swarm above: the optimum runs the fast chain X-Y to Y's pool and the rest the slow way, X-Z. A plan for
-    # less than Y's pool carries runs X-Y alone; for more, X-Y full and the rest on X-Z; past the optimum, the
-    # optimum, the rest unmet. The fast chain is found even when not among the chains given.
-    p = Placement(
-        np.array([0, 1, 1]), np.array([1, 2, 2]),
-        np.array([CITY_INDEX["Ashburn"], CITY_INDEX["Ashburn"], CITY_INDEX["Sydney"]]),
-        np.full(3, 0.0005), np.full(3, 0.02), np.zeros(3),
-    )  # fmt: skip
-    capacity, pool, held = np.full(3, 1e6), np.array([10_000.0, 1_000.0, 1e9]), 100.0
-    graph = Graph.of(p, (GATEWAYS[0],), 2, WORK)
+    # The optimum runs the fast chain X-Y to Y's pool and the rest the slow way, X-Z. A plan for less than Y's pool
+    # carries runs X-Y alone; for more, X-Y full and the rest on X-Z; past the optimum, the optimum, the rest unmet.
+    # The fast chain is found even when not among the chains given.
+    _, capacity, pool, held, graph = shared_fast_node()
     fast, slow = Chain(0, ((0, 0), (1, 1))), Chain(0, ((0, 0), (2, 1)))
     on_y = 1_000 / held / graph.round(fast)  # what Y's pool carries
 
@@ -171,10 +178,7 @@ def test_below_the_optimum_the_fastest_plan_takes_the_fast_chain_only() -> None:
 def test_the_fastest_plan_carries_each_gateways_demand_within_every_row_with_no_more_sessions(seed: int) -> None:
     # The optimum scaled down carries the same demand at each gateway: the fastest plan carries it, on that
     # gateway's chains, holds no more sessions at once (sum of y x T) and fits every node's compute and KV room.
-    p, blocks, capacity, pool = random_swarm(seed)
-    graph = Graph.of(p, GATEWAYS, blocks, WORK)
-    optimum = path_bound(graph, capacity, pool, held_length=300.0)
-    assert optimum is not None
+    p, _, capacity, pool, graph, optimum = solved(seed)
     demand = np.zeros(len(GATEWAYS))
     for chain, y in zip(optimum.used, optimum.rates, strict=True):
         demand[chain.gateway] += 0.4 * y
@@ -215,10 +219,7 @@ def test_pricing_keeps_a_dearer_label_that_is_faster() -> None:
 
 @pytest.mark.parametrize("seed", range(10))
 def test_starting_from_an_earlier_calls_chains_gives_the_same_bound(seed: int) -> None:
-    p, blocks, capacity, pool = random_swarm(seed)
-    graph = Graph.of(p, GATEWAYS, blocks, WORK)
-    cold = path_bound(graph, capacity, pool, held_length=300.0)
-    assert cold is not None
+    p, blocks, capacity, pool, graph, cold = solved(seed)
     stale = Chain(0, ((len(p.starts), 0),))  # a node gone since: left out
     warm = path_bound(graph, capacity * 1.1, pool, held_length=300.0, start=(*cold.used, stale))
     assert warm is not None and warm.closed
