@@ -12,7 +12,7 @@ from sim.dataplane import GATEWAY_WORK, LEAST_WAIT, Chains, Nodes, solve
 from sim.flow_bound import Stage, max_throughput
 from sim.hardware import STEP_OVERHEAD
 from sim.path_bound import PathBound, fastest_plan, path_bound
-from sim.planned_routing import DEMAND_MARGIN, DEMAND_WINDOW, PlannedChain
+from sim.planned_routing import DEMAND_MARGIN, PlannedChain, offered_load
 from sim.swarm import SimNode, queue_depth
 from sim.world import GATEWAY_LAST_MILE, World
 
@@ -123,10 +123,9 @@ def path(world: World, held_length: float, seconds: float = 60.0) -> PathBound |
         ]
 
     world.route_plan = by_peer(found.used, found.rates)
-    now, m = world.clock.now, world.metrics
-    # since the traffic started (none is offered before: a mean over that would size the plan for nothing)
-    recent = [o for t, o in zip(m.times, m.offered, strict=True) if t > now - DEMAND_WINDOW and o > 0]
-    offered = float(np.mean(recent)) if recent else world.offered(now)
+    now = world.clock.now
+    measured = offered_load(world.metrics.times, world.metrics.offered, now)
+    offered = world.offered(now) if measured is None else measured
     world.demand_plan = []
     if world.planned_routing and 0 < offered < found.reached:
         demand = DEMAND_MARGIN * offered * np.array(world.gateway_shares())

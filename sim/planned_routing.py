@@ -34,6 +34,14 @@ DEMAND_MARGIN = 1.1  # the demand plan carries this multiple of the offered load
 DEMAND_WINDOW = 300.0
 
 
+def offered_load(times: list[float], offered: list[float], now: float) -> float | None:
+    """The offered load (tokens/s) a plan is sized by: the mean of the samples over the last ``DEMAND_WINDOW``
+    seconds since the traffic started (none is offered before: a mean over that would size the plan for nothing);
+    None where there is none yet."""
+    recent = [o for t, o in zip(times, offered, strict=True) if t > now - DEMAND_WINDOW and o > 0]
+    return float(np.mean(recent)) if recent else None
+
+
 class NoPlannedRoom(RuntimeError):
     """No chain of the plan has room for the session now: it waits for room, as in a full swarm."""
 

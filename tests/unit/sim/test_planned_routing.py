@@ -18,7 +18,7 @@ from gateway.swarm.routing import Hop, RouteRequest, RoutingMode, plan_route
 from gateway.swarm.view import SwarmView
 from shared.server_records import NodeState, ServerRecord
 from sim.hardware import LLAMA_70B
-from sim.planned_routing import NoPlannedRoom, PlannedChain, pick
+from sim.planned_routing import DEMAND_WINDOW, NoPlannedRoom, PlannedChain, offered_load, pick
 from sim.scenario import Scenario, run, settle
 from sim.workload import Request
 from sim.world import Session
@@ -133,3 +133,15 @@ def test_on_a_demand_plan_a_session_with_no_planned_room_goes_by_plan_route_and_
     world.route_plan = [PlannedChain(0, tuple(hops), sessions=1.0)]
     world.demand_plan = [PlannedChain(0, tuple(other), sessions=1.0)]
     assert gateway.route(session, 0, blocks, frozenset(), fresh=False) == other
+
+
+def test_a_plan_is_sized_by_the_mean_offered_load_over_its_window_since_the_traffic_started() -> None:
+    # Samples every 15 s: nothing offered until 120 s, then 100 tok/s with a burst of 400 at 300 s.
+    times = [15.0 * i for i in range(1, 41)]  # 15 .. 600 s
+    offered = [0.0 if t < 120 else 400.0 if t == 300 else 100.0 for t in times]
+    assert offered_load(times[:7], offered[:7], 105.0) is None  # no traffic yet
+    since = [o for t, o in zip(times, offered, strict=True) if 120 <= t <= 300]
+    assert offered_load(times[:20], offered[:20], 300.0) == pytest.approx(sum(since) / len(since))  # zeros left out
+    inside = [o for t, o in zip(times, offered, strict=True) if 600 - DEMAND_WINDOW < t <= 600]
+    assert offered_load(times, offered, 600.0) == pytest.approx(sum(inside) / len(inside))  # the burst averaged
+    assert offered_load(times, offered, 600.0 + DEMAND_WINDOW) is None  # every sample older than the window
