@@ -1,4 +1,4 @@
-"""Whether the path LP's optimum (``sim/path_bound.py``) serves a gateway more than its users ask of it: the bound
+"""Whether the path LP's optimum (``route_plan.path_lp``) serves a gateway more than its users ask of it: the bound
 has no per-gateway demand rows (a chain starts at any gateway), so it could send every token through the best
 placed one. The quick 70B steady scenario at 1.2x load: at every path-bound call from ``--from`` on, the optimum's
 tokens/s by gateway against the offered load there (users pick the nearest gateway: ``World.gateway_shares``), and
@@ -15,9 +15,9 @@ from dataclasses import replace
 import numpy as np
 
 import sim.scenario as sim_scenario
+from gateway.swarm.route_plan.path_lp import PathBound
 from sim.dataflow import path
 from sim.hardware import LLAMA_70B
-from sim.path_bound import PathBound
 from sim.scenario import Scenario, run
 from sim.world import World
 

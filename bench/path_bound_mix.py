@@ -1,4 +1,4 @@
-"""Which chains the path LP's optimum runs (``sim/path_bound.py``), to set beside ours (``bench.sim_chains``): the
+"""Which chains the path LP's optimum runs (``route_plan.path_lp``), to set beside ours (``bench.sim_chains``): the
 quick 70B steady scenario at 1.2x load, and at its last path-bound call the LP re-solved over the chains it used:
 its tokens/s, mean idle round (weighted by tokens/s), hops a chain, the share of the swarm's KV memory it fills
 (block-tokens, as ``bench.sim_chains`` counts ours) and the nodes whose pool or compute row is full. Not a test.
@@ -14,9 +14,9 @@ import numpy as np
 from scipy.optimize import linprog
 
 import sim.dataflow as dataflow
-from sim.chain_pricing import Chain, Floats, Graph
+from gateway.swarm.route_plan.chains import Chain, Floats, Graph
+from gateway.swarm.route_plan.path_lp import PathBound, path_bound
 from sim.hardware import LLAMA_70B
-from sim.path_bound import PathBound, path_bound
 from sim.scenario import Scenario, run
 
 Call = tuple[Graph, Floats, Floats, float, PathBound | None]

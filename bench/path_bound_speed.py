@@ -1,4 +1,4 @@
-"""What the path LP's bound (``sim/path_bound.py``) costs a call as a run makes them: a settled swarm (placed by our
+"""What the path LP's bound (``route_plan.path_lp``) costs a call as a run makes them: a settled swarm (placed by our
 span choice, churn on, no traffic), one call every 15 virtual seconds, each starting from the last one's chains
 (``sim.dataflow.path``: those still on the placement), the first cold. Not a test: it prints a line per call.
 

@@ -3,7 +3,7 @@ every 30 s over the steady window of the quick 70B steady scenario (``sim/scenar
 Not a test: it prints a few lines. Sampling reads the world and changes nothing in it.
 
 ``python -m bench.sim_chains [--nodes N] [--seed S] [--load L] [--oracle-next-rtts] [--planned-routing]``. Printed:
-ours and the bound (the path LP's, ``sim/path_bound.py``; the per-node one beside it); per decoding session its hops
+ours and the bound (the path LP's, ``route_plan.path_lp``; the per-node one beside it); per decoding session its hops
 and the share of hops that use part of their node's span, the swarm's KV memory the sessions use (block-tokens) and
 the share its pools charge; a session's round (seconds per token) as the data plane gives it, its chain's idle round
 (links plus 1.5 steps a hop), its links and its max_length, and the path bound with the served sessions' mean
@@ -11,7 +11,7 @@ max_length as H (the bound's H is the arrivals'); what ``plan_route`` picks on t
 room ignored, and the fastest chain the bound credits (``sim/fastest_chain.py``). Every 30 virtual seconds it says
 on stderr how far the run has got and the CPU it has taken (in all, in ``plan_route`` calls and in the path bound).
 ``--oracle-next-rtts``: every node announces the true RTT to every server of its end block (swarm_node measures 4).
-``--planned-routing``: whole chains routed by the path LP's plan (``sim/planned_routing.py``), not ``plan_route``."""
+``--planned-routing``: whole chains routed by the path LP's plan (``route_plan.planned``), not ``plan_route``."""
 
 from __future__ import annotations
 
@@ -23,13 +23,13 @@ from dataclasses import replace
 import numpy as np
 
 import sim.scenario as sim_scenario
+from gateway.swarm.route_plan.path_lp import PathBound
 from gateway.swarm.routing import Hop, RouteRequest, plan_route
 from shared.server_records import NodeState
 from sim import swarm
 from sim.dataflow import fastest_rounds, path
 from sim.dataplane import GATEWAY_WORK, LEAST_WAIT
 from sim.hardware import LLAMA_70B, STEP_OVERHEAD
-from sim.path_bound import PathBound
 from sim.scenario import Scenario, run
 from sim.swarm import SimNode
 from sim.world import GATEWAY_LAST_MILE, SimGateway, World

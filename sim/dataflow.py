@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from gateway.swarm.route_plan.chains import Chain
+from gateway.swarm.route_plan.path_lp import PathBound, fastest_plan, path_bound
+from gateway.swarm.route_plan.planned import DEMAND_MARGIN, PlannedChain, offered_load
 from gateway.swarm.routing import Hop
 from sim import clients, fastest_chain
-from sim.chain_pricing import Chain, Graph
 from sim.dataplane import GATEWAY_WORK, LEAST_WAIT, Chains, Nodes, solve
 from sim.flow_bound import Stage, max_throughput
 from sim.hardware import STEP_OVERHEAD
-from sim.path_bound import PathBound, fastest_plan, path_bound
-from sim.planned_routing import DEMAND_MARGIN, PlannedChain, offered_load
 from sim.swarm import SimNode, queue_depth
 from sim.world import GATEWAY_LAST_MILE, World
 
@@ -102,7 +102,7 @@ def path(world: World, held_length: float, seconds: float = 60.0) -> PathBound |
         np.zeros(len(serving)),
     )
     gateways = tuple((fastest_chain.CITY_INDEX[g.city.name], GATEWAY_LAST_MILE) for g in world.gateways)
-    graph = Graph.of(placement, gateways, world.model.num_blocks, GATEWAY_WORK)
+    graph = fastest_chain.chain_graph(placement, gateways, world.model.num_blocks, GATEWAY_WORK)
     capacity = np.array([n.capacity for n in serving])
     pool = np.array([float(n.hw.cache_tokens) for n in serving])
     row = {n.peer_id: i for i, n in enumerate(serving)}

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from gateway.swarm.route_plan.chains import Graph, Spans
 from sim import geography
 from sim.geography import City
 
@@ -43,6 +44,15 @@ def one_way() -> Floats:
     """Seconds between cities, one way, without last miles: half of ``geography.rtt``'s fibre term."""
     cities = geography.CITIES
     return np.array([[geography.rtt(a, b, 0.0, 0.0) / 2 for b in cities] for a in cities])
+
+
+def chain_graph(placement: Placement, gateways: Sequence[tuple[int, float]], blocks: int, work: float) -> Graph:
+    """The path LP's chains over the placement from gateways at ``(city index, one-way last mile)``: links are
+    ``one_way`` plus both last miles."""
+    p, links = placement, one_way()
+    between = links[p.cities][:, p.cities] + p.last_miles[:, None] + p.last_miles[None, :]
+    legs = np.stack([links[city, p.cities] + mile + p.last_miles for city, mile in gateways])
+    return Graph.of(Spans(p.starts, p.ends, p.fixed, p.token_time), between, legs, blocks, work)
 
 
 def fastest_rounds(placement: Placement, gateways: Sequence[tuple[City, float]], blocks: int) -> Floats:

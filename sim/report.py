@@ -33,7 +33,7 @@ def write(
 def _legend() -> list[str]:
     return [
         "Means over each scenario's steady window (before its event). *bound*: the path LP over the hardware and"
-        " placement (tokens/s per chain at its idle round, compute and KV room per node; `sim/path_bound.py`,"
+        " placement (tokens/s per chain at its idle round, compute and KV room per node; `route_plan/path_lp.py`,"
         " sim/ASSUMPTIONS.md), or the per-node bound in the samples marked where its pricing gave up; *per-node"
         " bound*: the LP max-flow with each node's KV pool at the fastest chain through it (the bound before; it"
         " sizes the arrivals; after an event, its figures are in brackets); *after event*: against the path bound up to"

@@ -41,7 +41,7 @@ class Scenario:
     churn: bool = True
     mode: RoutingMode = RoutingMode.MIN_LATENCY
     balancing: bool = True
-    planned_routing: bool = False  # route whole chains by the path LP's plan (``sim.planned_routing``)
+    planned_routing: bool = False  # route whole chains by the path LP's plan (``gateway.swarm.route_plan.planned``)
 
     def quick(self) -> Scenario:
         """A small, short version for tests."""

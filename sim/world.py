@@ -12,13 +12,14 @@ import numpy.typing as npt
 
 from gateway.swarm.bans import BanList
 from gateway.swarm.room_refusals import RoomRefusals
+from gateway.swarm.route_plan import planned
+from gateway.swarm.route_plan.planned import PlannedChain
 from gateway.swarm.routing import Hop, RouteRequest, RoutingMode, plan_route
 from gateway.swarm.view import SwarmView
-from sim import geography, planned_routing
+from sim import geography
 from sim.events import EventQueue
 from sim.geography import City
 from sim.hardware import ModelShape, NodeHardware
-from sim.planned_routing import PlannedChain
 from sim.swarm import Dht, SimNode
 from sim.workload import Request
 
@@ -43,7 +44,7 @@ class Session:
 class SimGateway:
     """One gateway: its view of the DHT, RTTs to nodes, bans and refusals for room on the virtual clock, its load;
     routes with the real ``plan_route``, timing each call (or, where the world says so, whole chains by the path LP's
-    plan: ``planned_routing``)."""
+    plan: ``gateway.swarm.route_plan.planned``)."""
 
     def __init__(self, world: World, city: City, mode: RoutingMode) -> None:
         self.world = world
@@ -84,8 +85,8 @@ class SimGateway:
         plan = self.world.demand_plan or self.world.route_plan
         if self.world.planned_routing and plan and start == 0 and end == self.world.model.num_blocks:
             try:
-                return planned_routing.pick(plan, self.world.gateways.index(self), view, request, self.world.plan_rng)
-            except planned_routing.NoPlannedRoom:
+                return planned.pick(plan, self.world.gateways.index(self), view, request, self.world.plan_rng)
+            except planned.NoPlannedRoom:
                 if not self.world.demand_plan:
                     raise  # KV-bound: wait for room on the plan
         key = self._memo_key(view, request)
@@ -190,7 +191,7 @@ class World:
         self.planned_routing = False
         self.route_plan: list[PlannedChain] = []
         # with ``planned_routing``, where the offered load is below the LP's optimum: the fastest chains that carry
-        # it (``path_bound.fastest_plan``), routed on instead, with ``plan_route`` where none has room
+        # it (``path_lp.fastest_plan``), routed on instead, with ``plan_route`` where none has room
         self.demand_plan: list[PlannedChain] = []
         self.plan_rng = np.random.default_rng(seed + 1)  # its own stream: the arrivals' draws stay the same
         self.offered: Callable[[float], float] = lambda now: 0.0  # tokens/s the arrivals ask for at a time

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from scipy.optimize import linprog
 
+from gateway.swarm.route_plan.chains import CHUNK, Chain, Graph, _undominated, price
+from gateway.swarm.route_plan.path_lp import PathBound, fastest_plan, path_bound
 from sim import geography
-from sim.chain_pricing import CHUNK, Chain, Graph, _undominated, price
-from sim.fastest_chain import CITY_INDEX, Placement, fastest_rounds
+from sim.fastest_chain import CITY_INDEX, Placement, chain_graph, fastest_rounds
 from sim.flow_bound import Stage, max_throughput
-from sim.path_bound import PathBound, fastest_plan, path_bound
 from tests.unit.sim.test_fastest_chain import chains as hops
 
 GATEWAYS = ((CITY_INDEX["Ashburn"], 0.0005), (CITY_INDEX["Singapore"], 0.0005))
@@ -77,7 +77,7 @@ def random_swarm(seed: int, nodes: int = 8, blocks: int = 6) -> tuple[Placement,
 @pytest.mark.parametrize("seed", range(40))
 def test_column_generation_equals_the_lp_over_every_chain(seed: int) -> None:
     p, blocks, capacity, pool = random_swarm(seed)
-    graph = Graph.of(p, GATEWAYS, blocks, WORK)
+    graph = chain_graph(p, GATEWAYS, blocks, WORK)
     found = path_bound(graph, capacity, pool, held_length=300.0)
     assert found is not None and found.closed
     expected = lp_by_hand(p, blocks, capacity, pool, 300.0)
@@ -88,7 +88,7 @@ def test_column_generation_equals_the_lp_over_every_chain(seed: int) -> None:
 @pytest.mark.parametrize("seed", range(60))
 def test_pricing_finds_the_least_price_of_every_chain(seed: int) -> None:
     p, blocks, _, _ = random_swarm(seed, nodes=18, blocks=8)
-    graph = Graph.of(p, GATEWAYS, blocks, WORK)
+    graph = chain_graph(p, GATEWAYS, blocks, WORK)
     rng = np.random.default_rng(1000 + seed)
     # Prices spread over orders of magnitude, so that no one of A, T and M decides alone which chain is least.
     a, m = rng.lognormal(-4, 2, len(p.starts)), rng.lognormal(-2, 2, len(p.starts))
@@ -124,13 +124,13 @@ def shared_fast_node() -> tuple[Placement, np.ndarray, np.ndarray, float, Graph]
         np.array([0, 1, 1]), np.array([1, 2, 2]), np.array([city, city, far]),
         np.full(3, 0.0005), np.full(3, 0.02), np.zeros(3),
     )  # fmt: skip
-    return p, np.full(3, 1e6), np.array([10_000.0, 1_000.0, 1e9]), 100.0, Graph.of(p, (GATEWAYS[0],), 2, WORK)
+    return p, np.full(3, 1e6), np.array([10_000.0, 1_000.0, 1e9]), 100.0, chain_graph(p, (GATEWAYS[0],), 2, WORK)
 
 
 def solved(seed: int) -> tuple[Placement, int, np.ndarray, np.ndarray, Graph, PathBound]:
     """``random_swarm(seed)``, its graph and its path LP (H = 300)."""
     p, blocks, capacity, pool = random_swarm(seed)
-    graph = Graph.of(p, GATEWAYS, blocks, WORK)
+    graph = chain_graph(p, GATEWAYS, blocks, WORK)
     found = path_bound(graph, capacity, pool, held_length=300.0)
     assert found is not None
     return p, blocks, capacity, pool, graph, found
@@ -208,7 +208,7 @@ def test_pricing_keeps_a_dearer_label_that_is_faster() -> None:
         np.array([0, 0, 1, 2]), np.array([1, 1, 2, 3]), np.array([near, far, near, near]),
         np.full(4, 0.0005), np.full(4, 0.02), np.zeros(4),
     )  # fmt: skip
-    graph = Graph.of(p, (GATEWAYS[0],), 3, WORK)
+    graph = chain_graph(p, (GATEWAYS[0],), 3, WORK)
     a, m = np.array([0.1, 0.0, 0.0, 0.0]), np.array([0.0, 0.0, 0.0, 10.0])
     via_x, via_w = Chain(0, ((0, 0), (2, 1), (3, 2))), Chain(0, ((1, 0), (2, 1), (3, 2)))
     assert 0.1 + graph.round(via_x) * 10 < graph.round(via_w) * 10
@@ -231,9 +231,9 @@ def test_smoothed_duals_change_the_columns_not_the_bound(seed: int, monkeypatch:
     # The cheap rounds price at smoothed duals (``SMOOTH``); the bound comes from exact pricing at the restricted
     # LP's own duals either way, so it is the LP's optimum with or without smoothing.
     p, blocks, capacity, pool = random_swarm(seed, nodes=14, blocks=8)
-    graph = Graph.of(p, GATEWAYS, blocks, WORK)
+    graph = chain_graph(p, GATEWAYS, blocks, WORK)
     smoothed = path_bound(graph, capacity, pool, held_length=300.0)
-    monkeypatch.setattr("sim.path_bound.SMOOTH", 0.0)
+    monkeypatch.setattr("gateway.swarm.route_plan.path_lp.SMOOTH", 0.0)
     raw = path_bound(graph, capacity, pool, held_length=300.0)
     assert smoothed is not None and raw is not None and smoothed.closed and raw.closed
     assert smoothed.tokens_per_s == pytest.approx(raw.tokens_per_s, rel=1e-6, abs=1e-9)

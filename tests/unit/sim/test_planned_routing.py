@@ -1,4 +1,4 @@
-"""Planned routing (``sim.planned_routing``): a session goes only on a chain of the path LP's plan with room on every
+"""Planned routing (``route_plan.planned``): a session goes only on a chain of the path LP's plan with room on every
 hop, drawn in proportion to the plan's sessions, and waits where none has room, except on a plan sized to a demand
 below the optimum, where ``plan_route`` routes it; and a simulated run with it routes every decoding session over
 every block."""
@@ -12,13 +12,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-import sim.planned_routing
+import gateway.swarm.route_plan.planned
 import sim.world
+from gateway.swarm.route_plan.planned import DEMAND_WINDOW, NoPlannedRoom, PlannedChain, offered_load, pick
 from gateway.swarm.routing import Hop, RouteRequest, RoutingMode, plan_route
 from gateway.swarm.view import SwarmView
 from shared.server_records import NodeState, ServerRecord
 from sim.hardware import LLAMA_70B
-from sim.planned_routing import DEMAND_WINDOW, NoPlannedRoom, PlannedChain, offered_load, pick
 from sim.scenario import Scenario, run, settle
 from sim.workload import Request
 from sim.world import Session
@@ -89,7 +89,7 @@ def test_a_planned_run_opens_whole_chains_only_by_the_plan_once_there_is_one(mon
     """A small 70B run with planned routing: once the first plan is made, no whole chain is opened by ``plan_route``
     (failover patches still are), and sessions decode and finish."""
     calls: list[str] = []
-    real_pick = sim.planned_routing.pick
+    real_pick = gateway.swarm.route_plan.planned.pick
 
     def picking(*args: Any, **kwargs: Any) -> list[Hop]:
         calls.append("plan")
@@ -100,7 +100,7 @@ def test_a_planned_run_opens_whole_chains_only_by_the_plan_once_there_is_one(mon
         calls.append("plan_route whole" if whole else "plan_route part")
         return plan_route(view, request, mode)
 
-    monkeypatch.setattr(sim.planned_routing, "pick", picking)
+    monkeypatch.setattr(gateway.swarm.route_plan.planned, "pick", picking)
     monkeypatch.setattr(sim.world, "plan_route", routing)
     scenario = replace(
         Scenario("planned", model=LLAMA_70B, nodes=30, load=1.2, churn=False, planned_routing=True).quick(),

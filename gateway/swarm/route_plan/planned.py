@@ -2,7 +2,7 @@
 
 ``plan_route`` picks the fastest chain with room for each session as it comes. In a KV-bound swarm that fills the
 fast chains first and leaves pool fragments that only slow, zigzagging chains connect (``bench/README.md``). The
-path LP (``path_bound``) says which chains a swarm's optimum runs and how many sessions each holds (y_c x T_c:
+path LP (``path_lp``) says which chains a swarm's optimum runs and how many sessions each holds (y_c x T_c:
 tokens/s times seconds a token, Little's law). Planned routing puts a new session on one of those chains that has
 room for it, chosen at random in proportion to those sessions (Helix routes requests by its flow solution's
 weights the same way), and when none has room the session waits for room as it does when the swarm is full,
@@ -10,7 +10,7 @@ rather than take a chain the plan does not run. Failover patches (part of a chai
 
 Below the swarm's throughput the LP's optimum is the wrong plan: it spreads sessions over slow chains wherever that
 adds throughput nobody asks for (at 0.6x load session rounds 27 % slower than ``plan_route``'s). There the plan is
-``path_bound.fastest_plan`` for the offered load at each gateway (its mean over ``DEMAND_WINDOW``, as a gateway
+``path_lp.fastest_plan`` for the offered load at each gateway (its mean over ``DEMAND_WINDOW``, as a gateway
 would measure it, times ``DEMAND_MARGIN``), and a session
 that finds none of its chains with room goes by ``plan_route``: the swarm has room the plan does not use, and
 waiting for a planned chain would refuse sessions an idle swarm could carry. Where the offered load reaches the

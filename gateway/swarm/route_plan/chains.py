@@ -1,9 +1,9 @@
-"""Chains over a placement, and the exact pricing step of the path LP's column generation (``path_bound``).
+"""Chains over a placement, and the exact pricing step of the path LP's column generation (``path_lp``).
 
-A chain is what ``fastest_chain`` and the flow bound call one: from a gateway, hops covering blocks [0, B) in
-order, each entering its node at the boundary reached so far (mid-span allowed) and leaving at its span's end, then
-back to the same gateway. Its idle round T (seconds per token) is ``fastest_chain``'s: the gateway's work, half a
-round trip per link (fibre term plus both last miles) and each hop's least step cost.
+A chain: from a gateway, hops covering blocks [0, B) in order, each entering its node at the boundary reached so
+far (mid-span allowed) and leaving at its span's end, then back to the same gateway (as ``plan_route``'s routes
+when they push). Its idle round T (seconds per token): the gateway's work, each link's one-way time and each hop's
+step (``fixed + blocks x token_time``).
 
 Pricing finds the chains of least ``f = A + T x M`` where, for dual prices ``a`` and ``m`` per node and block,
 ``A`` and ``M`` add ``a[n] x blocks`` and ``m[n] x blocks`` per hop. The product makes a plain shortest path wrong,
@@ -24,8 +24,6 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from sim.fastest_chain import Placement, one_way
-
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
 GATEWAY = -1  # the predecessor of a chain's first hop
@@ -34,13 +32,24 @@ _EARLIER = np.triu(np.ones((CHUNK, CHUNK), dtype=bool), k=1)  # [i, j]: i before
 Weight = Callable[[int, Ints, Floats], Floats]  # per hop into a node: (node, its predecessors, link + step) -> cost
 
 
+@dataclass(frozen=True)
+class Spans:
+    """Nodes as arrays: span [start, end), and one step's cost: ``fixed + blocks x token_time`` seconds for a hop
+    of ``blocks`` blocks."""
+
+    starts: Ints
+    ends: Ints
+    fixed: Floats
+    token_time: Floats
+
+
 class TooManyLabels(RuntimeError):
     """Pricing kept more labels at one node than its limit: no exact answer within the time it was given."""
 
 
 @dataclass(frozen=True)
 class Chain:
-    gateway: int  # index into ``Graph.gateways``
+    gateway: int  # which of the graph's gateways (an index)
     hops: tuple[tuple[int, int], ...]  # (node, entry boundary), each to its node's span end
 
 
@@ -48,9 +57,9 @@ class Chain:
 class Graph:
     """The chains of a placement as a DAG over nodes (a hop's state is its node: it leaves at its span end)."""
 
-    placement: Placement
+    placement: Spans
     blocks: int
-    gateways: tuple[tuple[int, float], ...]  # (city index, one-way last mile)
+    gateways: int
     work: float  # the gateway's seconds per token
     order: list[int]  # nodes by span end
     preds: list[Ints]  # per node, the nodes whose span ends inside its span (a chain may come from them)
@@ -60,26 +69,26 @@ class Graph:
     rest_time: Floats  # [gateway, node]: the least seconds from the node's span end back to the gateway
 
     @staticmethod
-    def of(placement: Placement, gateways: tuple[tuple[int, float], ...], blocks: int, work: float) -> Graph:
+    def of(placement: Spans, links: Floats, gateway_links: Floats, blocks: int, work: float) -> Graph:
+        """``links[a, b]``: one-way seconds from node a to node b; ``gateway_links[g, n]``: between gateway g and
+        node n (either way); ``work``: the gateway's seconds per token."""
         p = placement
-        links = one_way()
-        half = links[p.cities][:, p.cities] + p.last_miles[:, None] + p.last_miles[None, :]  # [from, to]
         preds, pred_time = [], []
         for node in range(len(p.starts)):
             inside = np.flatnonzero((p.ends >= max(1, p.starts[node])) & (p.ends < p.ends[node]))
             preds.append(inside.astype(np.int64))
             step = p.fixed[node] + (p.ends[node] - p.ends[inside]) * p.token_time[node]
-            pred_time.append(half[inside, node] + step)
-        out = np.full((len(gateways), len(p.starts)), np.inf)
-        back = np.full((len(gateways), len(p.starts)), np.inf)
+            pred_time.append(links[inside, node] + step)
+        gateways = len(gateway_links)
+        out = np.full((gateways, len(p.starts)), np.inf)
+        back = np.full((gateways, len(p.starts)), np.inf)
         first, last = p.starts == 0, p.ends == blocks
-        for g, (city, mile) in enumerate(gateways):
-            legs = links[city, p.cities] + mile + p.last_miles
+        for g, legs in enumerate(gateway_links):
             out[g, first] = legs[first] + p.fixed[first] + p.ends[first] * p.token_time[first]
             back[g, last] = legs[last]
         order = [int(n) for n in np.argsort(p.ends, kind="stable")]
         graph = Graph(p, blocks, gateways, work, order, preds, pred_time, out, back, np.empty(0))
-        rest = np.stack([graph.rest(back[g], lambda _n, _preds, t: t) for g in range(len(gateways))])
+        rest = np.stack([graph.rest(back[g], lambda _n, _preds, t: t) for g in range(gateways)])
         return Graph(p, blocks, gateways, work, order, preds, pred_time, out, back, rest)
 
     def rest(self, at_end: Floats, weight: Weight) -> Floats:
@@ -106,7 +115,7 @@ class Graph:
         """Whether the chain runs on this placement: its gateway, every hop entered inside its span where the one
         before ended (the first at block 0), the last ending at the last block."""
         p, boundary = self.placement, 0
-        if not 0 <= chain.gateway < len(self.gateways) or not chain.hops:
+        if not 0 <= chain.gateway < self.gateways or not chain.hops:
             return False
         for node, entry in chain.hops:
             if not (0 <= node < len(p.starts) and entry == boundary and p.starts[node] <= entry < p.ends[node]):
@@ -159,7 +168,7 @@ def price(
     a_rest = graph.rest(np.zeros(len(p.starts)), lambda n, preds, _t: a[n] * (p.ends[n] - p.ends[preds]))
     m_rest = graph.rest(np.zeros(len(p.starts)), lambda n, preds, _t: m[n] * (p.ends[n] - p.ends[preds]))
     found: list[tuple[float, int, int, _Labels]] = []
-    for g in range(len(graph.gateways)):
+    for g in range(graph.gateways):
         labels = _search(graph, g, a, m, (a_rest, graph.rest_time[g], m_rest), threshold, beam, limit)
         for node in np.flatnonzero(np.isfinite(graph.back[g])).tolist():
             at = labels.at(node)

@@ -1,6 +1,6 @@
 """A tighter bound than the per-node relaxation (``dataflow.bound``): the path LP, by column generation.
 
-Variables: y_c >= 0, tokens/s on each chain c (``chain_pricing``: gateway, hops over blocks [0, B) to their span
+Variables: y_c >= 0, tokens/s on each chain c (``chains``: gateway, hops over blocks [0, B) to their span
 ends, back), at its idle round T_c. At each node n:
 - compute: sum_c y_c x blocks_c(n) <= capacity_n x span_n (block-tokens/s, as ``flow_bound``);
 - KV room: sum_c y_c x T_c x H x blocks_c(n) / span_n <= pool_n: y_c x T_c sessions are on chain c at once
@@ -30,7 +30,7 @@ import numpy as np
 from scipy.optimize import linprog
 from scipy.sparse import coo_matrix
 
-from sim.chain_pricing import Chain, Floats, Graph, TooManyLabels, price
+from gateway.swarm.route_plan.chains import Chain, Floats, Graph, TooManyLabels, price
 
 IDLE = 20  # restricted LPs a chain may stay unused in before it leaves
 GAP = 1e-6  # stop once the bound is within this share of the restricted LP's throughput
