@@ -11,7 +11,7 @@ max_length as H (the bound's H is the arrivals'); what ``plan_route`` picks on t
 room ignored, and the fastest chain the bound credits (``sim/fastest_chain.py``). Every 30 virtual seconds it says
 on stderr how far the run has got and the CPU it has taken (in all, in ``plan_route`` calls and in the path bound).
 ``--oracle-next-rtts``: every node announces the true RTT to every server of its end block (swarm_node measures 4).
-``--planned-routing``: whole chains routed by the path LP's plan (``route_plan.planned``), not ``plan_route``."""
+``--planned-routing``: whole chains routed by each gateway's own plan (``route_plan.view_plan``), not ``plan_route``."""
 
 from __future__ import annotations
 
@@ -73,9 +73,9 @@ def sample(world: World) -> list[float]:
     fastest = fastest_rounds(world, serving)
     sessions = max(1, len(world.decoding))
     served = used / sessions / world.model.num_blocks
-    kept = world.route_plan  # the run's own (its next bound starts there; planned routing reads it)
+    kept = world.bound_chains  # the run's own (its next bound starts there)
     at_served = path(world, served)
-    world.route_plan = kept
+    world.bound_chains = kept
     return [
         len(world.decoding), hops / sessions, partial / max(1, hops), used / pool, charged / pool,
         float(np.mean(rounds)), float(np.mean(idle)), float(np.mean(links)),
@@ -138,6 +138,7 @@ def main() -> None:
         if int(t) % EVERY == 0:  # a 300-node run takes an hour of CPU: say how far it is, and where the CPU went
             done = f"{t:.0f} of {chosen.duration:.0f} virtual s, {time.process_time() - began:.0f} CPU s"
             split = f"plan_route {sum(world.route_times):.0f} s, path bound {path_cpu[0]:.0f} s"
+            split += f", gateways' plans {sum(world.plan_times):.0f} s" if world.plan_times else ""
             print(f"  [{done} ({split}), ours {throughput:.0f} tok/s]", file=sys.stderr, flush=True)  # noqa: T201
 
     sim_scenario._populate, sim_scenario._record = populating, recording

@@ -24,6 +24,7 @@ CRASH_NOTICED = 5.0  # seconds before a gateway notices a dead node (a step's ti
 def arrive(world: World, gateway: SimGateway, request: Request) -> None:
     session = Session(len(world.sessions), gateway, request, world.clock.now)
     world.sessions[session.index] = session
+    gateway.meter.opened(request.max_length, world.clock.now)
     _open(world, session, 0, world.model.num_blocks, world.clock.now + GIVE_UP_AFTER)
 
 
@@ -119,6 +120,7 @@ def fail_over(world: World, session: Session, node: SimNode, fault: bool) -> Non
 
 def finish(world: World, session: Session) -> None:
     session.finished = world.clock.now
+    session.gateway.meter.finished(session.request.output, world.clock.now)
     session.decoding = False
     world.metrics.finished += 1
     _release(world, session, session.hops)

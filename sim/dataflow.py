@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from gateway.swarm.route_plan.chains import Chain
-from gateway.swarm.route_plan.path_lp import PathBound, fastest_plan, path_bound
-from gateway.swarm.route_plan.planned import DEMAND_MARGIN, PlannedChain, offered_load
+from gateway.swarm.route_plan.path_lp import PathBound, path_bound
+from gateway.swarm.route_plan.planned import PlannedChain
 from gateway.swarm.routing import Hop
 from sim import clients, fastest_chain
 from sim.dataplane import GATEWAY_WORK, LEAST_WAIT, Chains, Nodes, solve
@@ -108,7 +108,7 @@ def path(world: World, held_length: float, seconds: float = 60.0) -> PathBound |
     row = {n.peer_id: i for i, n in enumerate(serving)}
     start = tuple(  # the last plan's chains: a warm start
         Chain(c.gateway, tuple((row[hop.peer_id], hop.start) for hop in c.hops))
-        for c in world.route_plan
+        for c in world.bound_chains
         if all(hop.peer_id in row for hop in c.hops)
     )
     found = path_bound(graph, capacity, pool, held_length, seconds, start=start)
@@ -122,12 +122,5 @@ def path(world: World, held_length: float, seconds: float = 60.0) -> PathBound |
             for round_ in [graph.round(c)]
         ]
 
-    world.route_plan = by_peer(found.used, found.rates)
-    now = world.clock.now
-    measured = offered_load(world.metrics.times, world.metrics.offered, now)
-    offered = world.offered(now) if measured is None else measured
-    world.demand_plan = []
-    if world.planned_routing and 0 < offered < found.reached:
-        demand = DEMAND_MARGIN * offered * np.array(world.gateway_shares())
-        world.demand_plan = by_peer(*fastest_plan(graph, capacity, pool, held_length, found.known, demand))
+    world.bound_chains = by_peer(found.used, found.rates)
     return found

@@ -41,7 +41,7 @@ class Scenario:
     churn: bool = True
     mode: RoutingMode = RoutingMode.MIN_LATENCY
     balancing: bool = True
-    planned_routing: bool = False  # route whole chains by the path LP's plan (``gateway.swarm.route_plan.planned``)
+    planned_routing: bool = False  # gateways route whole chains by their plans (``route_plan.view_plan``)
 
     def quick(self) -> Scenario:
         """A small, short version for tests."""
@@ -95,9 +95,6 @@ def run(scenario: Scenario) -> Result:
             latest = bound(world, held_length)
         # The path LP costs seconds of CPU a call: only where the summary reads it, the steady window and the
         # recovery after an event (each call starts from the last one's chains still on the placement).
-        planning = scenario.planned_routing and t >= scenario.traffic_from and recompute
-        if planning and not scenario.measure_from <= t < path_end:
-            path(world, held_length)  # a plan to route on (in the window below, the bound's own call makes it)
         if scenario.measure_from <= t < path_end and (recompute or math.isnan(tighter)):
             found = path(world, held_length)
             world.metrics.path_kept_node += found is None

@@ -13,10 +13,13 @@ import numpy.typing as npt
 from gateway.swarm.bans import BanList
 from gateway.swarm.room_refusals import RoomRefusals
 from gateway.swarm.route_plan import planned
-from gateway.swarm.route_plan.planned import PlannedChain
+from gateway.swarm.route_plan.planned import PLAN_PERIOD, DemandMeter, PlannedChain
+from gateway.swarm.route_plan.view_plan import RoutePlan, plan_of
 from gateway.swarm.routing import Hop, RouteRequest, RoutingMode, plan_route
 from gateway.swarm.view import SwarmView
+from shared.kv_charge import pool_tokens
 from sim import geography
+from sim.dataplane import GATEWAY_WORK
 from sim.events import EventQueue
 from sim.geography import City
 from sim.hardware import ModelShape, NodeHardware
@@ -43,8 +46,8 @@ class Session:
 
 class SimGateway:
     """One gateway: its view of the DHT, RTTs to nodes, bans and refusals for room on the virtual clock, its load;
-    routes with the real ``plan_route``, timing each call (or, where the world says so, whole chains by the path LP's
-    plan: ``gateway.swarm.route_plan.planned``)."""
+    routes with the real ``plan_route``, timing each call (or, where the world says so, whole chains by its own
+    plan, ``route_plan.view_plan``, remade every ``PLAN_PERIOD`` from its view and its users' measured demand)."""
 
     def __init__(self, world: World, city: City, mode: RoutingMode) -> None:
         self.world = world
@@ -58,6 +61,9 @@ class SimGateway:
         self._rtts_for: SwarmView | None = None  # the view whose nodes' RTTs ``rtts`` holds
         self._routes: dict[tuple[object, ...], list[Hop]] = {}  # searches made (``_memo_key``)
         self._routes_structure: tuple[tuple[str, int, int, float], ...] = ()
+        self.meter = DemandMeter()
+        self.plan: RoutePlan | None = None
+        self._planned_at = -np.inf
 
     def view(self, fresh: bool = False) -> SwarmView:
         now = self.world.clock.now
@@ -82,13 +88,14 @@ class SimGateway:
             push=True,
             room_left=self.refusals.room_left(view),
         )
-        plan = self.world.demand_plan or self.world.route_plan
-        if self.world.planned_routing and plan and start == 0 and end == self.world.model.num_blocks:
-            try:
-                return planned.pick(plan, self.world.gateways.index(self), view, request, self.world.plan_rng)
-            except planned.NoPlannedRoom:
-                if not self.world.demand_plan:
-                    raise  # KV-bound: wait for room on the plan
+        if self.world.planned_routing and start == 0 and end == self.world.model.num_blocks:
+            plan = self._plan(view, request)
+            if plan is not None and plan.chains:
+                try:
+                    return planned.pick(plan.chains, view, request, self.world.plan_rng)
+                except planned.NoPlannedRoom:
+                    if not plan.below_optimum:
+                        raise  # at the optimum: wait for room on the plan
         key = self._memo_key(view, request)
         if key is not None and key in self._routes:
             return list(self._routes[key])
@@ -100,6 +107,33 @@ class SimGateway:
         if key is not None:
             self._routes[key] = hops
         return list(hops)
+
+    def _plan(self, view: SwarmView, request: RouteRequest) -> RoutePlan | None:
+        """The plan, remade every ``PLAN_PERIOD`` (its CPU time in ``World.plan_times``)."""
+        now = self.world.clock.now
+        if now - self._planned_at < PLAN_PERIOD:
+            return self.plan
+        began = time.process_time()
+        held_length = self.meter.held_length(now) or float(request.max_length)
+        previous = self.plan.chains if self.plan is not None else ()
+        self.plan = plan_of(
+            view, self.rtts, self.held(), held_length, self.meter.demand(now), GATEWAY_WORK, previous=previous
+        )
+        self._planned_at = now
+        self.world.plan_times.append(time.process_time() - began)
+        return self.plan
+
+    def held(self) -> dict[str, int]:
+        """KV tokens this gateway's sessions hold per node (``shared.kv_charge``)."""
+        held: Counter[str] = Counter()
+        for node in self.world.nodes.values():
+            for index in node.sessions:
+                session = self.world.sessions[index]
+                if session.gateway is self:
+                    for hop in session.hops:
+                        if hop.peer_id == node.peer_id:
+                            held[hop.peer_id] += pool_tokens(session.request.max_length, hop.end - hop.start, node.span)
+        return dict(held)
 
     def _memo_key(self, view: SwarmView, request: RouteRequest) -> tuple[object, ...] | None:
         """What a ``min_latency`` route depends on, so that a search already made is not made again: this
@@ -186,13 +220,10 @@ class World:
         self._node_rtts: dict[tuple[str, str], float] = {}
         self.decoding: dict[int, tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.float64]]] = {}
         self.at_node: npt.NDArray[np.float64] | None = None  # the data plane's last solution
-        # The path LP's last plan (``dataflow.path``): its next solve starts from these chains, and with
-        # ``planned_routing`` whole chains are routed on them by ``plan_rng``
-        self.planned_routing = False
-        self.route_plan: list[PlannedChain] = []
-        # with ``planned_routing``, where the offered load is below the LP's optimum: the fastest chains that carry
-        # it (``path_lp.fastest_plan``), routed on instead, with ``plan_route`` where none has room
-        self.demand_plan: list[PlannedChain] = []
+        # The path LP's last chains (``dataflow.path``): its next solve starts from these
+        self.bound_chains: list[PlannedChain] = []
+        self.planned_routing = False  # gateways route whole chains by their own plans (``SimGateway._plan``)
+        self.plan_times: list[float] = []  # CPU seconds of each gateway's plan
         self.plan_rng = np.random.default_rng(seed + 1)  # its own stream: the arrivals' draws stay the same
         self.offered: Callable[[float], float] = lambda now: 0.0  # tokens/s the arrivals ask for at a time
         self.balancing = True  # nodes run their rebalancing check (a scenario may turn it off to compare)

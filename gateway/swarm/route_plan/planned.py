@@ -1,4 +1,4 @@
-"""Routing by the path LP's plan: a policy the gateway does not have, tried in the simulator (issue 27).
+"""Routing by the path LP's plan (issue 27): sessions drawn onto a plan's chains, and the demand a plan is sized by.
 
 ``plan_route`` picks the fastest chain with room for each session as it comes. In a KV-bound swarm that fills the
 fast chains first and leaves pool fragments that only slow, zigzagging chains connect (``bench/README.md``). The
@@ -10,15 +10,17 @@ rather than take a chain the plan does not run. Failover patches (part of a chai
 
 Below the swarm's throughput the LP's optimum is the wrong plan: it spreads sessions over slow chains wherever that
 adds throughput nobody asks for (at 0.6x load session rounds 27 % slower than ``plan_route``'s). There the plan is
-``path_lp.fastest_plan`` for the offered load at each gateway (its mean over ``DEMAND_WINDOW``, as a gateway
-would measure it, times ``DEMAND_MARGIN``), and a session
-that finds none of its chains with room goes by ``plan_route``: the swarm has room the plan does not use, and
-waiting for a planned chain would refuse sessions an idle swarm could carry. Where the offered load reaches the
-optimum (the swarm is KV-bound) there is no such fallback: a chain off the plan takes room from the plan's chains.
+``path_lp.fastest_plan`` for the gateway's offered load (``DemandMeter``: its mean over ``DEMAND_WINDOW``, times
+``DEMAND_MARGIN``), and a session that finds none of its chains with room goes by ``plan_route``: the swarm has
+room the plan does not use, and waiting for a planned chain would refuse sessions an idle swarm could carry. Where
+the offered load reaches the optimum (the swarm is KV-bound) there is no such fallback: a chain off the plan takes
+room from the plan's chains. ``view_plan`` makes a gateway's plan.
 """
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,14 +34,45 @@ DEMAND_MARGIN = 1.1  # the demand plan carries this multiple of the offered load
 # where the plan has no room; a plan for the burst's peak would be the optimum's slow chains, and sessions opened
 # on them keep them for their whole length.
 DEMAND_WINDOW = 300.0
+PLAN_PERIOD = 30.0  # seconds between a gateway's plans (each a path LP over its view: seconds of CPU at scale)
 
 
-def offered_load(times: list[float], offered: list[float], now: float) -> float | None:
-    """The offered load (tokens/s) a plan is sized by: the mean of the samples over the last ``DEMAND_WINDOW``
-    seconds since the traffic started (none is offered before: a mean over that would size the plan for nothing);
-    None where there is none yet."""
-    recent = [o for t, o in zip(times, offered, strict=True) if t > now - DEMAND_WINDOW and o > 0]
-    return float(np.mean(recent)) if recent else None
+class DemandMeter:
+    """What a gateway's users ask of the swarm, as the gateway measures it over the last ``DEMAND_WINDOW`` seconds:
+    sessions arriving per second (since the first: a mean over time before any would size the plan for nothing)
+    times the mean tokens a finished session decoded, in tokens/s; and the mean ``max_length`` of those arrivals
+    (what a session holds on a node). Arrivals count whether or not the swarm had room for them: decoded tokens/s
+    alone would read a full swarm's refusals as less demand."""
+
+    def __init__(self) -> None:
+        self._opened: deque[tuple[float, int]] = deque()  # (time, max_length)
+        self._finished: deque[tuple[float, int]] = deque()  # (time, tokens decoded)
+        self._first: float | None = None
+
+    def opened(self, max_length: int, now: float) -> None:
+        self._first = now if self._first is None else self._first
+        self._opened.append((now, max_length))
+
+    def finished(self, tokens: int, now: float) -> None:
+        self._finished.append((now, tokens))
+
+    def demand(self, now: float) -> float | None:
+        """Tokens/s; None before a session arrived and one finished in the window."""
+        self._forget(now)
+        if self._first is None or not self._opened or not self._finished or now <= self._first:
+            return None
+        arrivals = len(self._opened) / min(DEMAND_WINDOW, now - self._first)
+        return arrivals * sum(t for _, t in self._finished) / len(self._finished)
+
+    def held_length(self, now: float) -> float | None:
+        """The mean ``max_length`` of the sessions that arrived in the window; None where none did."""
+        self._forget(now)
+        return sum(n for _, n in self._opened) / len(self._opened) if self._opened else None
+
+    def _forget(self, now: float) -> None:
+        for samples in (self._opened, self._finished):
+            while samples and samples[0][0] <= now - DEMAND_WINDOW:
+                samples.popleft()
 
 
 class NoPlannedRoom(RuntimeError):
@@ -53,14 +86,12 @@ class PlannedChain:
     sessions: float  # the LP optimum's sessions on it at once (y_c x T_c)
 
 
-def pick(
-    plan: list[PlannedChain], gateway: int, view: SwarmView, request: RouteRequest, rng: np.random.Generator
-) -> list[Hop]:
-    """A chain of the plan from ``gateway`` on which every hop's node is online in ``view``, serves the hop, is not
-    banned and has room for the session (as ``plan_route`` reads room: the record's ``cache_tokens_left`` or what a
+def pick(plan: Sequence[PlannedChain], view: SwarmView, request: RouteRequest, rng: np.random.Generator) -> list[Hop]:
+    """A chain of the plan on which every hop's node is online in ``view``, serves the hop, is neither banned nor
+    excluded and has room for the session (as ``plan_route`` reads room: the record's ``cache_tokens_left`` or what a
     refusal since taught, whichever is less, against ``max_length``); drawn in proportion to the plan's sessions.
     Raises ``NoPlannedRoom`` where none qualifies."""
-    fits = [c for c in plan if c.gateway == gateway and all(_fits(view, request, hop) for hop in c.hops)]
+    fits = [c for c in plan if all(_fits(view, request, hop) for hop in c.hops)]
     if not fits:
         raise NoPlannedRoom
     weights = np.array([c.sessions for c in fits])
@@ -69,7 +100,7 @@ def pick(
 
 def _fits(view: SwarmView, request: RouteRequest, hop: Hop) -> bool:
     server = view.servers.get(hop.peer_id)
-    if server is None or server.state is not NodeState.ONLINE or hop.peer_id in request.banned:
+    if server is None or server.state is not NodeState.ONLINE or hop.peer_id in request.banned | request.excluded:
         return False
     if not server.start <= hop.start < hop.end == server.end:
         return False  # the node moved since the plan was made
