@@ -34,7 +34,10 @@ def _open(world: World, session: Session, start: int, end: int, deadline: float)
     for attempt in range(OPEN_TRIES):
         try:
             hops = session.gateway.route(session, start, end, frozenset(avoid), fresh=attempt == 1)
-        except (MissingBlocks, NoPlannedRoom):
+        except MissingBlocks:
+            break
+        except NoPlannedRoom:
+            session.gateway.meter.short_of_room(world.clock.now)
             break
         if avoid.intersection(h.peer_id for h in hops):
             break  # every server of some block refused: the gateway waits for room (gateway.swarm.failover)
@@ -56,6 +59,7 @@ def _accepts(world: World, session: Session, hop: Hop, avoid: set[str]) -> bool:
         pass  # draining, moved or reloading: out of routing until it announces again
     elif node.room() < _charge(node, session, hop):  # full: a capacity refusal, never a ban
         session.gateway.refusals.refuse(node.peer_id, session.request.max_length)
+        session.gateway.meter.short_of_room(world.clock.now)
     else:
         return True
     avoid.add(node.peer_id)

@@ -34,6 +34,9 @@ DEMAND_MARGIN = 1.1  # the demand plan carries this multiple of the offered load
 # where the plan has no room; a plan for the burst's peak would be the optimum's slow chains, and sessions opened
 # on them keep them for their whole length.
 DEMAND_WINDOW = 300.0
+# A session that found no room this recently says the swarm is full for this gateway's users: plan for the optimum
+# (a full swarm's refused arrivals make its decoded tokens, and finished sessions, a poor measure of demand).
+ROOM_WINDOW = 60.0
 PLAN_PERIOD = 30.0  # seconds between a gateway's plans (each a path LP over its view: seconds of CPU at scale)
 
 
@@ -48,6 +51,11 @@ class DemandMeter:
         self._opened: deque[tuple[float, int]] = deque()  # (time, max_length)
         self._finished: deque[tuple[float, int]] = deque()  # (time, tokens decoded)
         self._first: float | None = None
+        self._short: float = -float("inf")  # when a session last found no room
+
+    def short_of_room(self, now: float) -> None:
+        """A session found no room on its chain (a node refused it for room, or no planned chain had any)."""
+        self._short = now
 
     def opened(self, max_length: int, now: float) -> None:
         self._first = now if self._first is None else self._first
@@ -57,8 +65,11 @@ class DemandMeter:
         self._finished.append((now, tokens))
 
     def demand(self, now: float) -> float | None:
-        """Tokens/s; None before a session arrived and one finished in the window."""
+        """Tokens/s; None (plan for the optimum) before a session arrived and one finished in the window, and while
+        a session found no room in the last ``ROOM_WINDOW``."""
         self._forget(now)
+        if now - self._short < ROOM_WINDOW:
+            return None
         if self._first is None or not self._opened or not self._finished or now <= self._first:
             return None
         arrivals = len(self._opened) / min(DEMAND_WINDOW, now - self._first)

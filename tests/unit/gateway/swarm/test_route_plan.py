@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from gateway.swarm.route_plan.chains import Chain
-from gateway.swarm.route_plan.planned import DEMAND_WINDOW, DemandMeter, NoPlannedRoom, PlannedChain, pick
+from gateway.swarm.route_plan.planned import DEMAND_WINDOW, ROOM_WINDOW, DemandMeter, NoPlannedRoom, PlannedChain, pick
 from gateway.swarm.route_plan.view_plan import GATEWAY, _graph, plan_of
 from gateway.swarm.routing import Hop, RouteRequest, hop_cost
 from gateway.swarm.view import SwarmView
@@ -113,6 +113,17 @@ def test_demand_is_arrivals_per_second_times_the_tokens_a_finished_session_decod
     assert meter.demand(200 + DEMAND_WINDOW) == pytest.approx(2.0, rel=0.05)  # the first 100 s forgotten
     assert meter.held_length(200 + DEMAND_WINDOW) == 500.0
     assert meter.demand(200 + 3 * DEMAND_WINDOW) is None  # nobody came for a whole window
+
+
+def test_while_a_session_finds_no_room_the_demand_is_the_optimums() -> None:
+    meter = DemandMeter()
+    for t in range(100):
+        meter.opened(1000, float(t))
+        meter.finished(10, float(t))
+    assert meter.demand(100.0) == pytest.approx(10.0)
+    meter.short_of_room(100.0)
+    assert meter.demand(100.0) is None and meter.demand(100.0 + ROOM_WINDOW - 1) is None
+    assert meter.demand(100.0 + ROOM_WINDOW) is not None
 
 
 # A near chain (a then b, 10 ms links) and a far one (c then d, 200 ms), each node 0.01 s a token through its span.
