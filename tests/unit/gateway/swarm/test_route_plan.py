@@ -6,6 +6,7 @@ node."""
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 
 import numpy as np
@@ -17,34 +18,14 @@ from gateway.swarm.route_plan.view_plan import GATEWAY, _graph, plan_of
 from gateway.swarm.routing import Hop, RouteRequest, hop_cost
 from gateway.swarm.view import SwarmView
 from shared.server_records import NodeState, ServerRecord
+from tests.unit.gateway.swarm.test_routing import server
 
 BLOCKS = 8
 MAX_LENGTH = 1000
 WORK = 0.005
 
 
-def record(
-    peer: str,
-    start: int,
-    end: int,
-    room: int = 10_000,
-    state: NodeState = NodeState.ONLINE,
-    throughput: float = 0.0,
-    total: int = 10_000,
-    next_rtts: dict[str, float] | None = None,
-) -> ServerRecord:
-    return ServerRecord(
-        peer_id=peer,
-        start=start,
-        end=end,
-        state=state,
-        throughput=throughput,
-        cache_tokens_left=room,
-        cache_tokens_total=total,
-        next_rtts=next_rtts or {},
-        version="test",
-        protocol=1,
-    )
+record = functools.partial(server, pool=10_000)  # every pool 10,000 tokens, all of it left unless said
 
 
 def view(*records: ServerRecord) -> SwarmView:
@@ -72,7 +53,7 @@ def test_chains_are_drawn_in_proportion_to_the_plans_sessions() -> None:
 @pytest.mark.parametrize(
     ("swarm", "request_", "left"),
     [
-        ([record("b", 4, 8, room=MAX_LENGTH - 1), *SWARM[2:], SWARM[0]], RouteRequest(MAX_LENGTH), {"c-d"}),
+        ([record("b", 4, 8, cache=MAX_LENGTH - 1), *SWARM[2:], SWARM[0]], RouteRequest(MAX_LENGTH), {"c-d"}),
         (SWARM, RouteRequest(MAX_LENGTH, room_left={"a": 10}), {"c-d"}),
         (SWARM, RouteRequest(MAX_LENGTH, banned=frozenset({"d"})), {"a-b"}),
         (SWARM, RouteRequest(MAX_LENGTH, excluded=frozenset({"b"})), {"c-d"}),
@@ -163,7 +144,7 @@ def test_below_the_optimum_the_plan_is_the_fastest_chain_and_at_it_the_optimum()
 
 
 def test_a_gateway_plans_only_the_room_left_and_what_its_own_sessions_hold() -> None:
-    full = [record(s.peer_id, s.start, s.end, room=0, throughput=100.0, next_rtts=dict(s.next_rtts)) for s in NEAR_FAR]
+    full = [record(s.peer_id, s.start, s.end, cache=0, throughput=100.0, next_rtts=dict(s.next_rtts)) for s in NEAR_FAR]
     taken = [full[0], full[1], *NEAR_FAR[2:]]  # a and b full of other gateways' sessions
     plan = plan_of(view(*taken), RTTS, {}, MAX_LENGTH, 1.0, WORK)
     assert plan is not None and chains_of(plan.chains) == {"c-d"}

@@ -24,9 +24,11 @@ def server(
     queue: int = 0,
     state: NodeState = NodeState.ONLINE,
     adapters: tuple[str, ...] = (),
+    next_rtts: dict[str, float] | None = None,
 ) -> ServerRecord:
     return ServerRecord(
         adapters=list(adapters),
+        next_rtts=next_rtts or {},
         peer_id=peer,
         start=start,
         end=end,
