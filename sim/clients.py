@@ -124,7 +124,7 @@ def fail_over(world: World, session: Session, node: SimNode, fault: bool) -> Non
 
 def finish(world: World, session: Session) -> None:
     session.finished = world.clock.now
-    session.gateway.meter.finished(session.request.output, world.clock.now)
+    session.gateway.meter.finished(session.request.output)
     session.decoding = False
     world.metrics.finished += 1
     _release(world, session, session.hops)

@@ -14,10 +14,9 @@ from gateway.swarm.bans import BanList
 from gateway.swarm.room_refusals import RoomRefusals
 from gateway.swarm.route_plan import planned
 from gateway.swarm.route_plan.planned import PLAN_PERIOD, DemandMeter, PlannedChain
-from gateway.swarm.route_plan.view_plan import RoutePlan, plan_of
+from gateway.swarm.route_plan.view_plan import GatewayDemand, RoutePlan, plan_of
 from gateway.swarm.routing import Hop, RouteRequest, RoutingMode, plan_route
 from gateway.swarm.view import SwarmView
-from shared.kv_charge import pool_tokens
 from sim import geography
 from sim.dataplane import GATEWAY_WORK
 from sim.events import EventQueue
@@ -73,11 +72,7 @@ class SimGateway:
 
     def route(self, session: Session, start: int, end: int, avoid: frozenset[str], fresh: bool) -> list[Hop]:
         view = self.view(fresh)
-        if self._rtts_for is not view:
-            for peer in view.servers:
-                if peer not in self.rtts:
-                    self.rtts[peer] = self.world.rtt_to(self.city, GATEWAY_LAST_MILE, self.world.nodes[peer])
-            self._rtts_for = view
+        self._measure(view)
         request = RouteRequest(
             session.request.max_length,
             start,
@@ -108,32 +103,34 @@ class SimGateway:
             self._routes[key] = hops
         return list(hops)
 
+    def _measure(self, view: SwarmView) -> None:
+        """RTTs to the view's nodes not measured yet (the gateway's prober measures every node it sees)."""
+        if self._rtts_for is not view:
+            for peer in view.servers:
+                if peer not in self.rtts:
+                    self.rtts[peer] = self.world.rtt_to(self.city, GATEWAY_LAST_MILE, self.world.nodes[peer])
+            self._rtts_for = view
+
     def _plan(self, view: SwarmView, request: RouteRequest) -> RoutePlan | None:
-        """The plan, remade every ``PLAN_PERIOD`` (its CPU time in ``World.plan_times``)."""
+        """The plan, remade every ``PLAN_PERIOD`` from what every gateway announces (its CPU time in
+        ``World.plan_times``)."""
         now = self.world.clock.now
         if now - self._planned_at < PLAN_PERIOD:
             return self.plan
         began = time.process_time()
-        held_length = self.meter.held_length(now) or float(request.max_length)
-        previous = self.plan.chains if self.plan is not None else ()
-        self.plan = plan_of(
-            view, self.rtts, self.held(), held_length, self.meter.demand(now), GATEWAY_WORK, previous=previous
-        )
+        gateways = [g.announced(view, request.max_length) for g in self.world.gateways]
+        previous = self.plan.every if self.plan is not None else ()
+        me = self.world.gateways.index(self)
+        self.plan = plan_of(view, gateways, me, GATEWAY_WORK, previous=previous)
         self._planned_at = now
         self.world.plan_times.append(time.process_time() - began)
         return self.plan
 
-    def held(self) -> dict[str, int]:
-        """KV tokens this gateway's sessions hold per node (``shared.kv_charge``)."""
-        held: Counter[str] = Counter()
-        for node in self.world.nodes.values():
-            for index in node.sessions:
-                session = self.world.sessions[index]
-                if session.gateway is self:
-                    for hop in session.hops:
-                        if hop.peer_id == node.peer_id:
-                            held[hop.peer_id] += pool_tokens(session.request.max_length, hop.end - hop.start, node.span)
-        return dict(held)
+    def announced(self, view: SwarmView, length: int) -> GatewayDemand:
+        """What this gateway tells the others for their plans (``length``: its sessions' if none arrived yet)."""
+        self._measure(view)
+        now = self.world.clock.now
+        return GatewayDemand(self.rtts, self.meter.demand(now), self.meter.held_length(now) or float(length))
 
     def _memo_key(self, view: SwarmView, request: RouteRequest) -> tuple[object, ...] | None:
         """What a ``min_latency`` route depends on, so that a search already made is not made again: this

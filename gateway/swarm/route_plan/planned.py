@@ -34,46 +34,49 @@ DEMAND_MARGIN = 1.1  # the demand plan carries this multiple of the offered load
 # where the plan has no room; a plan for the burst's peak would be the optimum's slow chains, and sessions opened
 # on them keep them for their whole length.
 DEMAND_WINDOW = 300.0
-# A session that found no room this recently says the swarm is full for this gateway's users: plan for the optimum
-# (a full swarm's refused arrivals make its decoded tokens, and finished sessions, a poor measure of demand).
+FINISHED_KEPT = 500  # finished sessions whose decoded tokens give the mean length a demand is sized by
+# A session that found no room this recently says the swarm is full: plan for the optimum. (The LP's figure cannot
+# say so: a record gives one session's speed, not a full batch's, so the plan has no compute rows and the LP carries
+# more than the swarm can.)
 ROOM_WINDOW = 60.0
 PLAN_PERIOD = 30.0  # seconds between a gateway's plans (each a path LP over its view: seconds of CPU at scale)
 
 
 class DemandMeter:
-    """What a gateway's users ask of the swarm, as the gateway measures it over the last ``DEMAND_WINDOW`` seconds:
-    sessions arriving per second (since the first: a mean over time before any would size the plan for nothing)
-    times the mean tokens a finished session decoded, in tokens/s; and the mean ``max_length`` of those arrivals
-    (what a session holds on a node). Arrivals count whether or not the swarm had room for them: decoded tokens/s
-    alone would read a full swarm's refusals as less demand."""
+    """What a gateway's users ask of the swarm, as the gateway measures it: sessions arriving per second over the
+    last ``DEMAND_WINDOW`` seconds (since the first: a mean over time before any would size the plan for nothing)
+    times the mean tokens decoded by the last ``FINISHED_KEPT`` sessions to finish, in tokens/s; and the mean
+    ``max_length`` of those arrivals (what a session holds on a node). Arrivals count whether or not the swarm had
+    room for them (decoded tokens/s alone would read a full swarm's refusals as less demand); the finished are
+    counted over more than the window, or long sessions, which outlast it, would be left out."""
 
     def __init__(self) -> None:
         self._opened: deque[tuple[float, int]] = deque()  # (time, max_length)
-        self._finished: deque[tuple[float, int]] = deque()  # (time, tokens decoded)
+        self._finished: deque[int] = deque(maxlen=FINISHED_KEPT)  # tokens decoded
         self._first: float | None = None
-        self._short: float = -float("inf")  # when a session last found no room
+        self._short = -float("inf")  # when a session last found no room
 
     def short_of_room(self, now: float) -> None:
-        """A session found no room on its chain (a node refused it for room, or no planned chain had any)."""
+        """A session found no room for its chain (a node refused it for room, or no planned chain had any)."""
         self._short = now
 
     def opened(self, max_length: int, now: float) -> None:
         self._first = now if self._first is None else self._first
         self._opened.append((now, max_length))
 
-    def finished(self, tokens: int, now: float) -> None:
-        self._finished.append((now, tokens))
+    def finished(self, tokens: int) -> None:
+        self._finished.append(tokens)
 
     def demand(self, now: float) -> float | None:
-        """Tokens/s; None (plan for the optimum) before a session arrived and one finished in the window, and while
-        a session found no room in the last ``ROOM_WINDOW``."""
+        """Tokens/s; None (plan for the optimum) before a session arrived in the window and one finished, and while
+        a session found no room in the last ``ROOM_WINDOW`` seconds."""
         self._forget(now)
         if now - self._short < ROOM_WINDOW:
             return None
         if self._first is None or not self._opened or not self._finished or now <= self._first:
             return None
         arrivals = len(self._opened) / min(DEMAND_WINDOW, now - self._first)
-        return arrivals * sum(t for _, t in self._finished) / len(self._finished)
+        return arrivals * sum(self._finished) / len(self._finished)
 
     def held_length(self, now: float) -> float | None:
         """The mean ``max_length`` of the sessions that arrived in the window; None where none did."""
@@ -81,9 +84,8 @@ class DemandMeter:
         return sum(n for _, n in self._opened) / len(self._opened) if self._opened else None
 
     def _forget(self, now: float) -> None:
-        for samples in (self._opened, self._finished):
-            while samples and samples[0][0] <= now - DEMAND_WINDOW:
-                samples.popleft()
+        while self._opened and self._opened[0][0] <= now - DEMAND_WINDOW:
+            self._opened.popleft()
 
 
 class NoPlannedRoom(RuntimeError):
@@ -92,7 +94,7 @@ class NoPlannedRoom(RuntimeError):
 
 @dataclass(frozen=True)
 class PlannedChain:
-    gateway: int  # index into ``World.gateways``
+    gateway: int  # which of the plan's gateways (an index)
     hops: tuple[Hop, ...]
     sessions: float  # the LP optimum's sessions on it at once (y_c x T_c)
 

@@ -1,18 +1,19 @@
-"""The plan one gateway routes its users' whole chains by, made from what that gateway sees (issue 27).
+"""The plan a gateway routes its users' whole chains by: one path LP over the swarm for every gateway that announces
+its demand, each gateway drawing from its own chains of it (issue 27).
 
-Everything here is what a gateway has: the view's records (spans; ``throughput``, one session's tokens/s through a
-span, so a hop's step is ``blocks x block_time``; pools), its measured RTTs (to a first hop and back from a last
-one) and the nodes' announced ``next_rtts`` (between hops; the gateway's own RTT to the next node where none is
-announced), read as ``routing.hop_cost`` reads them for a pushing chain. Over chains from this gateway alone it
-solves the path LP (``path_lp``) with:
+A plan over one gateway's part of the pools re-plans the chains that gateway already holds once the swarm is full
+(``bench/README.md``, stop 43); the optimum gives each pool to the gateways near it, and only a plan over all of
+them knows which. So every gateway solves the same LP from the same inputs: the view's records (spans;
+``throughput``, one session's tokens/s through a span, so a hop's step is ``1 / throughput`` however few of the
+span's blocks it uses: a node runs a sub-range as a forward of its own, batched with nobody; whole pools),
+the nodes' announced ``next_rtts`` (between hops; where none is announced, the planning gateway's own RTT to the
+next node, as ``routing.hop_cost`` reads links) and, per gateway, what it announces (``GatewayDemand``): its RTTs
+to the nodes (to a first hop and back from a last) and its users' demand. No compute rows: a record says one
+session's speed, not what a full batch carries.
 
-- KV rows: the part of each node's pool this gateway may fill, what its record says is left plus what this
-  gateway's own sessions hold there (other gateways' sessions are theirs to plan); a node with none is left out;
-- no compute rows: a record says one session's speed, not what a full batch carries.
-
-Then, as ``planned`` says: below the optimum (``DEMAND_MARGIN`` x the measured demand under what the LP carries)
-the fastest plan for that demand, on which a session with no planned room goes by ``plan_route``; else the
-optimum's plan, on which it waits for room.
+As ``planned`` says: where every gateway's demand is measured and ``DEMAND_MARGIN`` x their sum is below what the
+LP carries, the fastest plan for those demands (a session with no planned room goes by ``plan_route``); else the
+optimum's plan (a session waits for room on it).
 """
 
 from __future__ import annotations
@@ -29,74 +30,83 @@ from gateway.swarm.routing import UNKNOWN_RTT, Hop
 from gateway.swarm.view import SwarmView
 from shared.server_records import ServerRecord
 
-GATEWAY = 0  # the one gateway of a view's graph
+
+@dataclass(frozen=True)
+class GatewayDemand:
+    """What a gateway tells the others for their plans: its RTTs to nodes, its users' demand (tokens/s; None: not
+    measured yet) and the mean ``max_length`` of their sessions (``planned.DemandMeter``)."""
+
+    rtts: Mapping[str, float]
+    demand: float | None
+    held_length: float
 
 
 @dataclass(frozen=True)
 class RoutePlan:
-    chains: tuple[PlannedChain, ...]  # the chains to draw from (``planned.pick``), each with its sessions at once
+    chains: tuple[PlannedChain, ...]  # this gateway's chains to draw from (``planned.pick``), with their sessions
     below_optimum: bool  # a demand plan: a session that finds no planned room goes by ``plan_route``
-    carried: float  # tokens/s the LP's optimum carries for this gateway (its own view)
+    carried: float  # tokens/s the LP's optimum carries for every gateway at once
+    every: tuple[PlannedChain, ...] = ()  # every gateway's chains (the next plan's warm start)
 
 
 def plan_of(
     view: SwarmView,
-    rtts: Mapping[str, float],
-    held: Mapping[str, int],
-    held_length: float,
-    demand: float | None,
+    gateways: Sequence[GatewayDemand],
+    me: int,
     work: float,
     excluded: Collection[str] = (),
     previous: Sequence[PlannedChain] = (),
     seconds: float = 5.0,
 ) -> RoutePlan | None:
-    """The plan for sessions holding ``held_length`` tokens on average (> 0); ``held``: KV tokens this gateway's
-    sessions hold per node; ``demand``: its users' tokens/s (None: not measured yet, plan for the optimum);
-    ``work``: the gateway's own seconds per token; ``excluded``: nodes never routed (``verify``); ``previous``: the
-    last plan's chains, a warm start. None where the LP's pricing gave up or no chain covers every block."""
+    """Gateway ``gateways[me]``'s plan; ``work``: a gateway's own seconds per token; ``excluded``: nodes never routed
+    (``verify``); ``previous``: the last plan's chains (every gateway's), a warm start. None where the LP's pricing
+    gave up or no chain covers every block."""
     servers = sorted(
         (
             s
             for s in view.online()
-            if s.peer_id not in excluded and s.throughput > 0 and _pool(s, held) > 0 and s.end <= view.num_blocks
+            if s.peer_id not in excluded and s.throughput > 0 and s.cache_tokens_total > 0 and s.end <= view.num_blocks
         ),
         key=lambda s: s.peer_id,
     )
     if not servers:
         return None
-    graph = _graph(servers, rtts, view.num_blocks, work)
-    pool = np.array([_pool(s, held) for s in servers], dtype=float)
+    graph = _graph(servers, gateways, me, view.num_blocks, work)
+    pool = np.array([s.cache_tokens_total for s in servers], dtype=float)
     capacity = np.full(len(servers), np.inf)  # no compute rows (the module's docstring)
+    demands = [g.demand for g in gateways]
+    known = [d for d in demands if d is not None]
+    # One length for the LP's KV rows: the gateways' lengths weighted by their demand (equally before any is known).
+    weights = np.array([d or 0.0 for d in demands]) if sum(known) > 0 else np.ones(len(gateways))
+    held_length = float(np.average([g.held_length for g in gateways], weights=weights))
     row = {s.peer_id: i for i, s in enumerate(servers)}
     start = tuple(
-        Chain(GATEWAY, tuple((row[hop.peer_id], hop.start) for hop in c.hops))
+        Chain(c.gateway, tuple((row[hop.peer_id], hop.start) for hop in c.hops))
         for c in previous
-        if all(hop.peer_id in row for hop in c.hops)
+        if c.gateway < len(gateways) and all(hop.peer_id in row for hop in c.hops)
     )
     found = path_bound(graph, capacity, pool, held_length, seconds, start=start)
     if found is None or found.reached <= 0:
         return None
-    below = demand is not None and DEMAND_MARGIN * demand < found.reached
-    if below and demand is not None:
-        wanted = np.array([DEMAND_MARGIN * demand])
+    below = len(known) == len(demands) and DEMAND_MARGIN * sum(known) < found.reached
+    if below:
+        wanted = DEMAND_MARGIN * np.array(known)
         chains, rates = fastest_plan(graph, capacity, pool, held_length, found.known, wanted)
     else:
         chains, rates = found.used, found.rates
     planned = tuple(
-        PlannedChain(GATEWAY, tuple(Hop(servers[n].peer_id, e, servers[n].end) for n, e in c.hops), y * graph.round(c))
+        PlannedChain(
+            c.gateway, tuple(Hop(servers[n].peer_id, e, servers[n].end) for n, e in c.hops), y * graph.round(c)
+        )
         for c, y in zip(chains, rates, strict=True)
     )
-    return RoutePlan(planned, below, found.reached)
+    return RoutePlan(tuple(c for c in planned if c.gateway == me), below, found.reached, planned)
 
 
-def _pool(server: ServerRecord, held: Mapping[str, int]) -> int:
-    return min(server.cache_tokens_total, server.cache_tokens_left + held.get(server.peer_id, 0))
-
-
-def _graph(servers: list[ServerRecord], rtts: Mapping[str, float], blocks: int, work: float) -> Graph:
+def _graph(servers: list[ServerRecord], gateways: Sequence[GatewayDemand], me: int, blocks: int, work: float) -> Graph:
     peers = [s.peer_id for s in servers]
-    own = np.array([rtts.get(p, UNKNOWN_RTT) for p in peers]) / 2  # one way, gateway to node
-    links = np.tile(own, (len(servers), 1))  # [from, to]: what the sender announced, else the gateway's own
+    legs = np.array([[g.rtts.get(p, UNKNOWN_RTT) for p in peers] for g in gateways]) / 2  # one way, gateway-node
+    links = np.tile(legs[me], (len(servers), 1))  # [from, to]: what the sender announced, else our own RTT
     row = {p: i for i, p in enumerate(peers)}
     for i, server in enumerate(servers):
         for peer, rtt in server.next_rtts.items():
@@ -105,7 +115,7 @@ def _graph(servers: list[ServerRecord], rtts: Mapping[str, float], blocks: int, 
     spans = Spans(
         np.array([s.start for s in servers], dtype=np.int64),
         np.array([s.end for s in servers], dtype=np.int64),
+        np.array([1.0 / s.throughput for s in servers]),  # a step: the whole span's, however few blocks a hop uses
         np.zeros(len(servers)),
-        np.array([s.block_time for s in servers]),
     )
-    return Graph.of(spans, links, own[None, :], blocks, work)
+    return Graph.of(spans, links, legs, blocks, work)

@@ -1,4 +1,4 @@
-"""Planned routing in the simulator: each gateway routes whole chains by its own plan (``route_plan.view_plan``); a
+"""Planned routing in the simulator: each gateway routes whole chains by its plan (``route_plan.view_plan``); a
 session with no planned room waits on the optimum's plan and goes by ``plan_route`` on a demand plan; a run with
 it routes every decoding session over every block (``pick`` itself: ``tests/unit/gateway/swarm/test_route_plan.py``)."""
 
@@ -86,8 +86,9 @@ def test_a_gateways_plan_is_remade_from_its_view_every_plan_period() -> None:
     assert all(hop.peer_id in world.nodes for c in first.chains for hop in c.hops)
     gateway.route(session, 0, blocks, frozenset(), fresh=False)
     assert gateway.plan is first and len(world.plan_times) == 1
-    gateway.meter.opened(1000, world.clock.now)  # one session in a plan period, 10 tokens: far below the optimum
-    gateway.meter.finished(10, world.clock.now)
+    for each in world.gateways:  # one session a plan period at every gateway, 10 tokens: far below the optimum
+        each.meter.opened(1000, world.clock.now)
+        each.meter.finished(10)
     world.clock.run_until(world.clock.now + PLAN_PERIOD)
     gateway.route(session, 0, blocks, frozenset(), fresh=False)
     assert gateway.plan is not first and gateway.plan is not None and gateway.plan.below_optimum

@@ -1,8 +1,8 @@
 """A gateway's route plan (``gateway.swarm.route_plan``): chains drawn in proportion to the plan's sessions and only
 where every hop fits (``planned.pick``); the demand a plan is sized by (``DemandMeter``); and the plan made from a
-view (``view_plan``): its chains' rounds are what ``routing.hop_cost`` charges a pushing chain, the fastest chains
-below the optimum, the optimum (KV-bound: more chains) past it, this gateway's part of each pool, and no excluded
-node."""
+view and what every gateway announces (``view_plan``): its chains' rounds are what ``routing.hop_cost`` charges a
+pushing chain, the fastest chains below the optimum, the optimum (KV-bound: more chains) past it, each gateway its
+own chains of one plan, and no excluded node."""
 
 from __future__ import annotations
 
@@ -13,8 +13,16 @@ import numpy as np
 import pytest
 
 from gateway.swarm.route_plan.chains import Chain
-from gateway.swarm.route_plan.planned import DEMAND_WINDOW, ROOM_WINDOW, DemandMeter, NoPlannedRoom, PlannedChain, pick
-from gateway.swarm.route_plan.view_plan import GATEWAY, _graph, plan_of
+from gateway.swarm.route_plan.planned import (
+    DEMAND_WINDOW,
+    FINISHED_KEPT,
+    ROOM_WINDOW,
+    DemandMeter,
+    NoPlannedRoom,
+    PlannedChain,
+    pick,
+)
+from gateway.swarm.route_plan.view_plan import GatewayDemand, _graph, plan_of
 from gateway.swarm.routing import Hop, RouteRequest, hop_cost
 from gateway.swarm.view import SwarmView
 from shared.server_records import NodeState, ServerRecord
@@ -84,23 +92,26 @@ def test_demand_is_arrivals_per_second_times_the_tokens_a_finished_session_decod
     for t in range(100, 200):
         meter.opened(1000 if t % 2 else 3000, float(t))  # one session a second from 100 s on
     assert meter.demand(200.0) is None  # none finished yet: no length to go by
-    meter.finished(40, 150.0)
-    meter.finished(60, 160.0)
+    meter.finished(40)
+    meter.finished(60)
     assert meter.demand(200.0) == pytest.approx(50.0)  # 1 a second since the first (not over the window) x 50
     assert meter.held_length(200.0) == 2000.0
     for t in range(200, 200 + int(DEMAND_WINDOW), 10):
-        meter.opened(500, float(t))  # then one every 10 s, each decoding 20
-        meter.finished(20, float(t))
-    assert meter.demand(200 + DEMAND_WINDOW) == pytest.approx(2.0, rel=0.05)  # the first 100 s forgotten
-    assert meter.held_length(200 + DEMAND_WINDOW) == 500.0
-    assert meter.demand(200 + 3 * DEMAND_WINDOW) is None  # nobody came for a whole window
+        meter.opened(500, float(t))  # then one every 10 s
+    later = 200 + DEMAND_WINDOW
+    assert meter.demand(later) == pytest.approx(29 / DEMAND_WINDOW * 50)  # the first 100 s forgotten, not the lengths
+    assert meter.held_length(later) == 500.0
+    for _ in range(FINISHED_KEPT):
+        meter.finished(20)
+    assert meter.demand(later) == pytest.approx(29 / DEMAND_WINDOW * 20)  # the last FINISHED_KEPT only
+    assert meter.demand(later + 2 * DEMAND_WINDOW) is None  # nobody came for a whole window
 
 
 def test_while_a_session_finds_no_room_the_demand_is_the_optimums() -> None:
     meter = DemandMeter()
     for t in range(100):
         meter.opened(1000, float(t))
-        meter.finished(10, float(t))
+        meter.finished(10)
     assert meter.demand(100.0) == pytest.approx(10.0)
     meter.short_of_room(100.0)
     assert meter.demand(100.0) is None and meter.demand(100.0 + ROOM_WINDOW - 1) is None
@@ -117,46 +128,58 @@ NEAR_FAR = [
 RTTS = {"a": 0.01, "b": 0.01, "c": 0.2, "d": 0.2}
 
 
+def alone(demand: float | None = None) -> list[GatewayDemand]:
+    return [GatewayDemand(RTTS, demand, MAX_LENGTH)]
+
+
 def chains_of(plan_chains: tuple[PlannedChain, ...]) -> set[str]:
     return {"-".join(h.peer_id for h in c.hops) for c in plan_chains}
 
 
 def test_a_chains_round_in_the_plan_is_what_routing_charges_a_pushing_chain() -> None:
     servers = sorted(NEAR_FAR, key=lambda s: s.peer_id)
-    graph = _graph(servers, RTTS, BLOCKS, WORK)
+    graph = _graph(servers, alone(), 0, BLOCKS, WORK)
     request = RouteRequest(1, rtts=RTTS, push=True)
     for first, second in [(0, 1), (0, 3), (2, 1), (2, 3)]:
         a, b = servers[first], servers[second]
         cost = hop_cost(a, 4, request) + hop_cost(b, 4, request, before=a, last=True)
-        assert graph.round(Chain(GATEWAY, ((first, 0), (second, 4)))) == pytest.approx(WORK + cost)
+        assert graph.round(Chain(0, ((first, 0), (second, 4)))) == pytest.approx(WORK + cost)
 
 
 def test_below_the_optimum_the_plan_is_the_fastest_chain_and_at_it_the_optimum() -> None:
     swarm = view(*NEAR_FAR)
-    optimum = plan_of(swarm, RTTS, {}, MAX_LENGTH, None, WORK)
+    optimum = plan_of(swarm, alone(), 0, WORK)
     assert optimum is not None and not optimum.below_optimum
     assert {"a-b", "c-d"} <= chains_of(optimum.chains)  # KV-bound: every pool carries what it can
-    light = plan_of(swarm, RTTS, {}, MAX_LENGTH, optimum.carried / 10, WORK)
+    light = plan_of(swarm, alone(optimum.carried / 10), 0, WORK)
     assert light is not None and light.below_optimum
     assert chains_of(light.chains) == {"a-b"}
-    busy = plan_of(swarm, RTTS, {}, MAX_LENGTH, optimum.carried, WORK)
+    busy = plan_of(swarm, alone(optimum.carried), 0, WORK)
     assert busy is not None and not busy.below_optimum
 
 
-def test_a_gateway_plans_only_the_room_left_and_what_its_own_sessions_hold() -> None:
-    full = [record(s.peer_id, s.start, s.end, cache=0, throughput=100.0, next_rtts=dict(s.next_rtts)) for s in NEAR_FAR]
-    taken = [full[0], full[1], *NEAR_FAR[2:]]  # a and b full of other gateways' sessions
-    plan = plan_of(view(*taken), RTTS, {}, MAX_LENGTH, 1.0, WORK)
-    assert plan is not None and chains_of(plan.chains) == {"c-d"}
-    ours = plan_of(view(*taken), RTTS, {"a": 5_000, "b": 5_000}, MAX_LENGTH, 1.0, WORK)
-    assert ours is not None and chains_of(ours.chains) == {"a-b"}
-    assert ours.carried < plan_of(view(*NEAR_FAR), RTTS, {}, MAX_LENGTH, None, WORK).carried  # type: ignore[union-attr]
+def test_each_gateway_draws_from_its_own_chains_of_one_plan_for_all() -> None:
+    """Gateway 0 near a and b, gateway 1 near c and d (and c to d 10 ms): the optimum gives each pool to the
+    gateway near it; whole pools, whatever room the records say is left (the plan is for every gateway's
+    sessions); a demand plan only once every gateway's demand is known."""
+    swarm = [*NEAR_FAR[:2], record("c", 0, 4, cache=0, throughput=100.0, next_rtts={"d": 0.01}), NEAR_FAR[3]]
+    near_cd = {"a": 0.2, "b": 0.2, "c": 0.01, "d": 0.01}
+    both = [GatewayDemand(RTTS, None, MAX_LENGTH), GatewayDemand(near_cd, None, MAX_LENGTH)]
+    plans = [plan_of(view(*swarm), both, me, WORK) for me in (0, 1)]
+    assert plans[0] is not None and plans[1] is not None
+    assert chains_of(plans[0].chains) == {"a-b"} and chains_of(plans[1].chains) == {"c-d"}
+    assert all(c.gateway == me for me, plan in enumerate(plans) for c in plan.chains)  # type: ignore[union-attr]
+    assert plans[0].every == plans[1].every  # the same plan from the same inputs
+    half_known = [GatewayDemand(RTTS, 1.0, MAX_LENGTH), GatewayDemand(near_cd, None, MAX_LENGTH)]
+    assert not plan_of(view(*swarm), half_known, 0, WORK).below_optimum  # type: ignore[union-attr]
+    known = [GatewayDemand(RTTS, 1.0, MAX_LENGTH), GatewayDemand(near_cd, 1.0, MAX_LENGTH)]
+    assert plan_of(view(*swarm), known, 0, WORK).below_optimum  # type: ignore[union-attr]
 
 
 def test_an_announced_link_prices_the_hop_and_an_excluded_node_is_never_planned() -> None:
     slow_link = [record("a", 0, 4, throughput=100.0, next_rtts={"b": 0.5}), *NEAR_FAR[1:]]  # a to b: 500 ms
-    plan = plan_of(view(*slow_link), RTTS, {}, MAX_LENGTH, 1.0, WORK)
+    plan = plan_of(view(*slow_link), alone(1.0), 0, WORK)
     assert plan is not None and plan.below_optimum and "a-b" not in chains_of(plan.chains)
-    plan = plan_of(view(*NEAR_FAR), RTTS, {}, MAX_LENGTH, None, WORK, excluded={"b"})
+    plan = plan_of(view(*NEAR_FAR), alone(), 0, WORK, excluded={"b"})
     assert plan is not None and all("b" not in chain for chain in chains_of(plan.chains))
-    assert plan_of(view(*NEAR_FAR), RTTS, {}, MAX_LENGTH, None, WORK, excluded={"b", "d"}) is None
+    assert plan_of(view(*NEAR_FAR), alone(), 0, WORK, excluded={"b", "d"}) is None
