@@ -85,6 +85,14 @@ class ServerRecord(BaseModel):
         return 1.0 / (self.throughput * (self.end - self.start)) if self.throughput > 0 else float("inf")
 
     @property
+    def occupancy(self) -> float:
+        """The share of the KV pool in use, in tenths (a coarse signal: a record is up to 10 s old); 0 where the
+        pool's size is not said."""
+        if self.cache_tokens_total <= 0:
+            return 0.0
+        return round(min(1.0, max(0.0, 1.0 - self.cache_tokens_left / self.cache_tokens_total)), 1)
+
+    @property
     def blocks(self) -> range:
         return range(self.start, self.end)
 

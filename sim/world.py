@@ -59,7 +59,7 @@ class SimGateway:
         self._view: SwarmView | None = None
         self._rtts_for: SwarmView | None = None  # the view whose nodes' RTTs ``rtts`` holds
         self._routes: dict[tuple[object, ...], list[Hop]] = {}  # searches made (``_memo_key``)
-        self._routes_structure: tuple[tuple[str, int, int, float], ...] = ()
+        self._routes_structure: tuple[tuple[str, int, int, float, float], ...] = ()
         self.meter = DemandMeter()
         self.plan: RoutePlan | None = None
         self._planned_at = -np.inf
@@ -158,7 +158,7 @@ class _RoutingInputs:
     """A view's serving nodes as routing prices them: spans and throughputs (``structure``), and their room
     (``peers_by_room``, fewest tokens left first; ``rooms`` the matching sorted counts)."""
 
-    structure: tuple[tuple[str, int, int, float], ...]
+    structure: tuple[tuple[str, int, int, float, float], ...]
     peers_by_room: tuple[str, ...]
     rooms: npt.NDArray[np.int64]
     # ``short_of``'s answers by max_length: a view serves many opens, and sessions share a few lengths
@@ -167,7 +167,7 @@ class _RoutingInputs:
     @staticmethod
     def of(view: SwarmView) -> _RoutingInputs:
         online = view.online()
-        structure = tuple(sorted((s.peer_id, s.start, s.end, s.throughput) for s in online))
+        structure = tuple(sorted((s.peer_id, s.start, s.end, s.throughput, s.occupancy) for s in online))
         by_room = sorted(online, key=lambda s: (s.cache_tokens_left, s.peer_id))
         rooms = np.array([s.cache_tokens_left for s in by_room], dtype=np.int64)
         return _RoutingInputs(structure, tuple(s.peer_id for s in by_room), rooms)

@@ -129,6 +129,7 @@ class ServerTable:
     ends: Ints
     throughput: Floats
     cache_left: Ints
+    occupancy: Floats  # ServerRecord.occupancy
     peers: list[str]
     links: MeasuredLinks
     covers: dict[tuple[int, int], dict[int, Ints]] = field(default_factory=dict)  # ``_cover``'s, by block range
@@ -143,6 +144,7 @@ def table_of(servers: Sequence[ServerRecord]) -> ServerTable:
         np.array([s.end for s in ordered], dtype=np.int64),
         np.array([s.throughput for s in ordered], dtype=np.float64),
         np.array([s.cache_tokens_left for s in ordered], dtype=np.int64),
+        np.array([s.occupancy for s in ordered], dtype=np.float64),
         [s.peer_id for s in ordered],
         measured_links(ordered, index),
     )

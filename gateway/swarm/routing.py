@@ -4,10 +4,14 @@ Two modes:
 
 * ``min_latency``: the cheapest path over block boundaries, where using server ``s`` from block ``b`` to the end of
   its span costs its round-trip time, the compute time of those blocks (from its announced throughput), and a large
-  penalty when it is short of cache room. A route switches nodes only at the end of a node's span. When the chain
-  pushes (``RouteRequest.push``), a token travels gateway → first → … → last → gateway: a hop costs half the RTT of
-  the link into it (from the gateway for the first; for a later one, the RTT its predecessor measured and announced
-  in ``next_rtts``, else the gateway's own), and the last hop half its RTT back to the gateway.
+  penalty when it is short of cache room. A busy node charges a hop over part of its span more than those blocks:
+  it runs a sub-range as a forward of its own, batched with none of its other sessions (``decode_batcher``), so a
+  hop of k of its n blocks costs ``(k + (n - k) x occupancy) x block_time`` (``ServerRecord.occupancy``: the share
+  of its pool in use). Idle, k blocks cost k blocks; full, the whole step (``bench/README.md``, stop 43). A route
+  switches nodes only at the end of a node's span. When the chain pushes (``RouteRequest.push``), a token travels
+  gateway → first → … → last → gateway: a hop costs half the RTT of the link into it (from the gateway for the
+  first; for a later one, the RTT its predecessor measured and announced in ``next_rtts``, else the gateway's own),
+  and the last hop half its RTT back to the gateway.
 * ``max_throughput``: spread sessions: at each boundary take the server with the most per-block throughput left
   after its announced queue and the sessions this gateway already runs on it.
 
@@ -96,12 +100,13 @@ def hop_cost(
     """Seconds a token spends on ``server``'s ``blocks``: compute, and its links (see the module docstring)."""
     own_rtt = request.rtts.get(server.peer_id, UNKNOWN_RTT)
     block_time = server.block_time if server.throughput > 0 else UNKNOWN_BLOCK_TIME
+    compute = (blocks + (server.end - server.start - blocks) * server.occupancy) * block_time
     penalty = CACHE_SHORT_PENALTY if cache_room(server, request) < request.max_length else 0.0
     penalty += request.penalties.get(server.peer_id, 0.0)
     if not request.push:
-        return own_rtt + blocks * block_time + penalty
+        return own_rtt + compute + penalty
     link_in = own_rtt if before is None else before.next_rtts.get(server.peer_id, own_rtt)
-    return link_in / 2 + (own_rtt / 2 if last else 0.0) + blocks * block_time + penalty
+    return link_in / 2 + (own_rtt / 2 if last else 0.0) + compute + penalty
 
 
 def cache_room(server: ServerRecord, request: RouteRequest) -> int:
@@ -131,7 +136,10 @@ def _legs(
     measured = table.throughput > 0
     rate = np.where(measured, table.throughput * (table.ends - table.starts), 1.0)
     block_time = np.where(measured, 1.0 / rate, UNKNOWN_BLOCK_TIME)  # ServerRecord.block_time, or the default
-    fixed = np.where(_cache_left(table, request) < request.max_length, CACHE_SHORT_PENALTY, 0.0)
+    busy = table.occupancy
+    span_time = block_time * (table.ends - table.starts)
+    block_time = block_time * (1.0 - busy)  # a hop of k blocks: (k + (span - k) x busy) x block_time
+    fixed = busy * span_time + np.where(_cache_left(table, request) < request.max_length, CACHE_SHORT_PENALTY, 0.0)
     if request.penalties:
         fixed = fixed + np.fromiter((request.penalties.get(p, 0.0) for p in table.peers), np.float64, len(table.peers))
     if request.push:

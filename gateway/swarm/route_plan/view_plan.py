@@ -4,8 +4,8 @@ its demand, each gateway drawing from its own chains of it (issue 27).
 A plan over one gateway's part of the pools re-plans the chains that gateway already holds once the swarm is full
 (``bench/README.md``, stop 43); the optimum gives each pool to the gateways near it, and only a plan over all of
 them knows which. So every gateway solves the same LP from the same inputs: the view's records (spans;
-``throughput``, one session's tokens/s through a span, so a hop's step is ``1 / throughput`` however few of the
-span's blocks it uses: a node runs a sub-range as a forward of its own, batched with nobody; whole pools),
+``throughput``, one session's tokens/s through a span, and a hop's step as ``routing.hop_cost`` prices it, which
+counts the whole span's step on a busy node however few of its blocks the hop uses; whole pools),
 the nodes' announced ``next_rtts`` (between hops; where none is announced, the planning gateway's own RTT to the
 next node, as ``routing.hop_cost`` reads links) and, per gateway, what it announces (``GatewayDemand``): its RTTs
 to the nodes (to a first hop and back from a last) and its users' demand. No compute rows: a record says one
@@ -115,7 +115,7 @@ def _graph(servers: list[ServerRecord], gateways: Sequence[GatewayDemand], me: i
     spans = Spans(
         np.array([s.start for s in servers], dtype=np.int64),
         np.array([s.end for s in servers], dtype=np.int64),
-        np.array([1.0 / s.throughput for s in servers]),  # a step: the whole span's, however few blocks a hop uses
-        np.zeros(len(servers)),
+        np.array([s.occupancy / s.throughput for s in servers]),  # as routing's legs: see hop_cost
+        np.array([s.block_time * (1.0 - s.occupancy) for s in servers]),
     )
     return Graph.of(spans, links, legs, blocks, work)

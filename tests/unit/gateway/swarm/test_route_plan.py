@@ -137,13 +137,16 @@ def chains_of(plan_chains: tuple[PlannedChain, ...]) -> set[str]:
 
 
 def test_a_chains_round_in_the_plan_is_what_routing_charges_a_pushing_chain() -> None:
-    servers = sorted(NEAR_FAR, key=lambda s: s.peer_id)
-    graph = _graph(servers, alone(), 0, BLOCKS, WORK)
-    request = RouteRequest(1, rtts=RTTS, push=True)
-    for first, second in [(0, 1), (0, 3), (2, 1), (2, 3)]:
+    busy = record("e", 2, 8, cache=4_000, throughput=50.0)  # 60 % of its pool in use; entered at 4: 4 of 6 blocks
+    servers = sorted([*NEAR_FAR, busy], key=lambda s: s.peer_id)
+    rtts = {**RTTS, "e": 0.05}
+    graph = _graph(servers, [GatewayDemand(rtts, None, MAX_LENGTH)], 0, BLOCKS, WORK)
+    request = RouteRequest(1, rtts=rtts, push=True)
+    for first, second in [(0, 1), (0, 3), (2, 1), (2, 3), (0, 4), (2, 4)]:
         a, b = servers[first], servers[second]
         cost = hop_cost(a, 4, request) + hop_cost(b, 4, request, before=a, last=True)
         assert graph.round(Chain(0, ((first, 0), (second, 4)))) == pytest.approx(WORK + cost)
+    assert hop_cost(busy, 4, request) == pytest.approx(0.05 / 2 + (4 + 2 * 0.6) * busy.block_time)  # more than 4 blocks
 
 
 def test_below_the_optimum_the_plan_is_the_fastest_chain_and_at_it_the_optimum() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.swarm.bans import BanList
-from gateway.swarm.routing import Hop, RouteRequest, RoutingMode, plan_route
+from gateway.swarm.routing import Hop, RouteRequest, RoutingMode, hop_cost, plan_route
 from gateway.swarm.view import SwarmView
 from shared.dht_records import NodeState, ServerRecord
 from shared.errors import MissingBlocks
@@ -93,6 +93,22 @@ def test_min_latency_weighs_compute_against_hops() -> None:
     )
     request = RouteRequest(64, rtts={"whole": 0.01, "L": 0.01, "R": 0.01})
     assert plan_route(swarm, request, MIN_LATENCY) == [Hop("whole", 0, 30)]
+
+
+def test_a_busy_nodes_hop_over_part_of_its_span_costs_up_to_its_whole_step() -> None:
+    # After A (0:20): B's last 10 of 20 blocks at 0.005 s a block (0.05 s) or C's whole 10 at 1/120 s (0.083 s).
+    def swarm(b_left: int) -> SwarmView:
+        a = server("A", 0, 20, throughput=50.0)
+        b = server("B", 10, 30, throughput=10.0, cache=b_left, pool=10_000)
+        return view(a, b, server("C", 20, 30, throughput=12.0))
+
+    request = RouteRequest(64, rtts={"A": 0.001, "B": 0.001, "C": 0.001})
+    assert swarm(10_000).servers["B"].occupancy == 0.0
+    assert [h.peer_id for h in plan_route(swarm(10_000), request, MIN_LATENCY)] == ["A", "B"]  # idle: 10 blocks
+    busy = swarm(1_000)  # 90 % of B's pool in use: (10 + 10 x 0.9) x 0.005 = 0.095 s
+    assert busy.servers["B"].occupancy == 0.9
+    assert [h.peer_id for h in plan_route(busy, request, MIN_LATENCY)] == ["A", "C"]
+    assert hop_cost(busy.servers["B"], 10, request) == pytest.approx(0.001 + 0.095)
 
 
 def test_min_latency_switches_nodes_only_at_a_span_end() -> None:
