@@ -46,7 +46,7 @@ class Session:
 class SimGateway:
     """One gateway: its view of the DHT, RTTs to nodes, bans and refusals for room on the virtual clock, its load;
     routes with the real ``plan_route``, timing each call (or, where the world says so, whole chains by its own
-    plan, ``route_plan.view_plan``, remade every ``PLAN_PERIOD`` from its view and its users' measured demand)."""
+    plan, ``route_plan.view_plan``, remade every ``PLAN_PERIOD`` from its view and what every gateway announces)."""
 
     def __init__(self, world: World, city: City, mode: RoutingMode) -> None:
         self.world = world
@@ -134,11 +134,12 @@ class SimGateway:
 
     def _memo_key(self, view: SwarmView, request: RouteRequest) -> tuple[object, ...] | None:
         """What a ``min_latency`` route depends on, so that a search already made is not made again: this
-        gateway's RTTs (fixed per node), the blocks, who is banned or passed over, the serving nodes' spans and
-        announced throughputs, and which of them are short of room for the session by their records or by a
-        refusal since (``plan_route`` reads ``cache_tokens_left`` and ``room_left`` only as ``< max_length``). In a
-        busy swarm most opens repeat the same searches (the same full nodes found one by one, view after view), so
-        they are kept while the serving nodes' spans and throughputs stay the same. ``max_throughput`` reads this
+        gateway's RTTs (fixed per node), the blocks, who is banned or passed over, the serving nodes' spans,
+        announced throughputs and occupancy (in tenths), and which of them are short of room for the session by
+        their records or by a refusal since (``plan_route`` reads ``cache_tokens_left`` and ``room_left`` otherwise
+        only as ``< max_length``). In a busy swarm most opens repeat the same searches (the same full nodes found
+        one by one, view after view), so they are kept while the serving nodes' spans, throughputs and occupancy
+        stay the same. ``max_throughput`` reads this
         gateway's load, which changes with every open: not kept."""
         if self.mode is not RoutingMode.MIN_LATENCY:
             return None
@@ -155,7 +156,7 @@ class SimGateway:
 
 @dataclass(frozen=True)
 class _RoutingInputs:
-    """A view's serving nodes as routing prices them: spans and throughputs (``structure``), and their room
+    """A view's serving nodes as routing prices them: spans, throughputs and occupancy (``structure``), and their room
     (``peers_by_room``, fewest tokens left first; ``rooms`` the matching sorted counts)."""
 
     structure: tuple[tuple[str, int, int, float, float], ...]

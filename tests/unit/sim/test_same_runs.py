@@ -14,6 +14,7 @@ import pytest
 
 from sim.hardware import LLAMA_70B
 from sim.scenario import Scenario, run
+from sim.world import SimGateway
 
 SMALL = replace(Scenario("small", model=LLAMA_70B, nodes=30).quick(), duration=200.0, measure_from=150.0)
 RUNS = {
@@ -47,4 +48,13 @@ def fingerprint(scenario: Scenario) -> dict[str, object]:
 def test_a_small_run_gives_what_it_gave_before(name: str) -> None:
     kept = json.loads(KEPT.read_text())[name]
     now = json.loads(json.dumps(fingerprint(RUNS[name])))  # the same float round trip as the kept copy
+    assert {k: v for k, v in now.items() if v != kept[k]} == {}
+
+
+def test_the_route_memo_changes_no_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Routes kept between searches (``SimGateway._memo_key``) are the ones a new search would find: the 405B run
+    with every search made again gives the same numbers (its nodes' pools fill, so occupancy moves the routes)."""
+    kept = json.loads(KEPT.read_text())["405b-60"]
+    monkeypatch.setattr(SimGateway, "_memo_key", lambda _gateway, _view, _request: None)
+    now = json.loads(json.dumps(fingerprint(RUNS["405b-60"])))
     assert {k: v for k, v in now.items() if v != kept[k]} == {}
