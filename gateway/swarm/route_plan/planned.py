@@ -113,7 +113,9 @@ def pick(plan: Sequence[PlannedChain], view: SwarmView, request: RouteRequest, r
 
 def _fits(view: SwarmView, request: RouteRequest, hop: Hop) -> bool:
     server = view.servers.get(hop.peer_id)
-    if server is None or server.state is not NodeState.ONLINE or hop.peer_id in request.banned | request.excluded:
+    if server is None or server.state is not NodeState.ONLINE:
+        return False
+    if hop.peer_id in request.banned or hop.peer_id in request.excluded:
         return False
     if not server.start <= hop.start < hop.end == server.end:
         return False  # the node moved since the plan was made
