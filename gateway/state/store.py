@@ -138,6 +138,7 @@ class SessionStore:
             await self._flush_events(record.id)
         try:
             await self._write_latest(record.id)
+            self._unsynced_records.discard(record.id)
         except RedisDown:
             self._unsynced_records.add(record.id)
         self._notify()
@@ -186,16 +187,22 @@ class SessionStore:
             raw = await self.link.run(lambda r: r.get(_record_key(session_id)))
         except RedisDown:
             return self._records.get(session_id)
-        if raw is None:
+        # Written here while Redis was down: newer than what Redis holds until the write-through (which runs after
+        # Redis reads as up again) reaches it.
+        if raw is None or session_id in self._unsynced_records:
             return self._records.get(session_id)
         return _parse(str(raw))
 
     async def list_sessions(self, key_id: str | None) -> list[SessionRecord]:
         """Newest first: the caller's sessions, or every session when ``key_id`` is None (admin)."""
+        held = [rec for rec in self._records.values() if key_id is None or rec.key_id == key_id]
         try:
             records = await self.link.run(lambda r: self._read_index(r, key_id))
         except RedisDown:
-            records = [rec for rec in self._records.values() if key_id is None or rec.key_id == key_id]
+            records = held
+        else:  # as in get(): what was written here while Redis was down is newer than Redis's copy
+            unsynced = {rec.id: rec for rec in held if rec.id in self._unsynced_records}
+            records = [unsynced.pop(rec.id, rec) for rec in records] + list(unsynced.values())
         return sorted(records, key=lambda rec: rec.created_at, reverse=True)
 
     async def _read_index(self, client: aioredis.Redis, key_id: str | None) -> list[SessionRecord]:

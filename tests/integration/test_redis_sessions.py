@@ -189,3 +189,37 @@ async def _admitted(limiter: QuotaLimiter, limits: KeyLimits) -> bool:
     except QuotaExceeded:
         return False
     return True
+
+
+async def test_what_was_written_while_redis_was_down_is_read_back_before_the_write_through_reaches_it(
+    link: RedisLink, redis_server: RedisServer
+) -> None:
+    """Redis reads as up again before the write-through has written what memory held: a read in between gets the
+    newer copy from memory, not Redis's older one."""
+    held, release = asyncio.Event(), asyncio.Event()
+
+    async def hold_the_write_through() -> None:  # runs before the store's own write-through (registered first)
+        held.set()
+        await release.wait()
+
+    link.on_recovery(hold_the_write_through)
+    store = SessionStore(link, "A")
+    await store.save(store.new_record("s", "m", "k", 1))
+    redis_server.freeze()
+    try:
+        assert not await link.probe()  # marked down: the update below is never sent (a frozen Redis runs what it got)
+        await store.update("s", status=SessionStatus.FINISHED)
+    finally:
+        redis_server.thaw()
+    await asyncio.wait_for(held.wait(), timeout=15)
+    try:
+        assert link.up
+        assert (await store.get("s")).status == SessionStatus.FINISHED  # type: ignore[union-attr]
+        assert [rec.status for rec in await store.list_sessions("k")] == [SessionStatus.FINISHED]
+        assert [rec.status for rec in await store.list_sessions(None)] == [SessionStatus.FINISHED]
+    finally:
+        release.set()
+    await eventually(lambda: not store._unsynced_records, within=15)
+    other = SessionStore(RedisLink(link.url), "B")
+    assert (await other.get("s")).status == SessionStatus.FINISHED  # type: ignore[union-attr]
+    await other.link.close()
