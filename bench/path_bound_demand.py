@@ -15,9 +15,9 @@ from dataclasses import replace
 import numpy as np
 
 import sim.scenario as sim_scenario
-from gateway.swarm.route_plan.path_lp import PathBound
 from sim.dataflow import path
 from sim.hardware import LLAMA_70B
+from sim.route_plan.path_lp import PathBound
 from sim.scenario import Scenario, run
 from sim.world import World
 

@@ -14,9 +14,9 @@ import numpy as np
 from scipy.optimize import linprog
 
 import sim.dataflow as dataflow
-from gateway.swarm.route_plan.chains import Chain, Floats, Graph
-from gateway.swarm.route_plan.path_lp import PathBound, path_bound
 from sim.hardware import LLAMA_70B
+from sim.route_plan.chains import Chain, Floats, Graph
+from sim.route_plan.path_lp import PathBound, path_bound
 from sim.scenario import Scenario, run
 
 Call = tuple[Graph, Floats, Floats, float, PathBound | None]

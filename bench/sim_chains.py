@@ -23,13 +23,13 @@ from dataclasses import replace
 import numpy as np
 
 import sim.scenario as sim_scenario
-from gateway.swarm.route_plan.path_lp import PathBound
 from gateway.swarm.routing import Hop, RouteRequest, plan_route
 from shared.server_records import NodeState
 from sim import swarm
 from sim.dataflow import fastest_rounds, path
 from sim.dataplane import GATEWAY_WORK, LEAST_WAIT
 from sim.hardware import LLAMA_70B, STEP_OVERHEAD
+from sim.route_plan.path_lp import PathBound
 from sim.scenario import Scenario, run
 from sim.swarm import SimNode
 from sim.world import GATEWAY_LAST_MILE, SimGateway, World

@@ -5,12 +5,12 @@ until it announces again (``gateway.swarm.room_refusals``)."""
 
 from __future__ import annotations
 
-from gateway.swarm.route_plan.planned import NoPlannedRoom
 from gateway.swarm.routing import Hop
 from shared.errors import MissingBlocks
 from shared.kv_charge import pool_tokens
 from shared.server_records import NodeState
 from sim.hardware import STEP_OVERHEAD
+from sim.route_plan.planned import NoPlannedRoom
 from sim.swarm import SimNode
 from sim.workload import Request
 from sim.world import GATEWAY_LAST_MILE, Session, SimGateway, World

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from gateway.swarm.route_plan.chains import Chain
-from gateway.swarm.route_plan.path_lp import PathBound, path_bound
-from gateway.swarm.route_plan.planned import PlannedChain
 from gateway.swarm.routing import Hop
 from sim import clients, fastest_chain
 from sim.dataplane import GATEWAY_WORK, LEAST_WAIT, Chains, Nodes, solve
 from sim.flow_bound import Stage, max_throughput
 from sim.hardware import STEP_OVERHEAD
+from sim.route_plan.chains import Chain
+from sim.route_plan.path_lp import PathBound, path_bound
+from sim.route_plan.planned import PlannedChain
 from sim.swarm import SimNode, queue_depth
 from sim.world import GATEWAY_LAST_MILE, World
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from gateway.swarm.route_plan.chains import Graph, Spans
 from sim import geography
 from sim.geography import City
+from sim.route_plan.chains import Graph, Spans
 
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]

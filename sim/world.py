@@ -12,9 +12,6 @@ import numpy.typing as npt
 
 from gateway.swarm.bans import BanList
 from gateway.swarm.room_refusals import RoomRefusals
-from gateway.swarm.route_plan import planned
-from gateway.swarm.route_plan.planned import PLAN_PERIOD, DemandMeter, PlannedChain
-from gateway.swarm.route_plan.view_plan import GatewayDemand, RoutePlan, plan_of
 from gateway.swarm.routing import Hop, RouteRequest, RoutingMode, plan_route
 from gateway.swarm.view import SwarmView
 from sim import geography
@@ -22,6 +19,9 @@ from sim.dataplane import GATEWAY_WORK
 from sim.events import EventQueue
 from sim.geography import City
 from sim.hardware import ModelShape, NodeHardware
+from sim.route_plan import planned
+from sim.route_plan.planned import PLAN_PERIOD, DemandMeter, PlannedChain
+from sim.route_plan.view_plan import GatewayDemand, RoutePlan, plan_of
 from sim.swarm import Dht, SimNode
 from sim.workload import Request
 

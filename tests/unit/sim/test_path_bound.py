@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from scipy.optimize import linprog
 
-from gateway.swarm.route_plan.chains import CHUNK, Chain, Graph, _undominated, price
-from gateway.swarm.route_plan.path_lp import PathBound, fastest_plan, path_bound
 from sim import geography
 from sim.fastest_chain import CITY_INDEX, Placement, chain_graph, fastest_rounds
 from sim.flow_bound import Stage, max_throughput
+from sim.route_plan.chains import CHUNK, Chain, Graph, _undominated, price
+from sim.route_plan.path_lp import PathBound, fastest_plan, path_bound
 from tests.unit.sim.test_fastest_chain import chains as hops
 
 GATEWAYS = ((CITY_INDEX["Ashburn"], 0.0005), (CITY_INDEX["Singapore"], 0.0005))
@@ -233,7 +233,7 @@ def test_smoothed_duals_change_the_columns_not_the_bound(seed: int, monkeypatch:
     p, blocks, capacity, pool = random_swarm(seed, nodes=14, blocks=8)
     graph = chain_graph(p, GATEWAYS, blocks, WORK)
     smoothed = path_bound(graph, capacity, pool, held_length=300.0)
-    monkeypatch.setattr("gateway.swarm.route_plan.path_lp.SMOOTH", 0.0)
+    monkeypatch.setattr("sim.route_plan.path_lp.SMOOTH", 0.0)
     raw = path_bound(graph, capacity, pool, held_length=300.0)
     assert smoothed is not None and raw is not None and smoothed.closed and raw.closed
     assert smoothed.tokens_per_s == pytest.approx(raw.tokens_per_s, rel=1e-6, abs=1e-9)

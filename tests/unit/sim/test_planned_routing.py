@@ -1,6 +1,6 @@
 """Planned routing in the simulator: each gateway routes whole chains by its plan (``route_plan.view_plan``); a
 session with no planned room waits on the optimum's plan and goes by ``plan_route`` on a demand plan; a run with
-it routes every decoding session over every block (``pick`` itself: ``tests/unit/gateway/swarm/test_route_plan.py``)."""
+it routes every decoding session over every block (``pick`` itself: ``tests/unit/sim/test_route_plan.py``)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-import gateway.swarm.route_plan.planned
+import sim.route_plan.planned
 import sim.world
-from gateway.swarm.route_plan.planned import PLAN_PERIOD, DemandMeter, NoPlannedRoom, PlannedChain
-from gateway.swarm.route_plan.view_plan import RoutePlan
 from gateway.swarm.routing import Hop, RouteRequest, RoutingMode, plan_route
 from gateway.swarm.view import SwarmView
 from sim.hardware import LLAMA_70B
+from sim.route_plan.planned import PLAN_PERIOD, DemandMeter, NoPlannedRoom, PlannedChain
+from sim.route_plan.view_plan import RoutePlan
 from sim.scenario import Scenario, run, settle
 from sim.workload import Request
 from sim.world import Session
@@ -25,7 +25,7 @@ def test_a_planned_run_opens_whole_chains_only_by_the_plan_once_there_is_one(mon
     """A small 70B run with planned routing on the optimum's plans (no demand measured): once the first plan is made,
     no whole chain is opened by ``plan_route`` (failover patches still are), and sessions decode and finish."""
     calls: list[str] = []
-    real_pick = gateway.swarm.route_plan.planned.pick
+    real_pick = sim.route_plan.planned.pick
 
     def picking(*args: Any, **kwargs: Any) -> list[Hop]:
         calls.append("plan")
@@ -36,7 +36,7 @@ def test_a_planned_run_opens_whole_chains_only_by_the_plan_once_there_is_one(mon
         calls.append("plan_route whole" if whole else "plan_route part")
         return plan_route(view, request, mode)
 
-    monkeypatch.setattr(gateway.swarm.route_plan.planned, "pick", picking)
+    monkeypatch.setattr(sim.route_plan.planned, "pick", picking)
     monkeypatch.setattr(sim.world, "plan_route", routing)
     monkeypatch.setattr(DemandMeter, "demand", lambda _meter, _now: None)
     scenario = replace(

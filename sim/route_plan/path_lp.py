@@ -30,7 +30,7 @@ import numpy as np
 from scipy.optimize import linprog
 from scipy.sparse import coo_matrix
 
-from gateway.swarm.route_plan.chains import Chain, Floats, Graph, TooManyLabels, price
+from sim.route_plan.chains import Chain, Floats, Graph, TooManyLabels, price
 
 IDLE = 20  # restricted LPs a chain may stay unused in before it leaves
 GAP = 1e-6  # stop once the bound is within this share of the restricted LP's throughput

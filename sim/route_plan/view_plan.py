@@ -1,4 +1,5 @@
-"""The plan a gateway routes its users' whole chains by: one path LP over the swarm for every gateway that announces
+"""The plan a simulated gateway routes its users' whole chains by (``--planned-routing``; the gateway's router does
+not: ``bench/README.md``, stop 43): one path LP over the swarm for every gateway that announces
 its demand, each gateway drawing from its own chains of it (issue 27).
 
 A plan over one gateway's part of the pools re-plans the chains that gateway already holds once the swarm is full
@@ -23,12 +24,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gateway.swarm.route_plan.chains import Chain, Graph, Spans
-from gateway.swarm.route_plan.path_lp import fastest_plan, path_bound
-from gateway.swarm.route_plan.planned import DEMAND_MARGIN, PlannedChain
 from gateway.swarm.routing import UNKNOWN_RTT, Hop
 from gateway.swarm.view import SwarmView
 from shared.server_records import ServerRecord
+from sim.route_plan.chains import Chain, Graph, Spans
+from sim.route_plan.path_lp import fastest_plan, path_bound
+from sim.route_plan.planned import DEMAND_MARGIN, PlannedChain
 
 
 @dataclass(frozen=True)

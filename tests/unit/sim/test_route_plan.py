@@ -1,4 +1,4 @@
-"""A gateway's route plan (``gateway.swarm.route_plan``): chains drawn in proportion to the plan's sessions and only
+"""A simulated gateway's route plan (``sim.route_plan``): chains drawn in proportion to the plan's sessions and only
 where every hop fits (``planned.pick``); the demand a plan is sized by (``DemandMeter``); and the plan made from a
 view and what every gateway announces (``view_plan``): its chains' rounds are what ``routing.hop_cost`` charges a
 pushing chain, the fastest chains below the optimum, the optimum (KV-bound: more chains) past it, each gateway its
@@ -12,8 +12,11 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from gateway.swarm.route_plan.chains import Chain
-from gateway.swarm.route_plan.planned import (
+from gateway.swarm.routing import Hop, RouteRequest, hop_cost
+from gateway.swarm.view import SwarmView
+from shared.server_records import NodeState, ServerRecord
+from sim.route_plan.chains import Chain
+from sim.route_plan.planned import (
     DEMAND_WINDOW,
     FINISHED_KEPT,
     ROOM_WINDOW,
@@ -22,10 +25,7 @@ from gateway.swarm.route_plan.planned import (
     PlannedChain,
     pick,
 )
-from gateway.swarm.route_plan.view_plan import GatewayDemand, _graph, plan_of
-from gateway.swarm.routing import Hop, RouteRequest, hop_cost
-from gateway.swarm.view import SwarmView
-from shared.server_records import NodeState, ServerRecord
+from sim.route_plan.view_plan import GatewayDemand, _graph, plan_of
 from tests.unit.gateway.swarm.test_routing import server
 
 BLOCKS = 8
