@@ -8,6 +8,7 @@ from typing import Literal, Self
 
 from pydantic import Field, SecretStr, model_validator
 
+from gateway.swarm.recovery import DEFAULT_FAILOVER_WAIT
 from shared.lora import AdapterSpecs, parse_adapter_specs
 from shared.settings import P2PSettings, ProcessSettings, positional
 
@@ -24,7 +25,7 @@ class EngineSettings(P2PSettings):
         " noticed within seconds by pinging it while a reply is overdue)",
     )
     failover_wait: float = Field(
-        120.0,
+        DEFAULT_FAILOVER_WAIT,
         ge=0,
         description="seconds a session that lost a node waits for another to serve its blocks (one joining, one"
         " coming back) or for room on a full one, before it fails with missing_blocks",

@@ -5,6 +5,7 @@ until it announces again (``gateway.swarm.room_refusals``)."""
 
 from __future__ import annotations
 
+from gateway.swarm.recovery import DEFAULT_FAILOVER_WAIT
 from gateway.swarm.routing import Hop
 from shared.errors import MissingBlocks
 from shared.kv_charge import pool_tokens
@@ -17,7 +18,8 @@ from sim.world import GATEWAY_LAST_MILE, Session, SimGateway, World
 
 OPEN_TRIES = 16  # routes tried at once at most before the session waits (each failed open teaches the next)
 RETRY_AFTER = 10.0  # seconds a session without a chain waits before it tries again (a view refresh)
-GIVE_UP_AFTER = 30.0  # seconds after which a session that found no chain is refused (or, mid-way, lost)
+GIVE_UP_AFTER = 30.0  # seconds after which a session that found no chain is refused
+# Mid-way, a session that lost a hop is lost once the gateway's failover wait has passed with no replacement.
 CRASH_NOTICED = 5.0  # seconds before a gateway notices a dead node (a step's timeout, the liveness ping)
 
 
@@ -117,7 +119,7 @@ def fail_over(world: World, session: Session, node: SimNode, fault: bool) -> Non
     if fault:
         session.gateway.bans.record_failure(node.peer_id)
     hop = lost[0]
-    deadline = world.clock.now + GIVE_UP_AFTER
+    deadline = world.clock.now + DEFAULT_FAILOVER_WAIT
     delay = CRASH_NOTICED if fault else 0.0
     world.clock.after(delay, lambda: _open(world, session, hop.start, hop.end, deadline))
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gateway.swarm.node_session import NodeSession, TreeInput
-from gateway.swarm.recovery import Recovery, recovery_for
+from gateway.swarm.recovery import DEFAULT_FAILOVER_WAIT, Recovery, recovery_for
 from gateway.swarm.router import Router
 from gateway.swarm.routing import Hop
 from gateway.swarm.segment import Segment
@@ -29,7 +29,6 @@ logger = logging.getLogger(__name__)
 
 WAIT_POLL = 1.0  # seconds between looks at the swarm while waiting for a node to serve a lost range
 ROOM_WAIT = 10.0  # seconds a full node is asked to hold an open until it has room (then the chain asks again)
-DEFAULT_FAILOVER_WAIT = 120.0
 
 
 class _ReplacementFailed(Exception):

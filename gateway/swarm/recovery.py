@@ -46,6 +46,10 @@ from shared.errors import (
     WrongSpan,
 )
 
+# Seconds a failover waits for a lost range to be served again, or for room on a full node (``--failover-wait``'s
+# default; the simulator's sessions wait as long).
+DEFAULT_FAILOVER_WAIT = 120.0
+
 
 class Recovery(StrEnum):
     GONE = "gone"

@@ -11,11 +11,11 @@ from gateway.swarm import routing
 from gateway.swarm.routing import Hop, RouteRequest, RoutingMode
 from gateway.swarm.view import SwarmView
 from shared.server_records import NodeState
-from sim import report
+from sim import clients, lifecycle, report
 from sim.dataflow import bound
 from sim.hardware import LLAMA_70B
 from sim.scenario import Result, Scenario, run, settle
-from sim.workload import mean_request
+from sim.workload import Request, mean_request
 
 SMALL = replace(Scenario("small", model=LLAMA_70B, nodes=30).quick(), duration=200.0, measure_from=150.0)
 
@@ -82,3 +82,24 @@ def test_the_bounds_count_draining_nodes_that_still_decode() -> None:
     assert node in world.carrying() and bound(world, held) == before
     node.gone = True
     assert node not in world.carrying()
+
+
+def test_a_session_waits_the_gateways_failover_wait_for_a_range_whose_every_server_crashed() -> None:
+    # The gateway waits --failover-wait (120 s) for a node to serve a lost range again. The simulator gave up after
+    # 30 s: where a fifth of the nodes left and took every server of blocks 75-76 with them (seed 2), every session
+    # of the swarm was lost while a node moved there.
+    world = settle(replace(SMALL, churn=False), 150.0)
+    clients.arrive(world, world.gateways[0], Request(prompt=64, output=4000))
+    session = world.sessions[0]
+    world.clock.run_until(160.0)
+    assert session.decoding
+    block = session.hops[0].start
+    servers = [n for n in world.serving() if n.start <= block < n.end]
+    for node in servers:
+        lifecycle.leave(world, node, crash=True)
+    assert not world.complete(session)
+    # A volunteer restarts after its record and the others' have expired: it joins where the swarm has the gap.
+    back = world.new_node(servers[0].hw, servers[0].city, servers[0].last_mile)
+    world.clock.at(190.0, lambda: lifecycle.join(world, back))
+    world.clock.run_until(160.0 + 110.0)
+    assert session.decoding and world.complete(session) and not session.lost and session.failovers >= 1
