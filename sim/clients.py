@@ -18,8 +18,9 @@ from sim.world import GATEWAY_LAST_MILE, Session, SimGateway, World
 
 OPEN_TRIES = 16  # routes tried at once at most before the session waits (each failed open teaches the next)
 RETRY_AFTER = 10.0  # seconds a session without a chain waits before it tries again (a view refresh)
-GIVE_UP_AFTER = 30.0  # seconds after which a session that found no chain is refused
-# Mid-way, a session that lost a hop is lost once the gateway's failover wait has passed with no replacement.
+# A session waits for room (new or mid-way) and for a lost range to be served again (mid-way) as long as the gateway's
+# failover does (``DEFAULT_FAILOVER_WAIT``), then it is refused (new) or lost; a new session whose route names a
+# block nobody serves is refused at once, as the gateway's router answers missing_blocks then.
 CRASH_NOTICED = 5.0  # seconds before a gateway notices a dead node (a step's timeout, the liveness ping)
 
 
@@ -27,7 +28,7 @@ def arrive(world: World, gateway: SimGateway, request: Request) -> None:
     session = Session(len(world.sessions), gateway, request, world.clock.now)
     world.sessions[session.index] = session
     gateway.meter.opened(request.max_length, world.clock.now)
-    _open(world, session, 0, world.model.num_blocks, world.clock.now + GIVE_UP_AFTER)
+    _open(world, session, 0, world.model.num_blocks, world.clock.now + DEFAULT_FAILOVER_WAIT)
 
 
 def _open(world: World, session: Session, start: int, end: int, deadline: float) -> None:
@@ -37,6 +38,9 @@ def _open(world: World, session: Session, start: int, end: int, deadline: float)
         try:
             hops = session.gateway.route(session, start, end, frozenset(avoid), fresh=attempt == 1)
         except MissingBlocks:
+            if not session.hops and not session.failovers:
+                _give_up(world, session)
+                return
             break
         except NoPlannedRoom:
             session.gateway.meter.short_of_room(world.clock.now)

@@ -103,3 +103,26 @@ def test_a_session_waits_the_gateways_failover_wait_for_a_range_whose_every_serv
     world.clock.at(190.0, lambda: lifecycle.join(world, back))
     world.clock.run_until(160.0 + 110.0)
     assert session.decoding and world.complete(session) and not session.lost and session.failovers >= 1
+
+
+def test_a_new_session_waits_for_room_as_long_as_the_gateway_and_is_refused_at_once_where_a_block_has_no_server() -> (
+    None
+):
+    world = settle(replace(SMALL, churn=False, balancing=False), 150.0)
+    full = {node: node.reserved for node in world.serving()}
+    for node in full:
+        node.reserved = node.hw.cache_tokens  # every pool full: an open is refused for room (a capacity answer)
+    clients.arrive(world, world.gateways[0], Request(prompt=64, output=400))
+    session = world.sessions[0]
+    world.clock.run_until(150.0 + 60.0)  # the gateway's failover waits for room up to 120 s (30 s here before)
+    assert not session.decoding and not session.lost and world.metrics.refused == 0
+    for node, reserved in full.items():
+        node.reserved = reserved
+    world.clock.run_until(150.0 + 100.0)
+    assert session.decoding and world.complete(session) and not session.lost
+
+    for node in [n for n in world.serving() if n.start == 0]:
+        lifecycle.leave(world, node, crash=True)
+    world.clock.run_until(world.clock.now + 30.0)  # their records expired: the view has no server of block 0
+    clients.arrive(world, world.gateways[0], Request(prompt=64, output=400))
+    assert world.sessions[1].lost and world.metrics.refused == 1  # missing_blocks, at once
