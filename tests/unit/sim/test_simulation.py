@@ -105,9 +105,7 @@ def test_a_session_waits_the_gateways_failover_wait_for_a_range_whose_every_serv
     assert session.decoding and world.complete(session) and not session.lost and session.failovers >= 1
 
 
-def test_a_new_session_waits_for_room_as_long_as_the_gateway_and_is_refused_at_once_where_a_block_has_no_server() -> (
-    None
-):
+def test_a_new_session_waits_for_room_as_the_gateway_does_and_is_refused_at_once_where_a_block_has_no_server() -> None:
     world = settle(replace(SMALL, churn=False, balancing=False), 150.0)
     full = {node: node.reserved for node in world.serving()}
     for node in full:
