@@ -183,13 +183,15 @@ class SessionStore:
             await pipe.execute()
 
     async def get(self, session_id: str) -> SessionRecord | None:
+        # Written here while Redis was down: newer than what Redis holds until the write-through (which runs after
+        # Redis reads as up again) reaches it.
+        if session_id in self._unsynced_records:
+            return self._records.get(session_id)
         try:
             raw = await self.link.run(lambda r: r.get(_record_key(session_id)))
         except RedisDown:
             return self._records.get(session_id)
-        # Written here while Redis was down: newer than what Redis holds until the write-through (which runs after
-        # Redis reads as up again) reaches it.
-        if raw is None or session_id in self._unsynced_records:
+        if raw is None:
             return self._records.get(session_id)
         return _parse(str(raw))
 
