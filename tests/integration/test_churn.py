@@ -141,7 +141,9 @@ async def test_min_latency_prefers_near_replicas_and_max_throughput_spreads(
         await client.wait_for("four nodes are online", lambda s: len(s) == 4)
         hops = await client.router.route(32, fresh=True)
         assert [h.peer_id for h in hops] == [near[0].peer_id, near[1].peer_id]
-        assert client.router.rtts[far[1].peer_id] > client.router.rtts[near[1].peer_id] + 0.03
+        # The far node sleeps 50 ms before every reply, so its measured RTT can't be below that; the near one's has no
+        # floor to compare with on a busy box (42 ms has been seen), so the route above is the comparison.
+        assert client.router.rtts[far[1].peer_id] >= 0.05
         client.router.release(hops)
 
         client.router.mode = RoutingMode.MAX_THROUGHPUT
