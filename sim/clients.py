@@ -1,11 +1,23 @@
 """Session events: arrive, open a chain (the real ``plan_route``, then each node's own check), prefill, decode,
 fail over a lost hop, finish. What a gateway learns from a failed open is what ``gateway.swarm.recovery`` teaches:
 a dead node is banned, a full or departed one is passed over, and a full one is read as full by the next opens
-until it announces again (``gateway.swarm.room_refusals``)."""
+until it announces again (``gateway.swarm.room_refusals``).
+
+A chain opens as ``gateway.swarm.chain_session`` opens one: every hop's node is asked; if all take it, it holds
+their room; if some refuse for want of room, it lets go of the others and the whole chain opens again
+(``failover.reopen``) as an ``_Opening``: routed past the nodes that refused (``busy``), the busy nodes asked first;
+when the route must go through one of them, that node holds the open up to ``ROOM_WAIT`` until it has room
+(``swarm_node.cache_pool``; the session holds nothing meanwhile), then the range is routed again after
+``WAIT_POLL``. A lost hop's range opens the same way, the rest of the chain held. Before stop 45 a session here held
+nothing and looked again every ``RETRY_AFTER`` (room a session freed stayed unused until then: 10 % of the KV
+memory, with 900 sessions waiting), while the gateway held the nodes that took a new session as it waited for
+room on the others (a quarter of the KV memory held by sessions not decoding): ``bench/README.md``, stop 45."""
 
 from __future__ import annotations
 
-from gateway.swarm.recovery import DEFAULT_FAILOVER_WAIT
+from dataclasses import dataclass, field
+
+from gateway.swarm.recovery import DEFAULT_FAILOVER_WAIT, ROOM_WAIT, WAIT_POLL
 from gateway.swarm.routing import Hop
 from shared.errors import MissingBlocks
 from shared.kv_charge import pool_tokens
@@ -16,48 +28,171 @@ from sim.swarm import SimNode
 from sim.workload import Request
 from sim.world import GATEWAY_LAST_MILE, Session, SimGateway, World
 
-OPEN_TRIES = 16  # routes tried at once at most before the session waits (each failed open teaches the next)
-RETRY_AFTER = 10.0  # seconds a session without a chain waits before it tries again (a view refresh)
+RETRY_AFTER = 10.0  # seconds a range nobody serves (or a planned chain without room) waits before it is routed again
 # A session waits for room (new or mid-way) and for a lost range to be served again (mid-way) as long as the gateway's
 # failover does (``DEFAULT_FAILOVER_WAIT``), then it is refused (new) or lost; a new session whose route names a
 # block nobody serves is refused at once, as the gateway's router answers missing_blocks then.
 CRASH_NOTICED = 5.0  # seconds before a gateway notices a dead node (a step's timeout, the liveness ping)
 
 
+@dataclass(eq=False)
+class _Opening:
+    """One range of a session being opened (``failover._open_range``'s loop): its route, the nodes that took it so
+    far, and the nodes that refused it for room since it began (asked first, and waited on when a route must use
+    one)."""
+
+    session: Session
+    start: int
+    end: int
+    deadline: float
+    busy: set[str] = field(default_factory=set)
+    hops: list[Hop] = field(default_factory=list)
+    held: list[Hop] = field(default_factory=list)
+    waiting: object | None = None  # set while a node holds the open until it has room: a token for this wait only
+
+    @property
+    def over(self) -> bool:
+        return self.session.finished is not None or self.session.lost
+
+
 def arrive(world: World, gateway: SimGateway, request: Request) -> None:
     session = Session(len(world.sessions), gateway, request, world.clock.now)
     world.sessions[session.index] = session
     gateway.meter.opened(request.max_length, world.clock.now)
-    _open(world, session, 0, world.model.num_blocks, world.clock.now + DEFAULT_FAILOVER_WAIT)
+    _open_chain(world, session, world.clock.now + DEFAULT_FAILOVER_WAIT)
 
 
-def _open(world: World, session: Session, start: int, end: int, deadline: float) -> None:
-    """Route blocks [start, end) (all of them, or a lost hop's) and open the chain's node sessions."""
-    avoid: set[str] = set()
-    for attempt in range(OPEN_TRIES):
-        try:
-            hops = session.gateway.route(session, start, end, frozenset(avoid), fresh=attempt == 1)
-        except MissingBlocks:
-            if not session.hops and not session.failovers:
-                _give_up(world, session)
-                return
-            break
-        except NoPlannedRoom:
-            session.gateway.meter.short_of_room(world.clock.now)
-            break
-        if avoid.intersection(h.peer_id for h in hops):
-            break  # every server of some block refused: the gateway waits for room (gateway.swarm.failover)
-        refused = next((h for h in hops if not _accepts(world, session, h, avoid)), None)
-        if refused is None:
-            _opened(world, session, hops)
-            return
-    if world.clock.now + RETRY_AFTER < deadline:
-        world.clock.after(RETRY_AFTER, lambda: _open(world, session, start, end, deadline))
-    else:
+def _open_chain(world: World, session: Session, deadline: float) -> None:
+    """Route every block and ask each hop's node; if some refuse for room, open the whole chain again past them."""
+    opening = _Opening(session, 0, world.model.num_blocks, deadline)
+    try:
+        hops = session.gateway.route(session, 0, world.model.num_blocks, frozenset(), fresh=False)
+    except MissingBlocks:
         _give_up(world, session)
+        return
+    except NoPlannedRoom:
+        _short_of_plan(world, opening)
+        return
+    refused = [h for h in hops if not _accepts(world, session, h)]
+    if refused:
+        opening.busy.update(h.peer_id for h in refused)
+        _route(world, opening)
+        return
+    for hop in hops:
+        _hold(world, session, hop)
+    _attach(world, session, hops)
 
 
-def _accepts(world: World, session: Session, hop: Hop, avoid: set[str]) -> bool:
+def _route(world: World, opening: _Opening, first: bool = True) -> None:
+    """Route the opening's range past its busy nodes and open its hops (``failover._build_replacement``)."""
+    if opening.over:
+        return
+    if world.clock.now >= opening.deadline:
+        _give_up(world, opening.session)
+        return
+    try:
+        opening.hops = opening.session.gateway.route(
+            opening.session, opening.start, opening.end, frozenset(opening.busy), fresh=first
+        )
+    except MissingBlocks:
+        _route_later(world, opening)
+        return
+    except NoPlannedRoom:
+        _short_of_plan(world, opening)
+        return
+    opening.held = []
+    _next_hop(world, opening)
+
+
+def _short_of_plan(world: World, opening: _Opening) -> None:
+    opening.session.gateway.meter.short_of_room(world.clock.now)
+    _route_later(world, opening)
+
+
+def _route_later(world: World, opening: _Opening) -> None:
+    """Route the range again after ``RETRY_AFTER``, or give up if the deadline comes first."""
+    if world.clock.now + RETRY_AFTER < opening.deadline:
+        world.clock.after(RETRY_AFTER, lambda: _route(world, opening, first=False))
+    else:
+        _give_up(world, opening.session)
+
+
+def _next_hop(world: World, opening: _Opening) -> None:
+    """Open the route's hops in order: a node that accepts holds the room; a busy one holds the open until it has
+    room; any other refusal drops what the opening holds and routes the range again."""
+    session = opening.session
+    if opening.over:
+        return
+    if len(opening.held) == 0:  # the busy nodes first: nothing is held while one of them holds the open
+        opening.hops.sort(key=lambda h: h.peer_id not in opening.busy)
+    while len(opening.held) < len(opening.hops):
+        hop = opening.hops[len(opening.held)]
+        node = world.nodes[hop.peer_id]
+        if hop.peer_id in opening.busy and _full(node, session, hop):
+            _wait_for_room(world, opening, node, hop)
+            return
+        if not _accepts(world, session, hop):
+            _refused(world, opening, hop.peer_id, WAIT_POLL if hop.peer_id in opening.busy else 0.0)
+            return
+        _hold(world, session, hop)
+        opening.held.append(hop)
+    if any(world.nodes[h.peer_id].gone for h in opening.held):  # one died while another held the open
+        _refused(world, opening, next(h.peer_id for h in opening.held if world.nodes[h.peer_id].gone), 0.0)
+        return
+    _attach(world, session, opening.held)
+
+
+def _full(node: SimNode, session: Session, hop: Hop) -> bool:
+    """The node serves the hop but has no room for it now: what it would hold an open for."""
+    serves = not node.gone and node.state is NodeState.ONLINE and node.start <= hop.start < hop.end <= node.end
+    return serves and node.room() < _charge(node, session, hop)
+
+
+def _wait_for_room(world: World, opening: _Opening, node: SimNode, hop: Hop) -> None:
+    """``node`` holds the open until it has room for ``hop`` or ``ROOM_WAIT`` passes (then a capacity refusal)."""
+    wait = opening.waiting = object()
+
+    def admit() -> bool:
+        if opening.waiting is not wait or opening.over:
+            return True  # no longer waits here
+        serves = node.serving and node.start <= hop.start < hop.end <= node.end  # else the timeout refuses it
+        if serves and node.room() >= _charge(node, opening.session, hop):
+            opening.waiting = None
+            _hold(world, opening.session, hop)
+            opening.held.append(hop)
+            world.clock.after(0.0, lambda: _next_hop(world, opening))  # not inside the release that woke it
+            return True
+        return False
+
+    def timed_out() -> None:
+        if opening.waiting is wait and not opening.over:
+            opening.waiting = None
+            if node.gone:
+                opening.session.gateway.bans.record_failure(node.peer_id)
+            elif node.serving:  # still full: a capacity refusal
+                opening.session.gateway.refusals.refuse(node.peer_id, opening.session.request.max_length)
+                opening.session.gateway.meter.short_of_room(world.clock.now)
+            _refused(world, opening, node.peer_id, WAIT_POLL)
+
+    node.waiters.append(admit)
+    world.clock.after(max(0.0, min(ROOM_WAIT, opening.deadline - world.clock.now)), timed_out)
+
+
+def _refused(world: World, opening: _Opening, peer_id: str, pause: float) -> None:
+    """Drop what the opening holds and route its range again past ``peer_id``, after ``pause``."""
+    session = opening.session
+    for hop in opening.held:
+        session.held.remove(hop)
+    _release(world, session, opening.held)
+    opening.held = []
+    opening.busy.add(peer_id)
+    if pause > 0:
+        world.clock.after(pause, lambda: _route(world, opening))
+    else:
+        _route(world, opening)
+
+
+def _accepts(world: World, session: Session, hop: Hop) -> bool:
     node = world.nodes[hop.peer_id]
     if node.gone:
         session.gateway.bans.record_failure(node.peer_id)
@@ -68,7 +203,6 @@ def _accepts(world: World, session: Session, hop: Hop, avoid: set[str]) -> bool:
         session.gateway.meter.short_of_room(world.clock.now)
     else:
         return True
-    avoid.add(node.peer_id)
     return False
 
 
@@ -77,13 +211,20 @@ def _charge(node: SimNode, session: Session, hop: Hop) -> int:
     return pool_tokens(session.request.max_length, hop.end - hop.start, node.span)
 
 
-def _opened(world: World, session: Session, hops: list[Hop]) -> None:
+def _hold(world: World, session: Session, hop: Hop) -> None:
+    """The hop's node takes the session: its room is held from now on."""
+    node = world.nodes[hop.peer_id]
+    node.reserved += _charge(node, session, hop)
+    node.sessions.add(session.index)
+    session.held.append(hop)
+    session.gateway.load[hop.peer_id] += 1
+    session.gateway.bans.record_success(hop.peer_id)
+
+
+def _attach(world: World, session: Session, hops: list[Hop]) -> None:
+    """Held hops join the chain; they prefill, and the session decodes once its chain is whole."""
     for hop in hops:
-        node = world.nodes[hop.peer_id]
-        node.reserved += _charge(node, session, hop)
-        node.sessions.add(session.index)
-        session.gateway.load[hop.peer_id] += 1
-        session.gateway.bans.record_success(hop.peer_id)
+        session.held.remove(hop)
     session.hops = sorted(session.hops + hops, key=lambda h: h.start)
     world.chains_changed(session)
     tokens = session.request.prompt + int(session.done)  # a failover replays what the lost node held
@@ -125,7 +266,7 @@ def fail_over(world: World, session: Session, node: SimNode, fault: bool) -> Non
     hop = lost[0]
     deadline = world.clock.now + DEFAULT_FAILOVER_WAIT
     delay = CRASH_NOTICED if fault else 0.0
-    world.clock.after(delay, lambda: _open(world, session, hop.start, hop.end, deadline))
+    world.clock.after(delay, lambda: _route(world, _Opening(session, hop.start, hop.end, deadline)))
 
 
 def finish(world: World, session: Session) -> None:
@@ -144,8 +285,8 @@ def _give_up(world: World, session: Session) -> None:
     else:
         world.metrics.refused += 1
         session.lost = True
-    _release(world, session, session.hops)
-    session.hops = []
+    _release(world, session, session.hops + session.held)
+    session.hops, session.held = [], []
     world.chains_changed(session)
 
 
@@ -155,6 +296,7 @@ def _release(world: World, session: Session, hops: list[Hop]) -> None:
         if session.index in node.sessions:
             node.sessions.discard(session.index)
             node.reserved -= _charge(node, session, hop)
+            node.waiters = [admit for admit in node.waiters if not admit()]  # the pool wakes those waiting for room
         session.gateway.load[hop.peer_id] -= 1
         if session.gateway.load[hop.peer_id] <= 0:
             del session.gateway.load[hop.peer_id]

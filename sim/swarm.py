@@ -7,6 +7,7 @@ joiners see the span as taken), loads its weights, goes ONLINE, re-announces eve
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gateway.swarm.view import SwarmView
@@ -39,6 +40,9 @@ class SimNode:
     gone: bool = False
     moves: int = 0
     moving_to: int | None = None  # announced while draining and loading for a move (``ServerRecord.moving_to``)
+    # Opens this node holds until it has room (``swarm_node.cache_pool``'s wait), oldest first: each is called when
+    # room frees and says whether it is done here (took the room, or no longer waits).
+    waiters: list[Callable[[], bool]] = field(default_factory=list)
 
     @property
     def peer_id(self) -> str:

@@ -41,6 +41,7 @@ class Session:
     failovers: int = 0
     finished: float | None = None
     lost: bool = False
+    held: list[Hop] = field(default_factory=list)  # nodes that took it for a range still opening (not in ``hops``)
 
 
 class SimGateway:

@@ -22,6 +22,7 @@ from gateway.swarm.failover import Failover, FailoverPolicy
 from gateway.swarm.frames import Frame
 from gateway.swarm.node_session import NodeSession
 from gateway.swarm.push_step import push_step
+from gateway.swarm.recovery import Recovery, recovery_for
 from gateway.swarm.router import Router
 from gateway.swarm.routing import UNKNOWN_RTT, Hop
 from gateway.swarm.segment import Segment
@@ -139,9 +140,12 @@ class ChainSession:
                 segment.session.pusher = before.session.hop.peer_id
             opening = list(self._segments)  # a failover may replace one segment by several
             results = await asyncio.gather(*(s.session.open() for s in opening), return_exceptions=True)
-            for segment, result in zip(opening, results, strict=True):
-                if isinstance(result, BaseException):
-                    await self.fail_over(segment, result)
+            failed = [(s, r) for s, r in zip(opening, results, strict=True) if isinstance(r, BaseException)]
+            if failed and all(isinstance(r, Exception) and recovery_for(r) is Recovery.BUSY for _, r in failed):
+                await self._failover.reopen(self._segments, failed)  # holds no room while it waits for some
+                return
+            for segment, result in failed:
+                await self.fail_over(segment, result)
         except BaseException:
             await self.close()
             raise

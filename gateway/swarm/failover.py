@@ -15,11 +15,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from gateway.swarm.node_session import NodeSession, TreeInput
-from gateway.swarm.recovery import DEFAULT_FAILOVER_WAIT, Recovery, recovery_for
+from gateway.swarm.recovery import DEFAULT_FAILOVER_WAIT, ROOM_WAIT, WAIT_POLL, Recovery, recovery_for
 from gateway.swarm.router import Router
 from gateway.swarm.routing import Hop
 from gateway.swarm.segment import Segment
@@ -27,8 +28,7 @@ from shared.errors import BadReceipt, MissingBlocks, format_block_ranges
 
 logger = logging.getLogger(__name__)
 
-WAIT_POLL = 1.0  # seconds between looks at the swarm while waiting for a node to serve a lost range
-ROOM_WAIT = 10.0  # seconds a full node is asked to hold an open until it has room (then the chain asks again)
+T = TypeVar("T")
 
 
 class _ReplacementFailed(Exception):
@@ -69,20 +69,36 @@ class Failover:
     async def replace(self, segments: list[Segment], failed: Segment, error: BaseException) -> int:
         """Put new segments over ``failed``'s blocks into ``segments``, replayed up to where it was; returns the
         index just after them. Raises ``error`` (or a later one) when the chain gives up."""
+        await self.drop(failed)
+        replacement = await self._open_range(failed, [(failed.session.hop, error)])
+        index = segments.index(failed)
+        segments[index : index + 1] = replacement
+        return index + len(replacement)
+
+    async def reopen(self, segments: list[Segment], refused: list[tuple[Segment, BaseException]]) -> None:
+        """A new chain some of whose nodes refused it for want of room: every segment is dropped and the whole chain
+        opens again as one range, the nodes that refused first (waited on for room when nothing else serves their
+        blocks). A chain that held its other nodes while it waited kept a quarter of a full swarm's KV memory from
+        any session that could decode (the simulator's finding, ``bench/README.md``, stop 45)."""
+        await asyncio.gather(*(self.drop(segment) for segment in segments))
+        whole = Hop(refused[0][0].session.hop.peer_id, segments[0].session.hop.start, segments[-1].session.hop.end)
+        template = Segment(self._new_session(whole))  # carries the range and no history: never opened
+        segments[:] = await self._open_range(template, [(s.session.hop, error) for s, error in refused])
+
+    async def _open_range(self, failed: Segment, lost: list[tuple[Hop, BaseException]]) -> list[Segment]:
+        """New segments for ``failed``'s blocks once the router has learnt what ``lost`` (each hop's failure) teach;
+        raises the last error when the chain gives up."""
         deadline = time.monotonic() + self._wait
         busy: set[str] = set()  # nodes that refused for want of room during this failover: waited on, never banned
-        hop = failed.session.hop
-        await self.drop(failed)
+        for hop, error in lost[:-1]:
+            await self._learn(hop, error, busy, deadline)
+        hop, error = lost[-1]
         while True:
             await self._learn(hop, error, busy, deadline)
             try:
-                replacement = await self._build_replacement(failed, busy, deadline)
+                return await self._build_replacement(failed, busy, deadline)
             except _ReplacementFailed as failure:
                 hop, error = failure.hop, failure.error
-                continue
-            index = segments.index(failed)
-            segments[index : index + 1] = replacement
-            return index + len(replacement)
 
     async def _learn(self, hop: Hop, error: BaseException, busy: set[str], deadline: float) -> None:
         """Tell the router what ``hop``'s failure means (``recovery``); raises ``error`` when the chain gives up."""
@@ -116,23 +132,29 @@ class Failover:
         for segment in segments:
             segment.session.pusher, pusher = pusher, segment.session.hop.peer_id
         inputs, tree = failed.history, failed.tree  # a tree step's branches too: the next step keeps one
-        for segment in segments:
+        # The busy nodes open first: none of the others holds room for this chain while one of them waits for some.
+        for segment in sorted(segments, key=lambda s: s.session.hop.peer_id not in busy):
             peer = segment.session.hop.peer_id
             room_wait = min(ROOM_WAIT, max(0.0, deadline - time.monotonic())) if peer in busy else 0.0
-            try:
-                await segment.session.open(room_wait)
-                outputs = await segment.session.replay(inputs, tree)
-            except BaseException as error:  # cancelled too: the new sessions are in no chain yet, none else closes them
-                await asyncio.shield(asyncio.gather(*(self.drop(s) for s in segments)))
-                if isinstance(error, Exception):
-                    raise _ReplacementFailed(segment.session.hop, error) from error
-                raise
+            await self._opened_or_dropped(segments, segment, segment.session.open(room_wait))
+        for segment in segments:
+            outputs = await self._opened_or_dropped(segments, segment, segment.session.replay(inputs, tree))
             self._router.stats.record_replay(sum(chunk.shape[1] for _, chunk in inputs))
             segment.history, segment.tree = inputs, tree
             if tree is not None:
                 tree = TreeInput(tree.position, outputs.pop()[1], tree.parents)
             inputs = outputs
         return segments
+
+    async def _opened_or_dropped(self, segments: list[Segment], segment: Segment, call: Awaitable[T]) -> T:
+        """``call``'s result; if it fails, every new segment is dropped and ``_ReplacementFailed`` names its hop."""
+        try:
+            return await call
+        except BaseException as error:  # cancelled too: the new sessions are in no chain yet, none else closes them
+            await asyncio.shield(asyncio.gather(*(self.drop(s) for s in segments)))
+            if isinstance(error, Exception):
+                raise _ReplacementFailed(segment.session.hop, error) from error
+            raise
 
     async def _route_or_wait(self, start: int, end: int, busy: frozenset[str], deadline: float) -> list[Hop]:
         """Hops over [start, end); while no live node serves them, waits for one (up to ``deadline``)."""

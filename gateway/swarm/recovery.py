@@ -49,6 +49,8 @@ from shared.errors import (
 # Seconds a failover waits for a lost range to be served again, or for room on a full node (``--failover-wait``'s
 # default; the simulator's sessions wait as long).
 DEFAULT_FAILOVER_WAIT = 120.0
+WAIT_POLL = 1.0  # seconds between looks at the swarm while waiting for a node to serve a lost range
+ROOM_WAIT = 10.0  # seconds a full node is asked to hold an open until it has room (then the chain asks again)
 
 
 class Recovery(StrEnum):

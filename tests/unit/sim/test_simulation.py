@@ -16,6 +16,7 @@ from sim.dataflow import bound
 from sim.hardware import LLAMA_70B
 from sim.scenario import Result, Scenario, run, settle
 from sim.workload import Request, mean_request
+from sim.world import Session
 
 SMALL = replace(Scenario("small", model=LLAMA_70B, nodes=30).quick(), duration=200.0, measure_from=150.0)
 
@@ -103,6 +104,32 @@ def test_a_session_waits_the_gateways_failover_wait_for_a_range_whose_every_serv
     world.clock.at(190.0, lambda: lifecycle.join(world, back))
     world.clock.run_until(160.0 + 110.0)
     assert session.decoding and world.complete(session) and not session.lost and session.failovers >= 1
+
+
+def test_a_new_session_holds_no_room_while_it_waits_and_a_full_node_takes_it_the_moment_room_frees() -> None:
+    """As ``gateway.swarm.failover.reopen`` opens a new chain some of whose nodes are full: it lets go of the nodes
+    that took it and waits on a full one, which takes it as soon as a session there ends (``RETRY_AFTER`` later before
+    stop 45: room sat unused meanwhile)."""
+    world = settle(replace(SMALL, churn=False, balancing=False), 150.0)
+    fillers = []
+    for node in world.serving():
+        if node.start > 0:  # every node but those of block 0 full, each with one session of its whole room
+            room = Request(prompt=1, output=node.room() - 1)  # max_length: the node's room
+            filler = Session(10_000 + node.index, world.gateways[0], room, world.clock.now)
+            world.sessions[filler.index] = filler
+            clients._hold(world, filler, Hop(node.peer_id, node.start, node.end))
+            assert node.room() == 0
+            fillers.append(filler)
+    arrived = world.clock.now
+    clients.arrive(world, world.gateways[0], Request(prompt=64, output=400))
+    session = next(s for s in world.sessions.values() if s.index < 10_000)
+    world.clock.run_until(arrived + 11.5)  # its second wait on a full node began at 11 s (ROOM_WAIT + WAIT_POLL)
+    assert not session.held and not session.hops and not session.lost
+    assert all(session.index not in node.sessions for node in world.serving())  # block 0's nodes had room: let go
+    for filler in fillers:
+        clients._release(world, filler, filler.held)  # its session ended: the node's room wait wakes
+    world.clock.run_until(arrived + 16.0)  # the next look without the node's wait: 21 s (RETRY_AFTER's: 20 s)
+    assert session.decoding and world.complete(session)
 
 
 def test_a_new_session_waits_for_room_as_the_gateway_does_and_is_refused_at_once_where_a_block_has_no_server() -> None:
