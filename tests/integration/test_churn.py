@@ -24,6 +24,7 @@ from shared.model_source import load_config, resolve_model
 from shared.rpc_client import fetch_info
 from shared.weights import open_weights
 from tests.helpers.chain_greedy import chain_greedy
+from tests.helpers.polling import eventually
 from tests.helpers.processes import LocalSwarm
 from tests.integration.conftest import client_dht
 from tests.tiny_models import NUM_LAYERS, GetTinyModel
@@ -156,6 +157,38 @@ async def test_min_latency_prefers_near_replicas_and_max_throughput_spreads(
             assert [info.sessions for info in infos] == [4, 4]
         finally:
             await asyncio.gather(*(chain.close() for chain in chains))
+
+
+async def test_a_new_chain_waiting_for_room_on_a_full_node_holds_none_on_the_others(
+    local_swarm: LocalSwarm, tiny_model: GetTinyModel
+) -> None:
+    """The first node has room, the second is full: the new chain lets go of the first while it waits on the second
+    (holding it kept a quarter of a full swarm's KV memory from sessions that could decode: the simulator's finding,
+    stop 45), and opens once a session on the second ends."""
+    folder = tiny_model("llama").folder
+    local_swarm.start_dht()
+    first = local_swarm.start_nodes(folder, ["0:3"])[0]
+    second = local_swarm.start_nodes(folder, ["3:6"], "--cache-tokens", "100")[0]
+    async with Client(folder, local_swarm) as client:
+        await client.wait_for("both nodes are online", lambda s: len(s) == 2)
+        holder = client.session(64)
+        await holder.__aenter__()  # 64 of the second node's 100 tokens
+        waiting = asyncio.create_task(client.session(64).__aenter__())
+
+        async def only_the_holder_on_first() -> bool:
+            return (await fetch_info(client.p2p, first.peer_id, 5))[0].sessions == 1
+
+        await eventually(lambda: client.router.stats.capacity_refusals >= 1, within=30)
+        await eventually(only_the_holder_on_first, within=10)
+        assert not waiting.done()
+        assert await only_the_holder_on_first()  # still waiting, still holding none
+        await holder.close()
+        chain = await asyncio.wait_for(waiting, 30)
+        try:
+            assert [h.peer_id for h in chain.hops] == [first.peer_id, second.peer_id]
+            assert [t async for t in client.greedy([3, 14, 15], 4, chain)]
+        finally:
+            await chain.close()
 
 
 async def test_sigterm_drains_then_goes_offline_and_new_sessions_go_elsewhere(
