@@ -4,7 +4,8 @@ When a node fails, ``recovery`` says what that teaches the router (ban, out unti
 a full node) and whether the chain goes on: only the failed node's block range is routed again, the new nodes are
 replayed the exact inputs the lost node had received, and the step goes on. When no live node serves the range, the
 chain waits for one (``wait`` seconds, counted in the router's ``waiting`` and logged); when only full nodes do, it
-waits on one for room. The caller never notices beyond the delay.
+waits on one for room. The caller never notices beyond the delay. A new chain that some nodes refused for room is
+opened again whole (``reopen``), the full nodes first, so that it holds no room while it waits for some.
 
 The chain owns one ``Failover`` and hands it its segment list; the failover edits that list in place.
 """
