@@ -21,7 +21,6 @@ from gateway.swarm.recovery import DEFAULT_FAILOVER_WAIT, ROOM_WAIT, WAIT_POLL
 from gateway.swarm.routing import Hop
 from shared.errors import MissingBlocks
 from shared.kv_charge import pool_tokens
-from shared.server_records import NodeState
 from sim.hardware import STEP_OVERHEAD
 from sim.route_plan.planned import NoPlannedRoom
 from sim.swarm import SimNode
@@ -142,10 +141,14 @@ def _next_hop(world: World, opening: _Opening) -> None:
     _attach(world, session, opening.held)
 
 
+def _serves(node: SimNode, hop: Hop) -> bool:
+    """The node is up, takes new sessions, and its span holds the hop's blocks."""
+    return node.serving and node.start <= hop.start < hop.end <= node.end
+
+
 def _full(node: SimNode, session: Session, hop: Hop) -> bool:
     """The node serves the hop but has no room for it now: what it would hold an open for."""
-    serves = not node.gone and node.state is NodeState.ONLINE and node.start <= hop.start < hop.end <= node.end
-    return serves and node.room() < _charge(node, session, hop)
+    return _serves(node, hop) and node.room() < _charge(node, session, hop)
 
 
 def _wait_for_room(world: World, opening: _Opening, node: SimNode, hop: Hop) -> None:
@@ -155,8 +158,7 @@ def _wait_for_room(world: World, opening: _Opening, node: SimNode, hop: Hop) -> 
     def admit() -> bool:
         if opening.waiting is not wait or opening.over:
             return True  # no longer waits here
-        serves = node.serving and node.start <= hop.start < hop.end <= node.end  # else the timeout refuses it
-        if serves and node.room() >= _charge(node, opening.session, hop):
+        if _serves(node, hop) and node.room() >= _charge(node, opening.session, hop):  # else the timeout refuses it
             opening.waiting = None
             _hold(world, opening.session, hop)
             opening.held.append(hop)
@@ -196,7 +198,7 @@ def _accepts(world: World, session: Session, hop: Hop) -> bool:
     node = world.nodes[hop.peer_id]
     if node.gone:
         session.gateway.bans.record_failure(node.peer_id)
-    elif node.state is not NodeState.ONLINE or not node.start <= hop.start < hop.end <= node.end:
+    elif not _serves(node, hop):
         pass  # draining, moved or reloading: out of routing until it announces again
     elif node.room() < _charge(node, session, hop):  # full: a capacity refusal, never a ban
         session.gateway.refusals.refuse(node.peer_id, session.request.max_length)
