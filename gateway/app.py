@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import uvicorn
@@ -64,7 +64,8 @@ from gateway.state.redis_link import RedisLink
 from gateway.state.replicas import ReplicaCensus
 from gateway.state.responses_store import ResponseStore
 from gateway.state.store import SessionStore
-from shared.background import Periodic
+from shared.background import Periodic, stop_task
+from shared.errors import DhtLost
 
 if TYPE_CHECKING:
     from gateway.model.engine import GenerationEngine
@@ -160,7 +161,7 @@ async def serve(settings: GatewaySettings) -> None:
             store, quotas, config.model_name, settings.resume_grace, settings.max_concurrent_generations
         )
         app = create_app(engine, config, sessions, _authenticator(settings, link), settings.allowed_origins)
-        await _serve_http(app, settings, sessions)
+        await _serve_http(app, settings, sessions, engine.watch_dht)
     finally:
         await census.close()
         await store.close()
@@ -182,8 +183,13 @@ def _serving_config(settings: GatewaySettings, engine: GenerationEngine) -> Serv
     )
 
 
-async def _serve_http(app: FastAPI, settings: GatewaySettings, sessions: SessionTracker) -> None:
-    """uvicorn on the bound socket until a signal, with the coverage watch beside it; then the sessions close."""
+async def _serve_http(
+    app: FastAPI, settings: GatewaySettings, sessions: SessionTracker, watch_dht: Callable[[], Awaitable[None]]
+) -> None:
+    """uvicorn on the bound socket until a signal, with the coverage watch beside it; then the sessions close.
+
+    Should the DHT child (or its p2pd) die, the gateway drains as on SIGTERM and then raises ``DhtLost``: blind to
+    the swarm's changes, it would route on records that expire under it."""
     listener = _bind(settings.host, settings.port)
     host, port = listener.getsockname()[:2]
     uvicorn_config = uvicorn.Config(
@@ -195,11 +201,24 @@ async def _serve_http(app: FastAPI, settings: GatewaySettings, sessions: Session
     # Logs swarm gaps as they appear, e.g. "no node announces model X; nodes announce Y".
     watcher = Periodic("coverage-watch", COVERAGE_CHECK_PERIOD, services.models.swarm_coverage, "coverage check failed")
     watcher.start()
+    dht_watch = asyncio.create_task(_drain_when_dht_lost(watch_dht, server), name="dht-watch")
     try:
         await server.serve(sockets=[listener])
     finally:
+        await stop_task(dht_watch)
         await watcher.stop()
     await sessions.close()
+    if server.dht_lost is not None:
+        raise server.dht_lost
+
+
+async def _drain_when_dht_lost(watch_dht: Callable[[], Awaitable[None]], server: _Server) -> None:
+    try:
+        await watch_dht()
+    except DhtLost as lost:
+        logger.error("%s: this gateway can no longer follow the swarm; stopping", lost)
+        server.dht_lost = lost
+        server.drain_then_exit("the DHT is lost")
 
 
 COVERAGE_CHECK_PERIOD = 10.0  # seconds between checks that log a gap in the swarm (each change once)
@@ -243,6 +262,7 @@ class _Server(uvicorn.Server):
         self.sessions = sessions
         self.drain_timeout = drain_timeout
         self._drain: asyncio.Task[None] | None = None
+        self.dht_lost: DhtLost | None = None  # why the server stopped by itself, if it did
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -262,14 +282,16 @@ class _Server(uvicorn.Server):
             logger.warning("second %s: stopping without waiting for running generations", signal.Signals(sig).name)
             self.handle_exit(sig, None)
             return
-        self._drain = asyncio.create_task(self._drain_then_exit(sig))
+        self.drain_then_exit(signal.Signals(sig).name)
 
-    async def _drain_then_exit(self, sig: int) -> None:
+    def drain_then_exit(self, reason: str) -> None:
+        if self._drain is None:
+            self._drain = asyncio.create_task(self._drain_then_exit(reason))
+
+    async def _drain_then_exit(self, reason: str) -> None:
         running = len(self.sessions.live)
-        logger.info(
-            "%s: draining (%d generations running, up to %.0fs)", signal.Signals(sig).name, running, self.drain_timeout
-        )
+        logger.info("%s: draining (%d generations running, up to %.0fs)", reason, running, self.drain_timeout)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.drain_timeout):
                 await self.sessions.drain()
-        self.handle_exit(sig, None)
+        self.should_exit = True

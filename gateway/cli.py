@@ -16,6 +16,7 @@ from gateway.settings import (
     KeyRevokeSettings,
     RedisSettings,
 )
+from shared.errors import DhtLost
 from shared.exit import skip_final_collection
 from shared.logging_setup import configure_logging
 from shared.settings import add_settings_arguments, settings_or_exit
@@ -44,7 +45,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         configure_logging()
         from gateway.app import serve
 
-        asyncio.run(serve(serve_settings))
+        try:
+            asyncio.run(serve(serve_settings))
+        except DhtLost:
+            raise SystemExit(1) from None  # logged where it was found
         skip_final_collection()
     elif args.command == "keys":
         keys_settings = settings_or_exit(parsers[f"keys {args.keys_command}"], key_settings[args.keys_command], args)

@@ -6,6 +6,8 @@ and, once the parent is gone, shuts the DHT node down (which stops p2pd) and exi
 
 The other way round, a child that does not stop must not keep its parent alive: ``stop_dht`` asks it to leave, and
 kills it and its p2pd when it does not within a grace period (see there for why hivemind's own shutdown can hang).
+And a child (or its p2pd) that dies while the parent runs must not leave the parent running unseen: ``until_dht_lost``
+raises ``DhtLost`` then.
 """
 
 from __future__ import annotations
@@ -16,19 +18,23 @@ import contextlib
 import logging
 import os
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Iterator, Mapping
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 from hivemind import DHT
 from hivemind.dht.node import DHTNode
 from hivemind.p2p import P2P
 
+from shared.background import stop_task
+from shared.errors import DhtLost
 from shared.identity import PeerIdentity, register_identity
 from shared.unary_calls import guard_unary_calls
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 PARENT_POLL_SECONDS = 1.0
 STOP_GRACE_SECONDS = 3.0  # a healthy DHT child leaves in well under a second; a stuck one is killed after this
@@ -95,6 +101,46 @@ def _stop_leftovers() -> None:
     # joins the children: whatever DHT was not stopped on the way out is stopped here, within the same bounds.
     for dht in list(_running):
         stop_dht(dht)
+
+
+async def until_dht_lost(dht: DHT, work: Awaitable[T]) -> T:
+    """``work``'s result; or, should ``dht``'s child process or its p2pd exit first, ``work`` cancelled and
+    ``DhtLost`` raised.
+
+    Nothing else would tell: a call into a dead child's pipe waits forever (hivemind resolves its futures from the
+    child), and a node whose DHT died would go on answering the sessions it has, unannounced, its records expiring,
+    every health check green. Polled: no event announces the exit of a grandchild (p2pd).
+    """
+    work_task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_lost(dht))
+    try:
+        await asyncio.wait({work_task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        lost = watch.done()
+        await stop_task(watch)
+        await stop_task(work_task)  # a no-op once it is done
+    if lost:
+        raise DhtLost(watch.result())
+    return work_task.result()
+
+
+async def _lost(dht: DHT) -> str:
+    daemons = _descendants(dht.pid) if dht.pid is not None else []
+    while dht in _running:  # one stopped on purpose is not lost
+        if not dht.is_alive():
+            return f"the DHT process {dht.pid} exited (code {dht.exitcode})"
+        for daemon in daemons:
+            if not _running_process(daemon):
+                return f"the DHT process's p2pd {daemon.pid} exited"
+        await asyncio.sleep(PARENT_POLL_SECONDS)
+    await asyncio.Future()  # never: nothing to report
+    raise AssertionError("unreachable")
+
+
+def _running_process(process: psutil.Process) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    return False
 
 
 def _descendants(pid: int) -> list[psutil.Process]:

@@ -22,8 +22,9 @@ the client rebuilds the same exception type from it (``error_from_code``), and o
     ├── BadReceipt                  a step reply's receipt is missing, or not signed by the node routed to
     ├── StepTimeout                 a remote step took longer than allowed while the node still answered pings
     ├── NodeDistrusted              the gateway's checks took the node out of routing (gateway.swarm.verify)
-    └── ModelLoadError              a model could not be resolved or loaded
-        └── CacheApiMismatch        the installed transformers' decoder layers take no cache keyword we know
+    ├── ModelLoadError              a model could not be resolved or loaded
+    │   └── CacheApiMismatch        the installed transformers' decoder layers take no cache keyword we know
+    └── DhtLost                     this process's DHT child or its p2pd exited without being stopped
 """
 
 from __future__ import annotations
@@ -146,6 +147,13 @@ class ModelLoadError(SwarmError):
 
 class CacheApiMismatch(ModelLoadError):
     """The installed transformers' decoder layers name none of the cache keywords the span knows how to pass."""
+
+
+class DhtLost(SwarmError):
+    """This process's DHT child (or the p2pd it runs) exited while in use: nothing can be announced or looked up
+    any more, so the process stops with an error for its supervisor to start it again (``shared.dht_process``)."""
+
+    code = "dht_lost"
 
 
 _REMOTE_ERRORS: dict[str, type[RemoteError]] = {

@@ -10,7 +10,7 @@ import argparse
 import logging
 from collections.abc import Sequence
 
-from shared.errors import ModelLoadError
+from shared.errors import DhtLost, ModelLoadError
 from shared.exit import skip_final_collection
 from shared.logging_setup import configure_logging
 from shared.settings import add_settings_arguments, settings_or_exit
@@ -30,7 +30,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         configure_logging()
         from swarm_node.dht_bootstrap import run_bootstrap
 
-        run_bootstrap(dht_settings)
+        try:
+            run_bootstrap(dht_settings)
+        except DhtLost:
+            raise SystemExit(1) from None  # logged where it was found
         skip_final_collection()
         return
     settings = settings_or_exit(serve_parser, NodeSettings, args)
@@ -47,6 +50,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     except SelfTestFailed as exc:
         logging.getLogger("swarm_node").error("self-test failed, not announcing this node: %s", exc)
         raise SystemExit(1) from None
+    except DhtLost:
+        raise SystemExit(1) from None  # logged where it was found
     skip_final_collection()
 
 

@@ -11,7 +11,8 @@ import logging
 import signal
 import sys
 
-from shared.dht_process import start_dht, stop_dht
+from shared.dht_process import start_dht, stop_dht, until_dht_lost
+from shared.errors import DhtLost
 from shared.reachability import DialBackService
 from swarm_node.settings import DhtSettings
 
@@ -34,6 +35,10 @@ async def _run_bootstrap(settings: DhtSettings) -> None:
             sys.stdout.write(f"{maddr}\n")
         sys.stdout.flush()
         logger.info("DHT bootstrap peer %s is up (relay %s)", dht.peer_id, "on" if settings.relay_hop else "off")
-        await stop.wait()
+        try:
+            await until_dht_lost(dht, stop.wait())
+        except DhtLost as lost:
+            logger.error("%s: this peer can no longer answer the swarm; stopping", lost)
+            raise
     finally:
         stop_dht(dht)

@@ -30,9 +30,9 @@ from hivemind.p2p import P2P
 
 import shared
 from shared.background import Periodic
-from shared.dht_process import start_dht, stop_dht
+from shared.dht_process import start_dht, stop_dht, until_dht_lost
 from shared.dht_records import ModelRecord, NodeState, ServerRecord, announce, fetch_servers
-from shared.errors import SwarmError
+from shared.errors import DhtLost, SwarmError
 from shared.families import context_length, family_of
 from shared.membership import CallAuth, ReplayGuard
 from shared.model_source import ModelSource, load_config, resolve_model
@@ -119,6 +119,7 @@ class SpanServer:
         self.moving_to: int | None = None  # the new span's start while a move drains and loads (announced)
         self.announced: NodeState | None = None  # the state of the last announcement that reached the DHT
         self.dht_answers = True  # False once a bounded announcement on the way out timed out or failed
+        self.dht_lost: DhtLost | None = None  # why, once our DHT child or its p2pd died under us
         self.next_rtts: dict[str, float] = {}
         self.reachability = Reachability.DIRECT
         self.relay_addrs: list[str] = []
@@ -196,19 +197,26 @@ class SpanServer:
         self._exporter: Any = None
         try:
             reach, p2p = await self._join(self.dht, dht_kwargs)
-            await self._start_serving(p2p)
-            reach = await reach.settled()
+            dht = reach.dht  # final: the one watched from here on
+            reach = await until_dht_lost(dht, self._start_serving(p2p, reach))
             self.reachability, self.relay_addrs = reach.verdict, reach.relay_addrs
             self.status.state = NodeState.ONLINE
             logger.info("serving blocks %d:%d as %s", self.start, self.end, self.status.peer_id)
             jobs = self._jobs(p2p, reach)
             for job in jobs:
                 job.start()
-            await stop.wait()
+            try:
+                await until_dht_lost(dht, stop.wait())
+            except DhtLost as lost:
+                # Unannounced, a node serves only the sessions it has: let them finish, then exit for a restart.
+                logger.error("%s: this node can no longer be found; stopping", lost)
+                self.dht_lost = lost
             logger.info("stopping: draining open sessions")
             self.moving_to = None  # leaving, not moving
             await self._drain()
             await asyncio.gather(*(job.stop() for job in jobs))
+            if self.dht_lost is not None:
+                raise self.dht_lost
         finally:
             await self._shut_down()
 
@@ -231,8 +239,9 @@ class SpanServer:
         self.auth = CallAuth(secret, self.status.peer_id)
         return reach, p2p
 
-    async def _start_serving(self, p2p: P2P) -> None:
-        """Choose the span, load and self-test it, announce it (JOINING), answer RPCs, measure our speed."""
+    async def _start_serving(self, p2p: P2P, reach: Reach) -> Reach:
+        """Choose the span, load and self-test it, announce it (JOINING), answer RPCs, measure our speed; then
+        wait until how peers reach us is settled."""
         if self.settings.span() is None:
             self.start = await self._choose_start(self.num_blocks)
             self.end = self.start + self.num_blocks
@@ -242,6 +251,7 @@ class SpanServer:
         self.handlers = SpanHandlers(backend, self.pool, self.status)
         await self.handlers.register(p2p)
         self.speed = await block_speed(backend, self.cache_path, self.speed_key)
+        return await reach.settled()
 
     def _jobs(self, p2p: P2P, reach: Reach) -> list[Periodic]:
         refresh = functools.partial(self._refresh, p2p)
@@ -349,6 +359,9 @@ class SpanServer:
 
     async def _announce_leaving(self, expiration: float | None = None) -> None:
         """Announce on the way out, bounded (``dht_answers`` says whether it went through)."""
+        if self.dht_lost is not None:
+            self.dht_answers = False
+            return
         try:
             async with asyncio.timeout(STOP_ANNOUNCE_TIMEOUT):
                 await self._announce(expiration)

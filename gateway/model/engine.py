@@ -63,7 +63,7 @@ from gateway.swarm.routing import RoutingMode
 from gateway.swarm.step_links import StepLinks
 from gateway.swarm.verify.verifier import Verifier, VerifySettings
 from gateway.swarm.view import SwarmView
-from shared.dht_process import start_dht, stop_dht
+from shared.dht_process import start_dht, stop_dht, until_dht_lost
 from shared.dht_records import fetch_announced_models
 from shared.membership import CallAuth
 from shared.model_source import ModelSource, load_config, resolve_model
@@ -200,6 +200,11 @@ class GenerationEngine:
         if self._dht is not None:
             await asyncio.to_thread(stop_dht, self._dht)
             self._dht = None
+
+    async def watch_dht(self) -> None:
+        """Returns never; raises ``DhtLost`` once the DHT child or its p2pd has died."""
+        assert self._dht is not None  # started in create()
+        await until_dht_lost(self._dht, asyncio.get_running_loop().create_future())
 
     async def swarm_view(self, fresh: bool = False) -> SwarmView:
         """What routing sees: the DHT's records, less the nodes outside the allowlist (if any)."""

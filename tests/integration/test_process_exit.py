@@ -65,9 +65,10 @@ def test_exits_after_the_bootstrap_is_gone(
         process.send(signal.SIGTERM)
         limit = (0.0 if kind == "dht" else DRAIN) + EXIT_MARGIN
         try:
-            process.popen.wait(limit)
+            code = process.popen.wait(limit)
         except subprocess.TimeoutExpired:
             pytest.fail(f"{kind} still running {limit:.0f}s after SIGTERM:\n{process.log_text()[-3000:]}")
+        assert code == 0, f"{kind} exited with {code} after SIGTERM:\n{process.log_text()[-3000:]}"
         _, alive = psutil.wait_procs(children, timeout=5)
         assert not alive, f"{kind} left {[(p.pid, p.name()) for p in alive]} running"
     finally:
@@ -97,3 +98,34 @@ def test_a_dht_stuck_on_the_way_out_is_killed(local_swarm: LocalSwarm) -> None:
                 child.kill()
         if dht.is_alive():
             dht.kill()
+
+
+@pytest.mark.parametrize("lost", ["dht-child", "p2pd"])
+@pytest.mark.parametrize("kind", ["node", "gateway", "dht"])
+def test_exits_with_an_error_when_its_dht_process_dies(
+    kind: str, lost: str, local_swarm: LocalSwarm, tiny_with_tokenizer: GetTinyModel
+) -> None:
+    """A process whose DHT child (or that child's p2pd) is killed can no longer announce or look anything up: it
+    says so and exits with an error (for its supervisor to restart it) rather than running on unseen."""
+    local_swarm.fork = False
+    local_swarm.start_dht()
+    process = _start(kind, local_swarm, tiny_with_tokenizer)
+    children = _descendants(process)
+    daemons = [child for child in children if child.name() == "p2pd"]
+    dht_child = [child for child in children if any(daemon.ppid() == child.pid for daemon in daemons)]
+    victim = dht_child[0] if lost == "dht-child" else next(d for d in daemons if d.ppid() == dht_child[0].pid)
+    try:
+        victim.kill()
+        limit = (0.0 if kind == "dht" else DRAIN) + EXIT_MARGIN
+        try:
+            code = process.popen.wait(limit)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{kind} still running {limit:.0f}s after its {lost} died:\n{process.log_text()[-3000:]}")
+        assert code != 0, process.log_text()[-3000:]
+        assert "DHT process" in process.log_text(), process.log_text()[-3000:]
+        _, alive = psutil.wait_procs(children, timeout=5)
+        assert not alive, f"{kind} left {[(p.pid, p.name()) for p in alive]} running"
+    finally:
+        for child in children:
+            with contextlib.suppress(psutil.Error):
+                child.kill()
