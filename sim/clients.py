@@ -8,13 +8,15 @@ their room; if some refuse for want of room, it lets go of the others and the wh
 (``failover.reopen``) as an ``_Opening``: routed past the nodes that refused (``busy``), the busy nodes asked first;
 when the route must go through one of them, that node holds the open up to ``ROOM_WAIT`` until it has room
 (``swarm_node.cache_pool``; the session holds nothing meanwhile), then the range is routed again after
-``WAIT_POLL``. A lost hop's range opens the same way, the rest of the chain held. Before stop 45 a session here held
+``WAIT_POLL``. A lost hop's range opens the same way, the rest of the chain held; while nobody serves it, it is
+routed again every ``WAIT_POLL`` on a view read then (``failover._route_or_wait``). Before stop 45 a session here held
 nothing and looked again every ``RETRY_AFTER`` (room a session freed stayed unused until then: 10 % of the KV
 memory, with 900 sessions waiting), while the gateway held the nodes that took a new session as it waited for
 room on the others (a quarter of the KV memory held by sessions not decoding): ``bench/README.md``, stop 45."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from gateway.swarm.recovery import DEFAULT_FAILOVER_WAIT, ROOM_WAIT, WAIT_POLL
@@ -27,7 +29,7 @@ from sim.swarm import SimNode
 from sim.workload import Request
 from sim.world import GATEWAY_LAST_MILE, Session, SimGateway, World
 
-RETRY_AFTER = 10.0  # seconds a range nobody serves (or a planned chain without room) waits before it is routed again
+RETRY_AFTER = 10.0  # seconds a planned chain without room waits before it is routed again
 # A session waits for room (new or mid-way) and for a lost range to be served again (mid-way) as long as the gateway's
 # failover does (``DEFAULT_FAILOVER_WAIT``), then it is refused (new) or lost; a new session whose route names a
 # block nobody serves is refused at once, as the gateway's router answers missing_blocks then.
@@ -82,7 +84,7 @@ def _open_chain(world: World, session: Session, deadline: float) -> None:
     _attach(world, session, hops)
 
 
-def _route(world: World, opening: _Opening, first: bool = True) -> None:
+def _route(world: World, opening: _Opening, fresh: bool = True) -> None:
     """Route the opening's range past its busy nodes and open its hops (``failover._build_replacement``)."""
     if opening.over:
         return
@@ -91,10 +93,10 @@ def _route(world: World, opening: _Opening, first: bool = True) -> None:
         return
     try:
         opening.hops = opening.session.gateway.route(
-            opening.session, opening.start, opening.end, frozenset(opening.busy), fresh=first
+            opening.session, opening.start, opening.end, frozenset(opening.busy), fresh=fresh
         )
-    except MissingBlocks:
-        _route_later(world, opening)
+    except MissingBlocks:  # the gateway reads the DHT again every WAIT_POLL while it waits for a node to serve them
+        _route_later(world, opening, WAIT_POLL, fresh=True)
         return
     except NoPlannedRoom:
         _short_of_plan(world, opening)
@@ -105,13 +107,14 @@ def _route(world: World, opening: _Opening, first: bool = True) -> None:
 
 def _short_of_plan(world: World, opening: _Opening) -> None:
     opening.session.gateway.meter.short_of_room(world.clock.now)
-    _route_later(world, opening)
+    _route_later(world, opening, RETRY_AFTER, fresh=False)
 
 
-def _route_later(world: World, opening: _Opening) -> None:
-    """Route the range again after ``RETRY_AFTER``, or give up if the deadline comes first."""
-    if world.clock.now + RETRY_AFTER < opening.deadline:
-        world.clock.after(RETRY_AFTER, lambda: _route(world, opening, first=False))
+def _route_later(world: World, opening: _Opening, after: float, fresh: bool) -> None:
+    """Route the range again ``after`` seconds from now (on a view read then with ``fresh``), or give up if the
+    deadline comes first."""
+    if world.clock.now + after < opening.deadline:
+        world.clock.after(after, lambda: _route(world, opening, fresh=fresh))
     else:
         _give_up(world, opening.session)
 
@@ -217,7 +220,7 @@ def _hold(world: World, session: Session, hop: Hop) -> None:
     """The hop's node takes the session: its room is held from now on."""
     node = world.nodes[hop.peer_id]
     node.reserved += _charge(node, session, hop)
-    node.sessions.add(session.index)
+    node.sessions[session.index] += 1
     session.held.append(hop)
     session.gateway.load[hop.peer_id] += 1
     session.gateway.bans.record_success(hop.peer_id)
@@ -265,10 +268,11 @@ def fail_over(world: World, session: Session, node: SimNode, fault: bool) -> Non
     world.chains_changed(session)
     if fault:
         session.gateway.bans.record_failure(node.peer_id)
-    hop = lost[0]
     deadline = world.clock.now + DEFAULT_FAILOVER_WAIT
     delay = CRASH_NOTICED if fault else 0.0
-    world.clock.after(delay, lambda: _route(world, _Opening(session, hop.start, hop.end, deadline)))
+    for hop in lost:  # each its own opening, as the gateway replaces each failed segment
+        opening = _Opening(session, hop.start, hop.end, deadline)
+        world.clock.after(delay, functools.partial(_route, world, opening))
 
 
 def finish(world: World, session: Session) -> None:
@@ -295,8 +299,10 @@ def _give_up(world: World, session: Session) -> None:
 def _release(world: World, session: Session, hops: list[Hop]) -> None:
     for hop in hops:
         node = world.nodes[hop.peer_id]
-        if session.index in node.sessions:
-            node.sessions.discard(session.index)
+        if node.sessions[session.index] > 0:  # else its node let it go already
+            node.sessions[session.index] -= 1
+            if node.sessions[session.index] == 0:
+                del node.sessions[session.index]
             node.reserved -= _charge(node, session, hop)
             node.waiters = [admit for admit in node.waiters if not admit()]  # the pool wakes those waiting for room
         session.gateway.load[hop.peer_id] -= 1

@@ -7,6 +7,7 @@ joiners see the span as taken), loads its weights, goes ONLINE, re-announces eve
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -35,7 +36,7 @@ class SimNode:
     start: int = 0
     end: int = 0
     reserved: int = 0  # KV tokens held by open sessions
-    sessions: set[int] = field(default_factory=set)
+    sessions: Counter[int] = field(default_factory=Counter)  # session index: its hops here (two, after failovers)
     queue_depth: int = 0
     gone: bool = False
     moves: int = 0

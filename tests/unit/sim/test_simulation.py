@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from gateway.swarm import routing
+from gateway.swarm.recovery import WAIT_POLL
 from gateway.swarm.routing import Hop, RouteRequest, RoutingMode
 from gateway.swarm.view import SwarmView
 from shared.server_records import NodeState
@@ -79,7 +80,7 @@ def test_the_bounds_count_draining_nodes_that_still_decode() -> None:
     node = world.serving()[0]
     node.state = NodeState.DRAINING
     assert node not in world.carrying()  # no sessions: it decodes nothing until it is back
-    node.sessions.add(0)
+    node.sessions[0] += 1
     assert node in world.carrying() and bound(world, held) == before
     node.gone = True
     assert node not in world.carrying()
@@ -104,6 +105,53 @@ def test_a_session_waits_the_gateways_failover_wait_for_a_range_whose_every_serv
     world.clock.at(190.0, lambda: lifecycle.join(world, back))
     world.clock.run_until(160.0 + 110.0)
     assert session.decoding and world.complete(session) and not session.lost and session.failovers >= 1
+
+
+def test_a_lost_range_is_routed_again_within_a_poll_of_a_node_serving_it_as_the_gateway_reads_the_dht() -> None:
+    # The gateway's failover reads the DHT again every WAIT_POLL while no node serves a lost range; the simulator
+    # looked every RETRY_AFTER (10 s), on a view up to 10 s old, so a whole chain sat idle that long after the gap
+    # closed.
+    world = settle(replace(SMALL, churn=False, balancing=False), 150.0)
+    clients.arrive(world, world.gateways[0], Request(prompt=64, output=4000))
+    session = world.sessions[0]
+    world.clock.run_until(160.0)
+    block = session.hops[0].start
+    servers = [n for n in world.serving() if n.start <= block < n.end]
+    for node in servers:
+        lifecycle.leave(world, node, crash=True)
+    back = world.new_node(servers[0].hw, servers[0].city, servers[0].last_mile)
+    world.clock.at(190.0, lambda: lifecycle.join(world, back))
+    while back.state is not NodeState.ONLINE:
+        world.clock.run_until(world.clock.now + 0.25)
+    assert back.start <= block < back.end and not world.complete(session)
+    world.clock.run_until(world.clock.now + WAIT_POLL + 1.0)  # a look at a fresh view, then the prefill
+    assert world.complete(session) and session.decoding
+
+
+def test_a_node_holding_two_hops_of_a_session_frees_both_and_both_ranges_open_again_when_it_dies() -> None:
+    # Two failovers can put two hops of one chain on one node (the gateway holds two node sessions there). The
+    # simulator released the first hop's room only, and routed only the first hop's range again: the session never
+    # decoded again.
+    world = settle(replace(SMALL, churn=False, balancing=False), 150.0)
+    clients.arrive(world, world.gateways[0], Request(prompt=64, output=4000))
+    session = world.sessions[0]
+    world.clock.run_until(160.0)
+    hop = next(h for h in session.hops if h.end - h.start >= 2)
+    node = world.nodes[hop.peer_id]
+    clients._release(world, session, [hop])
+    base = node.reserved
+    halves = [Hop(hop.peer_id, hop.start, hop.start + 1), Hop(hop.peer_id, hop.start + 1, hop.end)]
+    for half in halves:
+        clients._hold(world, session, half)
+        session.held.remove(half)
+    session.hops = sorted([h for h in session.hops if h != hop] + halves, key=lambda h: h.start)
+    world.chains_changed(session)
+    assert node.sessions[session.index] == 2
+    lifecycle.leave(world, node, crash=True)
+    assert node.reserved == base and session.index not in node.sessions
+    world.clock.run_until(world.clock.now + 30.0)
+    assert world.complete(session) and session.decoding and not session.lost
+    assert all(h.peer_id != node.peer_id for h in session.hops)
 
 
 def test_a_new_session_holds_no_room_while_it_waits_and_a_full_node_takes_it_the_moment_room_frees() -> None:
