@@ -19,6 +19,7 @@ import contextlib
 import functools
 import logging
 import signal
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,6 +119,7 @@ class SpanServer:
         self.start, self.end = span or (0, 0)
         self.moving_to: int | None = None  # the new span's start while a move drains and loads (announced)
         self.announced: NodeState | None = None  # the state of the last announcement that reached the DHT
+        self.announced_until = 0.0  # time.monotonic() when that announcement's records expire
         self.dht_answers = True  # False once a bounded announcement on the way out timed out or failed
         self.dht_lost: DhtLost | None = None  # why, once our DHT child or its p2pd died under us
         self.next_rtts: dict[str, float] = {}
@@ -161,9 +163,13 @@ class SpanServer:
         return count
 
     def readiness(self) -> tuple[bool, str]:
-        """Ready once the span is loaded and announced ONLINE (the node's readiness probe)."""
+        """Ready while the span is loaded and announced ONLINE in records that have not expired (the node's
+        readiness probe): a node whose DHT stopped taking its announcements is found by nobody."""
         if self.status.state is NodeState.ONLINE and self.announced is NodeState.ONLINE:
-            return True, f"online: blocks {self.start}:{self.end}"
+            late = time.monotonic() - self.announced_until
+            if late < 0:
+                return True, f"online: blocks {self.start}:{self.end}"
+            return False, f"online but unannounced: the DHT took no announcement; its records expired {late:.0f}s ago"
         return False, f"{self.status.state.value}: blocks {self.start}:{self.end} not served yet"
 
     def _gauges(self) -> NodeGauges:
@@ -398,16 +404,21 @@ class SpanServer:
             version=shared.__version__,
             protocol=PROTOCOL_VERSION,
         )
-        ttl = expiration if expiration is not None else 2 * self.settings.announce_period + 5
-        await announce(self.dht, self.model_record, record, ttl)
-        self.announced = record.state
+        ttl = expiration if expiration is not None else self._record_ttl()
+        async with asyncio.timeout(ttl):  # an answer later than the record lives is none (a DHT hung, not failed)
+            await announce(self.dht, self.model_record, record, ttl)
+        self.announced, self.announced_until = record.state, time.monotonic() + ttl
+
+    def _record_ttl(self) -> float:
+        return 2 * self.settings.announce_period + 5
 
     async def _probe_next_hops(self, p2p: P2P) -> None:
         """Measure round trips to the nodes a session is likely to go to after us (they serve our end block)."""
         assert self.dht is not None  # started in run()
         if self.end >= self.num_model_blocks:
             return
-        nexts = await next_hops(self.dht, self.source.name, self.end, self.dht.peer_id.to_base58())
+        async with asyncio.timeout(self._record_ttl()):  # bounded as the announcement that follows
+            nexts = await next_hops(self.dht, self.source.name, self.end, self.dht.peer_id.to_base58())
         await open_paths(p2p, {s.peer_id: s.relay_addrs for s in nexts})
         rtts: dict[str, float] = {}
         for peer in (s.peer_id for s in nexts):
