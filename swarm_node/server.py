@@ -204,7 +204,11 @@ class SpanServer:
         try:
             reach, p2p = await self._join(self.dht, dht_kwargs)
             dht = reach.dht  # final: the one watched from here on
-            reach = await until_dht_lost(dht, self._start_serving(p2p, reach))
+            try:
+                reach = await until_dht_lost(dht, self._start_serving(p2p, reach))
+            except DhtLost as lost:
+                logger.error("%s while the node started; stopping", lost)
+                raise
             self.reachability, self.relay_addrs = reach.verdict, reach.relay_addrs
             self.status.state = NodeState.ONLINE
             logger.info("serving blocks %d:%d as %s", self.start, self.end, self.status.peer_id)
