@@ -18,7 +18,7 @@ import torch
 from hivemind.p2p import P2P
 
 from gateway.metrics import chain_opened
-from gateway.swarm.failover import Failover, FailoverPolicy
+from gateway.swarm.failover import ChainReopened, Failover, FailoverPolicy
 from gateway.swarm.frames import Frame
 from gateway.swarm.node_session import NodeSession
 from gateway.swarm.push_step import push_step
@@ -71,6 +71,7 @@ class ChainSession:
         # pipelined frames, which may have stopped midway (hops holding different lengths): the next step relays
         self._stored: int | None = 0
         self._frames: list[Frame] = []  # pipelined verify frames sent, in order (``frame``)
+        self._restart_at: int | None = None  # the plain step in progress: its position (``Failover.replace``)
         self._failover = Failover(router, failover, self._new_session, lambda: self._max_length, adapter)
         self.closed = False
 
@@ -168,10 +169,16 @@ class ChainSession:
         plain = tree is None and not branch  # tree steps and the step naming a kept branch go on hops' own streams
         row = plain and self._steps > 0 and hidden.shape[1] <= MAX_ROW_TOKENS  # by the step links (NodeSession.step)
         pushed, self._steps = plain and self._pushable(hidden, position), self._steps + 1
-        if pushed:
-            output = await push_step(self, hidden, position)
-        else:  # a prompt, a tree, or a rewind further back than the last step's own positions
-            output = await self.relay(hidden, position, 0, tree, branch)
+        self._restart_at = position if plain else None  # a plain step may start over on a chain opened again whole
+        try:
+            if pushed:
+                output = await push_step(self, hidden, position)
+            else:  # a prompt, a tree, or a rewind further back than the last step's own positions
+                output = await self.relay(hidden, position, 0, tree, branch)
+        except ChainReopened:
+            output = await self._restarted(hidden, position)
+        finally:
+            self._restart_at = None
         self._stored = position + hidden.shape[1]
         self._last_row = position if row else None
         return output
@@ -208,6 +215,14 @@ class ChainSession:
         if position == self._stored:
             return True
         return self._last_row is not None and self._stored is not None and self._last_row < position < self._stored
+
+    async def _restarted(self, hidden: torch.Tensor, position: int) -> torch.Tensor:
+        """The step again from the first hop, relayed, on a chain opened again whole (as often as that happens)."""
+        while True:
+            try:
+                return await self.relay(hidden, position, 0)
+            except ChainReopened:
+                continue
 
     @property
     def pushes_decode(self) -> bool:
@@ -295,7 +310,7 @@ class ChainSession:
 
     async def fail_over(self, failed: Segment, error: BaseException) -> None:
         """Replace ``failed`` by new segments over the same blocks, replayed up to where it was."""
-        after = await self._failover.replace(self._segments, failed, error)
+        after = await self._failover.replace(self._segments, failed, error, self._restart_at)
         await self._name_pusher(after)
 
     async def _name_pusher(self, index: int) -> None:

@@ -5,7 +5,9 @@ a full node) and whether the chain goes on: only the failed node's block range i
 replayed the exact inputs the lost node had received, and the step goes on. When no live node serves the range, the
 chain waits for one (``wait`` seconds, counted in the router's ``waiting`` and logged); when only full nodes do, it
 waits on one for room. The caller never notices beyond the delay. A new chain that some nodes refused for room is
-opened again whole (``reopen``), the full nodes first, so that it holds no room while it waits for some.
+opened again whole (``reopen``), the full nodes first, so that it holds no room while it waits for some. A chain in
+the middle of a step does the same once a node its lost range must use still has no room after a wait
+(``ChainReopened``): it lets go of every node and opens again whole, replayed up to the step, which then starts over.
 
 The chain owns one ``Failover`` and hands it its segment list; the failover edits that list in place.
 """
@@ -30,6 +32,19 @@ from shared.errors import BadReceipt, MissingBlocks, format_block_ranges
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+class ChainReopened(Exception):
+    """The chain let go of every node and opened again whole, replayed up to the step in progress: the step starts
+    over from its first hop (``Failover.replace`` with ``restart_at``)."""
+
+
+class _StillFull(Exception):
+    """A node the lost range must use refused room again after a wait, while the chain holds its other nodes."""
+
+    def __init__(self, hop: Hop, error: BaseException, busy: set[str], deadline: float) -> None:
+        super().__init__(str(error))
+        self.hop, self.error, self.busy, self.deadline = hop, error, busy, deadline
 
 
 class _ReplacementFailed(Exception):
@@ -67,14 +82,39 @@ class Failover:
         self._adapter = adapter
         self.count = 0  # node failures absorbed so far
 
-    async def replace(self, segments: list[Segment], failed: Segment, error: BaseException) -> int:
+    async def replace(
+        self, segments: list[Segment], failed: Segment, error: BaseException, restart_at: int | None = None
+    ) -> int:
         """Put new segments over ``failed``'s blocks into ``segments``, replayed up to where it was; returns the
-        index just after them. Raises ``error`` (or a later one) when the chain gives up."""
+        index just after them. Raises ``error`` (or a later one) when the chain gives up.
+
+        ``restart_at``: the position of a step in progress that may start over from the first hop. Then, should a
+        node the range must use still have no room after a wait, the chain lets go of every node and opens again
+        whole, replayed up to that position, and ``ChainReopened`` is raised: a chain that held its other nodes while
+        it waited kept their room from everyone, and after a region went dark every chain waited on a node full of
+        chains waiting on another (the simulator's finding, ``bench/README.md``, stop 46)."""
         await self.drop(failed)
-        replacement = await self._open_range(failed, [(failed.session.hop, error)])
+        let_go = restart_at is not None and len(segments) > 1
+        try:
+            replacement = await self._open_range(failed, [(failed.session.hop, error)], let_go=let_go)
+        except _StillFull as full:
+            assert restart_at is not None  # let_go
+            await self._reopen_whole(segments, failed, full, restart_at)
+            raise ChainReopened from full.error
         index = segments.index(failed)
         segments[index : index + 1] = replacement
         return index + len(replacement)
+
+    async def _reopen_whole(self, segments: list[Segment], failed: Segment, full: _StillFull, position: int) -> None:
+        """Every segment dropped, the whole chain opened again (the full node first), replayed its first hop's
+        inputs before ``position``."""
+        first = segments[0]  # ``failed`` itself when it was the first: dropped, its inputs still here
+        await asyncio.gather(*(self.drop(segment) for segment in segments if segment is not failed))
+        whole = Hop(full.hop.peer_id, first.session.hop.start, segments[-1].session.hop.end)
+        template = Segment(self._new_session(whole), list(first.history), first.tree)
+        template.truncate(position)
+        logger.info("node %s still has no room: letting go of the chain while it waits", full.hop.peer_id)
+        segments[:] = await self._open_range(template, [(full.hop, full.error)], busy=full.busy, deadline=full.deadline)
 
     async def reopen(self, segments: list[Segment], refused: list[tuple[Segment, BaseException]]) -> None:
         """A new chain some of whose nodes refused it for want of room: every segment is dropped and the whole chain
@@ -86,15 +126,25 @@ class Failover:
         template = Segment(self._new_session(whole))  # carries the range and no history: never opened
         segments[:] = await self._open_range(template, [(s.session.hop, error) for s, error in refused])
 
-    async def _open_range(self, failed: Segment, lost: list[tuple[Hop, BaseException]]) -> list[Segment]:
+    async def _open_range(
+        self,
+        failed: Segment,
+        lost: list[tuple[Hop, BaseException]],
+        let_go: bool = False,
+        busy: set[str] | None = None,
+        deadline: float | None = None,
+    ) -> list[Segment]:
         """New segments for ``failed``'s blocks once the router has learnt what ``lost`` (each hop's failure) teach;
-        raises the last error when the chain gives up."""
-        deadline = time.monotonic() + self._wait
-        busy: set[str] = set()  # nodes that refused for want of room during this failover: waited on, never banned
+        raises the last error when the chain gives up, and ``_StillFull`` (``let_go``) when a node refuses room
+        again after a wait. ``busy`` and ``deadline``: those of the failover this one goes on from."""
+        deadline = time.monotonic() + self._wait if deadline is None else deadline
+        busy = set() if busy is None else busy  # nodes that refused for want of room: waited on, never banned
         for hop, error in lost[:-1]:
             await self._learn(hop, error, busy, deadline)
         hop, error = lost[-1]
         while True:
+            if let_go and hop.peer_id in busy and recovery_for(error) is Recovery.BUSY:
+                raise _StillFull(hop, error, busy, deadline)
             await self._learn(hop, error, busy, deadline)
             try:
                 return await self._build_replacement(failed, busy, deadline)

@@ -191,6 +191,54 @@ async def test_a_new_chain_waiting_for_room_on_a_full_node_holds_none_on_the_oth
             await chain.close()
 
 
+async def test_a_failover_waiting_on_a_full_node_lets_go_of_its_chain_and_keeps_the_tokens(
+    local_swarm: LocalSwarm, tiny_model: GetTinyModel
+) -> None:
+    """Mid-stream, the node carrying 3:6 dies and the only other server of 3:6 is full: once it refuses room after
+    a wait, the chain lets go of the first node too (a chain that held its nodes while it waited kept their room from
+    everyone, and after a region went dark every chain waited so until all were lost: the simulator's finding, stop
+    46), opens again whole once room frees, is replayed, and its tokens are the reference's."""
+    folder = tiny_model("llama").folder
+    local_swarm.start_dht()
+    first = local_swarm.start_nodes(folder, ["0:3"])[0]
+    full = local_swarm.start_nodes(folder, ["3:6"], "--cache-tokens", "100")[0]
+    prompt = [3, 14, 15, 92, 65]
+    async with Client(folder, local_swarm) as client:
+        await client.wait_for("both nodes are online", lambda s: len(s) == 2)
+        holder = client.session(64)
+        await holder.__aenter__()  # 64 of the full node's 100 tokens, and a session on the first
+        carrier = local_swarm.start_nodes(folder, ["3:6"])[0]
+        await client.wait_for("three nodes are online", lambda s: len(s) == 3)
+
+        async def sessions_on_first() -> int:
+            return (await fetch_info(client.p2p, first.peer_id, 5))[0].sessions
+
+        async def only_one_on_first() -> bool:
+            return await sessions_on_first() == 1
+
+        async with client.session(64) as chain:
+            assert [h.peer_id for h in chain.hops] == [first.peer_id, carrier.peer_id]
+            reference = [t async for t in client.greedy(prompt, 12, chain)]
+        async with client.session(64) as chain:
+            tokens: list[int] = []
+
+            async def generate() -> None:
+                async for token in client.greedy(prompt, 12, chain):
+                    tokens.append(token)
+                    if len(tokens) == 4:
+                        carrier.send(signal.SIGKILL)
+
+            generating = asyncio.create_task(generate())
+            await eventually(lambda: client.router.stats.capacity_refusals >= 2, within=60)  # refused after a wait
+            await eventually(only_one_on_first, within=30)  # the holder's: the chain let go of its own
+            assert not generating.done() and len(tokens) == 4
+            await holder.close()
+            await asyncio.wait_for(generating, 60)
+            assert tokens == reference
+            assert [h.peer_id for h in chain.hops] == [first.peer_id, full.peer_id]
+            assert await sessions_on_first() == 1
+
+
 async def test_sigterm_drains_then_goes_offline_and_new_sessions_go_elsewhere(
     local_swarm: LocalSwarm, tiny_model: GetTinyModel
 ) -> None:

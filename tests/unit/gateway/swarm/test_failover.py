@@ -7,6 +7,7 @@ import asyncio
 from typing import cast
 
 import pytest
+import torch
 from hivemind.p2p import P2P
 
 from gateway.swarm.chain_session import ChainSession
@@ -74,6 +75,8 @@ class _Node:
     def __init__(self, full: bool) -> None:
         self.full = full
         self.sessions: list[_Session] = []
+        self.refusals_after_wait = 0  # opens that wait for room and are refused all the same, before one is granted
+        self.fails_steps = False
 
 
 class _Session:
@@ -125,3 +128,80 @@ async def test_a_new_chain_refused_room_by_one_node_holds_none_on_the_others_whi
     assert waited == [("b", [])], log  # it waited on b holding nothing, a's room given back first
     assert [peer for peer, _, _ in log] == ["a", "b", "b", "a"]
     assert sorted(s.hop.peer_id for s in live) == ["a", "b"]
+
+
+class _StepSession(_Session):
+    """A node session that steps (adds 1 to its input), replays (recording what it was given) and may fail a step."""
+
+    def __init__(self, hop: Hop, node: _Node, log: list[tuple[str, float, list[str]]], live: list[_Session]) -> None:
+        super().__init__(hop, node, log, live)
+        self.replayed: list[int] = []
+        self.stepped: list[int] = []
+
+    async def open(self, alloc_timeout: float = 0.0) -> None:
+        self.log.append((self.hop.peer_id, alloc_timeout, [s.hop.peer_id for s in self.live]))
+        if self.node.full and (alloc_timeout <= 0 or self.node.refusals_after_wait > 0):
+            self.node.refusals_after_wait -= alloc_timeout > 0
+            raise CacheFull("16 tokens asked, 0 free")
+        self.live.append(self)
+
+    async def replay(
+        self, chunks: list[tuple[int, torch.Tensor]], tree: object = None
+    ) -> list[tuple[int, torch.Tensor]]:
+        self.replayed += [position for position, _ in chunks]
+        return [(position, chunk + 1) for position, chunk in chunks]
+
+    async def step(
+        self, hidden: torch.Tensor, position: int, tree: object = None, branch: object = None
+    ) -> torch.Tensor:
+        if self.node.fails_steps:
+            raise NodeUnreachable("gone")
+        self.stepped.append(position)
+        return hidden + 1
+
+
+async def test_a_chain_whose_lost_range_waits_on_a_full_node_lets_go_of_its_other_nodes_then_starts_the_step_over(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Mid-stream, a failover that held the rest of its chain while it waited for room on a full node kept that
+    room from everyone: after a region went dark every chain waited, holding room, on a node full of chains waiting
+    on another, until all were lost (the simulator's finding, stop 46). Once the full node refuses again after a
+    wait, the chain lets go of every node, opens again whole (the full node first), is replayed up to the step, and
+    the step starts over from the first hop."""
+    nodes = {"a": _Node(full=False), "b": _Node(full=False), "c": _Node(full=True)}
+    nodes["c"].refusals_after_wait = 1  # room frees during its second wait
+    log: list[tuple[str, float, list[str]]] = []
+    live: list[_Session] = []
+    built: list[_StepSession] = []
+
+    def new_session(self: ChainSession, hop: Hop) -> _StepSession:
+        built.append(_StepSession(hop, nodes[hop.peer_id], log, live))
+        return built[-1]
+
+    monkeypatch.setattr(ChainSession, "_new_session", new_session)
+    router = Router(cast(SwarmMonitor, None), cast(P2P, None))
+
+    async def route(max_length: int, start: int = 0, end: int | None = None, **_: object) -> list[Hop]:
+        end = 6 if end is None else end
+        servers = [Hop("a", 0, 3), Hop("b" if not nodes["b"].fails_steps else "c", 3, 6)]
+        return [
+            Hop(h.peer_id, max(h.start, start), min(h.end, end)) for h in servers if h.end > start and h.start < end
+        ]
+
+    router.route = route  # type: ignore[method-assign]
+    chain = ChainSession(cast(P2P, None), router, 16, 5.0)
+    await asyncio.wait_for(chain.open(), 10)
+    prompt = torch.zeros(1, 4, 2)
+    assert torch.equal(await chain.step(prompt, 0), prompt + 2)
+    nodes["b"].fails_steps = True  # b dies; c, the only other server of 3:6, is full
+    token = torch.ones(1, 1, 2)
+    output = await asyncio.wait_for(chain.step(token, 4), 20)
+    assert torch.equal(output, token + 2)
+    assert chain.hops == [Hop("a", 0, 3), Hop("c", 3, 6)]
+    waits = [(peer, held) for peer, wait, held in log if wait > 0]
+    assert waits == [("c", ["a"]), ("c", [])], log  # the first wait held a; the second held nothing
+    new_a, new_c = (next(s for s in reversed(built) if s.hop.peer_id == peer) for peer in ("a", "c"))
+    assert new_a.replayed == [0] and new_c.replayed == [0]  # replayed up to the step, never the step itself
+    assert new_a.stepped == [4] and new_c.stepped == [4]  # then the step, once, from the first hop
+    assert not built[0].live.count(built[0]) and built[0].closed  # the first a let go
+    assert sorted(s.hop.peer_id for s in live) == ["a", "c"]
