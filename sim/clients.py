@@ -1,7 +1,9 @@
 """Session events: arrive, open a chain (the real ``plan_route``, then each node's own check), prefill, decode,
 fail over a lost hop, finish. What a gateway learns from a failed open is what ``gateway.swarm.recovery`` teaches:
-a dead node is banned, a full or departed one is passed over, and a full one is read as full by the next opens
-until it announces again (``gateway.swarm.room_refusals``).
+a dead node is out of routing until it announces again (``gateway.swarm.departures``; it was banned here before
+stop 46, and a ban gives way where every server of a block is banned or busy: chains kept dialling the dead node),
+a draining or moved one is passed over, and a full one is read as full by the next opens until it announces again
+(``gateway.swarm.room_refusals``).
 
 A chain opens as ``gateway.swarm.chain_session`` opens one: every hop's node is asked; if all take it, it holds
 their room; if some refuse for want of room, it lets go of the others and the whole chain opens again
@@ -9,7 +11,10 @@ their room; if some refuse for want of room, it lets go of the others and the wh
 when the route must go through one of them, that node holds the open up to ``ROOM_WAIT`` until it has room
 (``swarm_node.cache_pool``; the session holds nothing meanwhile), then the range is routed again after
 ``WAIT_POLL``. A lost hop's range opens the same way, the rest of the chain held; while nobody serves it, it is
-routed again every ``WAIT_POLL`` on a view read then (``failover._route_or_wait``). Before stop 45 a session here held
+routed again every ``WAIT_POLL`` on a view read then (``failover._route_or_wait``); once a node it must use has
+refused room after a wait, the session lets go of its whole chain and opens again whole (``failover.ChainReopened``:
+after a region went dark, chains held their room while waiting on nodes full of chains waiting on others, until the
+failover wait lost them all). Before stop 45 a session here held
 nothing and looked again every ``RETRY_AFTER`` (room a session freed stayed unused until then: 10 % of the KV
 memory, with 900 sessions waiting), while the gateway held the nodes that took a new session as it waited for
 room on the others (a quarter of the KV memory held by sessions not decoding): ``bench/README.md``, stop 45."""
@@ -50,10 +55,14 @@ class _Opening:
     hops: list[Hop] = field(default_factory=list)
     held: list[Hop] = field(default_factory=list)
     waiting: object | None = None  # set while a node holds the open until it has room: a token for this wait only
+    epoch: int = 0  # the session's ``reopened`` when this opening began: a whole reopen supersedes it
+
+    def __post_init__(self) -> None:
+        self.epoch = self.session.reopened
 
     @property
     def over(self) -> bool:
-        return self.session.finished is not None or self.session.lost
+        return self.session.finished is not None or self.session.lost or self.epoch != self.session.reopened
 
 
 def arrive(world: World, gateway: SimGateway, request: Request) -> None:
@@ -173,14 +182,29 @@ def _wait_for_room(world: World, opening: _Opening, node: SimNode, hop: Hop) -> 
         if opening.waiting is wait and not opening.over:
             opening.waiting = None
             if node.gone:
-                opening.session.gateway.bans.record_failure(node.peer_id)
+                opening.session.gateway.depart(node.peer_id)
             elif node.serving:  # still full: a capacity refusal
                 opening.session.gateway.refusals.refuse(node.peer_id, opening.session.request.max_length)
                 opening.session.gateway.meter.short_of_room(world.clock.now)
+                if opening.session.hops:  # mid-stream: let go of the chain rather than hold it while it waits
+                    _let_go(world, opening, node.peer_id)
+                    return
             _refused(world, opening, node.peer_id, WAIT_POLL)
 
     node.waiters.append(admit)
     world.clock.after(max(0.0, min(ROOM_WAIT, opening.deadline - world.clock.now)), timed_out)
+
+
+def _let_go(world: World, opening: _Opening, peer_id: str) -> None:
+    """A failover refused room by ``peer_id`` even after a wait lets go of its whole chain (every other opening of
+    the session with it) and opens it again whole, ``WAIT_POLL`` later (``failover.ChainReopened``)."""
+    session = opening.session
+    _release(world, session, session.hops + session.held)
+    session.hops, session.held = [], []
+    session.reopened += 1
+    world.chains_changed(session)
+    whole = _Opening(session, 0, world.model.num_blocks, opening.deadline, busy=opening.busy | {peer_id})
+    world.clock.after(WAIT_POLL, lambda: _route(world, whole))
 
 
 def _refused(world: World, opening: _Opening, peer_id: str, pause: float) -> None:
@@ -200,7 +224,7 @@ def _refused(world: World, opening: _Opening, peer_id: str, pause: float) -> Non
 def _accepts(world: World, session: Session, hop: Hop) -> bool:
     node = world.nodes[hop.peer_id]
     if node.gone:
-        session.gateway.bans.record_failure(node.peer_id)
+        session.gateway.depart(node.peer_id)
     elif not _serves(node, hop):
         pass  # draining, moved or reloading: out of routing until it announces again
     elif node.room() < _charge(node, session, hop):  # full: a capacity refusal, never a ban
@@ -267,7 +291,7 @@ def fail_over(world: World, session: Session, node: SimNode, fault: bool) -> Non
     session.hops = [h for h in session.hops if h.peer_id != node.peer_id]
     world.chains_changed(session)
     if fault:
-        session.gateway.bans.record_failure(node.peer_id)
+        session.gateway.depart(node.peer_id)
     deadline = world.clock.now + DEFAULT_FAILOVER_WAIT
     delay = CRASH_NOTICED if fault else 0.0
     for hop in lost:  # each its own opening, as the gateway replaces each failed segment

@@ -11,6 +11,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gateway.swarm.bans import BanList
+from gateway.swarm.departures import Departures
 from gateway.swarm.room_refusals import RoomRefusals
 from gateway.swarm.routing import Hop, RouteRequest, RoutingMode, plan_route
 from gateway.swarm.view import SwarmView
@@ -42,6 +43,7 @@ class Session:
     finished: float | None = None
     lost: bool = False
     held: list[Hop] = field(default_factory=list)  # nodes that took it for a range still opening (not in ``hops``)
+    reopened: int = 0  # times its whole chain was let go while it waited for room, and opened again
 
 
 class SimGateway:
@@ -57,7 +59,9 @@ class SimGateway:
         self.refusals = RoomRefusals(clock=lambda: world.clock.now)  # the gateway's Router keeps the same
         self.load: Counter[str] = Counter()
         self.rtts: dict[str, float] = {}
-        self._view: SwarmView | None = None
+        self._records: SwarmView | None = None  # the DHT's, as last read
+        self._view: SwarmView | None = None  # the records less departed nodes
+        self.departures = Departures(clock=lambda: world.clock.now)
         self._rtts_for: SwarmView | None = None  # the view whose nodes' RTTs ``rtts`` holds
         self._routes: dict[tuple[object, ...], list[Hop]] = {}  # searches made (``_memo_key``)
         self._routes_structure: tuple[tuple[str, int, int, float, float], ...] = ()
@@ -66,10 +70,19 @@ class SimGateway:
         self._planned_at = -np.inf
 
     def view(self, fresh: bool = False) -> SwarmView:
+        """The DHT's records less the nodes this gateway saw die (``Departures``, as the gateway's router)."""
         now = self.world.clock.now
-        if fresh or self._view is None or now - self._view.fetched_at > VIEW_MAX_AGE:
-            self._view = self.world.dht.view(now)
+        if fresh or self._records is None or now - self._records.fetched_at > VIEW_MAX_AGE:
+            self._records, self._view = self.world.dht.view(now), None
+        if self._view is None:
+            self._view = self.departures.filter(self._records)
         return self._view
+
+    def depart(self, peer_id: str) -> None:
+        """A node found dead (a failed dial, no answer to a ping: ``Recovery.GONE``) is out of routing until it
+        announces again."""
+        self.departures.depart(peer_id)
+        self._view = None
 
     def route(self, session: Session, start: int, end: int, avoid: frozenset[str], fresh: bool) -> list[Hop]:
         view = self.view(fresh)

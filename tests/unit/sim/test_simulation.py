@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 
 from gateway.swarm import routing
-from gateway.swarm.recovery import WAIT_POLL
+from gateway.swarm.recovery import ROOM_WAIT, WAIT_POLL
 from gateway.swarm.routing import Hop, RouteRequest, RoutingMode
 from gateway.swarm.view import SwarmView
 from shared.server_records import NodeState
 from sim import clients, lifecycle, report
+from sim.clients import CRASH_NOTICED
 from sim.dataflow import bound
 from sim.hardware import LLAMA_70B
 from sim.scenario import Result, Scenario, run, settle
@@ -152,6 +153,47 @@ def test_a_node_holding_two_hops_of_a_session_frees_both_and_both_ranges_open_ag
     world.clock.run_until(world.clock.now + 30.0)
     assert world.complete(session) and session.decoding and not session.lost
     assert all(h.peer_id != node.peer_id for h in session.hops)
+
+
+def test_a_node_found_dead_is_out_of_the_gateways_view_while_its_record_lingers() -> None:
+    # As the gateway's router (Recovery.GONE: departures): the simulator banned it, and a ban gives way where every
+    # other server of a block is banned or busy, so a failover dialled the dead node again every poll.
+    world = settle(replace(SMALL, churn=False, balancing=False), 150.0)
+    clients.arrive(world, world.gateways[0], Request(prompt=64, output=4000))
+    session = world.sessions[0]
+    world.clock.run_until(160.0)
+    dead = world.nodes[session.hops[0].peer_id]
+    lifecycle.leave(world, dead, crash=True)
+    world.clock.run_until(world.clock.now + CRASH_NOTICED + 1.0)
+    assert dead.peer_id in world.dht.view(world.clock.now).servers  # its record has not expired
+    assert dead.peer_id not in session.gateway.view(fresh=True).servers
+
+
+def test_a_failover_refused_room_after_a_wait_lets_go_of_its_chain_and_opens_it_again_whole() -> None:
+    # As the gateway's failover.ChainReopened: mid-stream, a chain held its other nodes while it waited for room;
+    # after "Europe goes dark" (seed 3) 383 chains did so on nodes full of chains waiting on others, for the whole
+    # failover wait, and were all lost.
+    world = settle(replace(SMALL, churn=False, balancing=False), 150.0)
+    clients.arrive(world, world.gateways[0], Request(prompt=64, output=4000))
+    session = world.sessions[0]
+    world.clock.run_until(160.0)
+    assert session.decoding and len(session.hops) > 1
+    fillers = []
+    for node in world.serving():  # every pool full, the session's own nodes too
+        room = Request(prompt=1, output=node.room() - 1)
+        filler = Session(10_000 + node.index, world.gateways[0], room, world.clock.now)
+        world.sessions[filler.index] = filler
+        clients._hold(world, filler, Hop(node.peer_id, node.start, node.end))
+        fillers.append(filler)
+    lost = world.nodes[session.hops[-1].peer_id]
+    lifecycle.leave(world, lost, crash=True)
+    world.clock.run_until(world.clock.now + CRASH_NOTICED + ROOM_WAIT + 2 * WAIT_POLL)
+    assert not session.lost and not session.hops and not session.held  # let go while it waits
+    assert all(session.index not in node.sessions for node in world.nodes.values())
+    for filler in fillers:
+        clients._release(world, filler, filler.held)
+    world.clock.run_until(world.clock.now + ROOM_WAIT + 5.0)
+    assert session.decoding and world.complete(session) and not session.lost
 
 
 def test_a_new_session_holds_no_room_while_it_waits_and_a_full_node_takes_it_the_moment_room_frees() -> None:
