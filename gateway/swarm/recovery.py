@@ -10,7 +10,11 @@
     internal_error          FAULT      banned
     cache_full              BUSY       skipped now, never banned           another node, or it waits on this one
                                                                            for room (up to --failover-wait), then
-                                                                           the error: a capacity answer (HTTP 429)
+                                                                           the error: a capacity answer (HTTP 429);
+                                                                           a new chain holds no other node while
+                                                                           it waits (failover.reopen), one mid-
+                                                                           stream lets go of them once this one
+                                                                           refused after a wait (ChainReopened)
     node_draining           STALE      out of routing until it announces   routed again and replayed
     wrong_span              STALE        again (its record is out of date)
     protocol_mismatch       STALE
