@@ -98,33 +98,37 @@ class Failover:
         try:
             replacement = await self._open_range(failed, [(failed.session.hop, error)], let_go=let_go)
         except _StillFull as full:
-            assert restart_at is not None  # let_go
-            await self._reopen_whole(segments, failed, full, restart_at)
+            logger.info("node %s still has no room: letting go of the chain while it waits", full.hop.peer_id)
+            await self._open_whole(segments, [(full.hop, full.error)], restart_at, full.busy, full.deadline)
             raise ChainReopened from full.error
         index = segments.index(failed)
         segments[index : index + 1] = replacement
         return index + len(replacement)
-
-    async def _reopen_whole(self, segments: list[Segment], failed: Segment, full: _StillFull, position: int) -> None:
-        """Every segment dropped, the whole chain opened again (the full node first), replayed its first hop's
-        inputs before ``position``."""
-        first = segments[0]  # ``failed`` itself when it was the first: dropped, its inputs still here
-        await asyncio.gather(*(self.drop(segment) for segment in segments if segment is not failed))
-        whole = Hop(full.hop.peer_id, first.session.hop.start, segments[-1].session.hop.end)
-        template = Segment(self._new_session(whole), list(first.history), first.tree)
-        template.truncate(position)
-        logger.info("node %s still has no room: letting go of the chain while it waits", full.hop.peer_id)
-        segments[:] = await self._open_range(template, [(full.hop, full.error)], busy=full.busy, deadline=full.deadline)
 
     async def reopen(self, segments: list[Segment], refused: list[tuple[Segment, BaseException]]) -> None:
         """A new chain some of whose nodes refused it for want of room: every segment is dropped and the whole chain
         opens again as one range, the nodes that refused first (waited on for room when nothing else serves their
         blocks). A chain that held its other nodes while it waited kept a quarter of a full swarm's KV memory from
         any session that could decode (the simulator's finding, ``bench/README.md``, stop 45)."""
+        await self._open_whole(segments, [(s.session.hop, error) for s, error in refused])
+
+    async def _open_whole(
+        self,
+        segments: list[Segment],
+        lost: list[tuple[Hop, BaseException]],
+        position: int | None = None,
+        busy: set[str] | None = None,
+        deadline: float | None = None,
+    ) -> None:
+        """Every segment dropped (a dropped one is skipped) and the whole chain opened again through the failover,
+        the nodes of ``lost`` first, replayed its first hop's inputs before ``position`` (a new chain has none)."""
+        first = segments[0]  # the failed segment itself when it was the first: dropped, its inputs still here
         await asyncio.gather(*(self.drop(segment) for segment in segments))
-        whole = Hop(refused[0][0].session.hop.peer_id, segments[0].session.hop.start, segments[-1].session.hop.end)
-        template = Segment(self._new_session(whole))  # carries the range and no history: never opened
-        segments[:] = await self._open_range(template, [(s.session.hop, error) for s, error in refused])
+        whole = Hop(lost[0][0].peer_id, first.session.hop.start, segments[-1].session.hop.end)
+        template = Segment(self._new_session(whole), list(first.history), first.tree)  # never opened
+        if position is not None:
+            template.truncate(position)
+        segments[:] = await self._open_range(template, lost, busy=busy, deadline=deadline)
 
     async def _open_range(
         self,
