@@ -66,6 +66,7 @@ from gateway.state.responses_store import ResponseStore
 from gateway.state.store import SessionStore
 from shared.background import Periodic, stop_task
 from shared.errors import DhtLost
+from shared.exit import drop_cancelled_stream_handler_alarms
 
 if TYPE_CHECKING:
     from gateway.model.engine import GenerationEngine
@@ -145,6 +146,7 @@ async def serve(settings: GatewaySettings) -> None:
     from gateway.model.engine import GenerationEngine  # torch and hivemind load only when serving for real
 
     install_request_ids()
+    drop_cancelled_stream_handler_alarms(asyncio.get_running_loop())
     engine = await GenerationEngine.create(settings)
     link = RedisLink(settings.redis_url or None)
     replica = settings.replica_id or f"{socket.gethostname()}:{os.getpid()}"

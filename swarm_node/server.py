@@ -34,6 +34,7 @@ from shared.background import Periodic
 from shared.dht_process import start_dht, stop_dht, until_dht_lost
 from shared.dht_records import ModelRecord, NodeState, ServerRecord, announce, fetch_servers
 from shared.errors import DhtLost, SwarmError
+from shared.exit import drop_cancelled_stream_handler_alarms
 from shared.families import context_length, family_of
 from shared.membership import CallAuth, ReplayGuard
 from shared.model_source import ModelSource, load_config, resolve_model
@@ -473,6 +474,7 @@ def serve(server: SpanServer) -> None:
 async def _serve(server: SpanServer) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    drop_cancelled_stream_handler_alarms(loop)
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await server.run(stop)

@@ -272,6 +272,26 @@ async def test_sigterm_drains_then_goes_offline_and_new_sessions_go_elsewhere(
         assert victim.popen.wait(30) == 0
 
 
+async def test_a_node_whose_drain_ends_with_a_session_open_exits_0_without_tracebacks(
+    local_swarm: LocalSwarm, tiny_model: GetTinyModel
+) -> None:
+    """Past its drain time a node cuts its open sessions off and exits 0, saying so in one line: no asyncio
+    tracebacks (Python 3.11.7's streams call ``task.exception()`` on a stream handler's task cancelled at exit)."""
+    folder = tiny_model("llama").folder
+    local_swarm.fork = False  # its own interpreter, as users start it: the exit is the subject
+    local_swarm.start_dht()
+    (node,) = local_swarm.start_nodes(folder, [f"0:{NUM_LAYERS}"], "--drain-timeout", "1")
+    async with Client(folder, local_swarm) as client:
+        await client.wait_for("the node is online", lambda s: len(s) == 1)
+        async with client.session(64) as chain:
+            tokens = client.greedy([7, 1, 8, 2, 8], 40, chain)
+            await anext(tokens)
+            node.send(signal.SIGTERM)
+            assert await asyncio.to_thread(node.popen.wait, 15) == 0, node.log_text()[-3000:]
+            await tokens.aclose()
+    assert "Traceback" not in node.log_text(), node.log_text()[-3000:]
+
+
 async def test_a_frozen_node_is_noticed_by_the_liveness_watch_well_before_the_step_timeout(
     local_swarm: LocalSwarm, tiny_model: GetTinyModel
 ) -> None:
