@@ -26,6 +26,7 @@ import psutil
 from hivemind import DHT
 from hivemind.dht.node import DHTNode
 from hivemind.p2p import P2P
+from hivemind.utils.multiaddr import Multiaddr
 
 from shared.background import stop_task
 from shared.errors import DhtLost
@@ -101,6 +102,32 @@ def _stop_leftovers() -> None:
     # joins the children: whatever DHT was not stopped on the way out is stopped here, within the same bounds.
     for dht in list(_running):
         stop_dht(dht)
+
+
+async def replicate_p2p(dht: DHT) -> P2P:
+    """``dht.replicate_p2p()``, that a dead DHT child cannot stop the whole process in.
+
+    hivemind's asks the child for its p2pd's address with a blocking call on the event loop: with the child dead,
+    that call never returns and nothing else in the process runs, ``until_dht_lost`` included. So the child is first
+    asked through an awaited future (the same pipe): a dead child is seen while that waits, and after its answer
+    the blocking call is answered at once.
+    """
+    await dht.run_coroutine(_answer, return_future=True)
+    return await dht.replicate_p2p()
+
+
+async def _answer(_dht: DHT, _node: DHTNode) -> None:
+    """Run in the DHT child: an answer is all that is asked."""
+
+
+async def visible_maddrs(dht: DHT) -> list[Multiaddr]:
+    """``dht.get_visible_maddrs()`` awaited, not blocking a thread: on a dead child that thread would wait forever,
+    and ``asyncio.run`` waits for it on the way out."""
+    return await dht.run_coroutine(_visible_maddrs, return_future=True)
+
+
+async def _visible_maddrs(_dht: DHT, node: DHTNode) -> list[Multiaddr]:
+    return await node.get_visible_maddrs()
 
 
 async def until_dht_lost(dht: DHT, work: Awaitable[T]) -> T:

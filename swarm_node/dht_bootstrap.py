@@ -11,7 +11,10 @@ import logging
 import signal
 import sys
 
-from shared.dht_process import start_dht, stop_dht, until_dht_lost
+from hivemind import DHT
+from hivemind.utils.multiaddr import Multiaddr
+
+from shared.dht_process import replicate_p2p, start_dht, stop_dht, until_dht_lost, visible_maddrs
 from shared.errors import DhtLost
 from shared.reachability import DialBackService
 from swarm_node.settings import DhtSettings
@@ -30,8 +33,12 @@ async def _run_bootstrap(settings: DhtSettings) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        await DialBackService(await dht.replicate_p2p()).register()
-        for maddr in await asyncio.to_thread(dht.get_visible_maddrs):
+        try:
+            maddrs = await until_dht_lost(dht, _start_answering(dht))
+        except DhtLost as lost:
+            logger.error("%s while the peer started; stopping", lost)
+            raise
+        for maddr in maddrs:
             sys.stdout.write(f"{maddr}\n")
         sys.stdout.flush()
         logger.info("DHT bootstrap peer %s is up (relay %s)", dht.peer_id, "on" if settings.relay_hop else "off")
@@ -42,3 +49,9 @@ async def _run_bootstrap(settings: DhtSettings) -> None:
             raise
     finally:
         stop_dht(dht)
+
+
+async def _start_answering(dht: DHT) -> list[Multiaddr]:
+    """Answer reachability checks; the addresses peers can reach us at."""
+    await DialBackService(await replicate_p2p(dht)).register()
+    return await visible_maddrs(dht)

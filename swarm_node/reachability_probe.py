@@ -25,7 +25,7 @@ from hivemind import DHT
 from hivemind.p2p import P2P
 
 from shared.background import Periodic
-from shared.dht_process import start_dht, stop_dht
+from shared.dht_process import replicate_p2p, start_dht, stop_dht, visible_maddrs
 from shared.reachability import Reachability, ask_dial_back, circuit_addrs, describe, peer_of
 from shared.relay_reservation import RelaySlot, reserve_any
 from swarm_node.settings import NodeSettings
@@ -61,9 +61,9 @@ class Reach:
 async def settle_reachability(dht: DHT, settings: NodeSettings, dht_kwargs: dict[str, Any]) -> Reach:
     """The node's verdict (``settled()``: the final one), and the DHT to keep (a new one when it had to become a relay
     client)."""
-    p2p = await dht.replicate_p2p()
+    p2p = await replicate_p2p(dht)
     helpers = [peer for peer in (peer_of(a) for a in settings.initial_peers) if peer]
-    addrs = [str(a) for a in await asyncio.to_thread(dht.get_visible_maddrs)]
+    addrs = [str(a) for a in await visible_maddrs(dht)]
     if all(_loopback(a) for a in [*addrs, *settings.initial_peers]):
         return Reach(dht, Reachability.DIRECT)  # a swarm inside one machine: every peer can dial every other
     asked = False
@@ -87,7 +87,7 @@ async def settle_reachability(dht: DHT, settings: NodeSettings, dht_kwargs: dict
     relay_client = {**dht_kwargs, **settings.relay_client_kwargs()}
     relay_client["daemon_flags"] = settings.relay_service_flags(False)  # a peer nobody can dial relays for nobody
     dht = start_dht(**relay_client)
-    p2p = await dht.replicate_p2p()
+    p2p = await replicate_p2p(dht)
     reach = Reach(dht, Reachability.UNREACHABLE)
     wait = _reserve_and_check(p2p, settings, dht.peer_id.to_base58(), reach.renewals)
     reach.pending = asyncio.create_task(wait)

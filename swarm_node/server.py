@@ -31,7 +31,7 @@ from hivemind.p2p import P2P
 
 import shared
 from shared.background import Periodic
-from shared.dht_process import start_dht, stop_dht, until_dht_lost
+from shared.dht_process import replicate_p2p, start_dht, stop_dht, until_dht_lost
 from shared.dht_records import ModelRecord, NodeState, ServerRecord, announce, fetch_servers
 from shared.errors import DhtLost, SwarmError
 from shared.exit import drop_cancelled_stream_handler_alarms
@@ -203,9 +203,10 @@ class SpanServer:
         self._backend: SpanBackend | None = None
         self._exporter: Any = None
         try:
-            reach, p2p = await self._join(self.dht, dht_kwargs)
-            dht = reach.dht  # final: the one watched from here on
             try:
+                # The first DHT is watched until it is settled which one stays (a relay client's replaces it).
+                reach, p2p = await until_dht_lost(self.dht, self._join(self.dht, dht_kwargs))
+                dht = reach.dht  # final: the one watched from here on
                 reach = await until_dht_lost(dht, self._start_serving(p2p, reach))
             except DhtLost as lost:
                 logger.error("%s while the node started; stopping", lost)
@@ -239,7 +240,7 @@ class SpanServer:
             torch.set_num_threads(self.settings.num_threads)
         if self.metrics is not None and self.settings.metrics_port is not None:
             self._exporter = self.metrics.serve(self.settings.metrics_host, self.settings.metrics_port, self.readiness)
-        p2p = await self.dht.replicate_p2p()
+        p2p = await replicate_p2p(self.dht)
         if self.reachability is Reachability.DIRECT:
             await DialBackService(p2p).register()  # we can tell joining nodes whether they can be dialled
         self.status.peer_id = self.dht.peer_id.to_base58()

@@ -63,8 +63,9 @@ from gateway.swarm.routing import RoutingMode
 from gateway.swarm.step_links import StepLinks
 from gateway.swarm.verify.verifier import Verifier, VerifySettings
 from gateway.swarm.view import SwarmView
-from shared.dht_process import start_dht, stop_dht, until_dht_lost
+from shared.dht_process import replicate_p2p, start_dht, stop_dht, until_dht_lost
 from shared.dht_records import fetch_announced_models
+from shared.errors import DhtLost
 from shared.membership import CallAuth
 from shared.model_source import ModelSource, load_config, resolve_model
 
@@ -131,7 +132,12 @@ class GenerationEngine:
         engine.sampling_defaults = defaults
         if settings.speculative == "draft" and settings.draft_model is not None:
             engine.draft_model = await asyncio.to_thread(DraftModel.load, settings.draft_model, tokenizer, cache_dir)
-        await engine.start(dht)
+        try:
+            await until_dht_lost(dht, engine.start(dht))  # a call into a dead DHT child would wait forever
+        except DhtLost as lost:
+            logger.error("%s while the gateway started; stopping", lost)
+            stop_dht(dht)
+            raise
         return engine
 
     @property
@@ -150,7 +156,7 @@ class GenerationEngine:
 
     async def start(self, dht: DHT) -> None:
         self._dht = dht
-        self._p2p = await self._dht.replicate_p2p()
+        self._p2p = await replicate_p2p(self._dht)
         self._monitor = SwarmMonitor(
             self._dht, self.model_name, self.config.num_hidden_layers, self.settings.swarm_refresh
         )

@@ -10,8 +10,10 @@ may be left: not its DHT child, not a p2pd.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
+import sys
 
 import psutil
 import pytest
@@ -129,3 +131,72 @@ def test_exits_with_an_error_when_its_dht_process_dies(
         for child in children:
             with contextlib.suppress(psutil.Error):
                 child.kill()
+
+
+# Run in a fresh interpreter: hivemind forks the DHT child, and a fork of a pytest worker that other tests left
+# threads in can deadlock before the child is ready.
+STARTS_WITH_A_DEAD_DHT = """
+import asyncio, contextlib, sys
+import psutil
+from shared.errors import DhtLost
+
+kind, model, peers = sys.argv[1], sys.argv[2], sys.argv[3:]
+if kind == "node":
+    from swarm_node import server as module
+elif kind == "gateway":
+    from gateway.model import engine as module
+else:
+    from swarm_node import dht_bootstrap as module
+start = module.start_dht
+
+def start_and_kill(**kwargs):  # the DHT child SIGKILLed (with its p2pd) before its caller gets it back
+    dht = start(**kwargs)
+    daemons = psutil.Process(dht.pid).children(recursive=True)
+    dht.kill()
+    dht.join(5)
+    for daemon in daemons:
+        with contextlib.suppress(psutil.Error):
+            daemon.kill()
+    return dht
+
+module.start_dht = start_and_kill
+
+async def main():
+    if kind == "node":
+        from swarm_node.server import SpanServer
+        from swarm_node.settings import NodeSettings
+        settings = NodeSettings(model=model, blocks="0:2", initial_peers=peers, device="cpu")
+        await SpanServer(settings).run(asyncio.Event())
+    elif kind == "gateway":
+        from gateway.model.engine import GenerationEngine
+        from gateway.settings import EngineSettings
+        await GenerationEngine.create(EngineSettings(model=model, initial_peers=peers))
+    else:
+        from swarm_node.settings import DhtSettings
+        await module._run_bootstrap(DhtSettings(host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=peers))
+
+try:
+    asyncio.run(main())
+except DhtLost as lost:
+    print(f"DhtLost: {lost}")
+    sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("kind", ["node", "gateway", "dht"])
+def test_a_dht_that_dies_while_the_process_starts_stops_it_with_an_error(
+    kind: str, local_swarm: LocalSwarm, tiny_with_tokenizer: GetTinyModel
+) -> None:
+    """Its DHT child dead before the node has joined (the gateway's engine started, the DHT peer printed its
+    addresses): ``DhtLost``, not a wait forever on the dead child's pipe (the first call into it,
+    ``replicate_p2p``, blocked the whole event loop)."""
+    local_swarm.start_dht()
+    model = str(tiny_with_tokenizer("llama").folder)
+    args = [sys.executable, "-c", STARTS_WITH_A_DEAD_DHT, kind, model, *local_swarm.initial_peers]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)
+    except subprocess.TimeoutExpired as hung:
+        pytest.fail(f"{kind} still starting 120 s after its DHT process died:\n{hung.stderr!r}"[-3000:])
+    assert done.returncode == 3, done.stdout + done.stderr[-3000:]
+    assert "DhtLost: the DHT process" in done.stdout
