@@ -296,4 +296,10 @@ class _Server(uvicorn.Server):
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.drain_timeout):
                 await self.sessions.drain()
+        if self.sessions.live:
+            # Before the server stops: a stream it cut would end with neither an error nor [DONE].
+            logger.warning("drain time ran out: stopping %d running generations", len(self.sessions.live))
+            await self.sessions.stop_all(
+                f"the gateway is shutting down (its drain time of {self.drain_timeout:g}s ran out)"
+            )
         self.should_exit = True

@@ -437,6 +437,25 @@ def test_redis_killed_mid_stream_leaves_it_to_complete_and_is_written_through_wh
             assert [event.data for event in sse_events(replay)] == [event.data for event in first + rest]
 
 
+def test_a_stream_still_running_when_the_drain_time_runs_out_ends_with_an_error_then_done(
+    replicas: list[Gateway], module_swarm: LocalSwarm, chat_model: TinyModel
+) -> None:
+    """SIGTERM, and the stream outlives ``--drain-timeout``: the gateway stops it with an error event and ``[DONE]``
+    before the server stops, not a connection cut mid-stream, and still exits 0 within drain + 10 s."""
+    gateway = start_gateway(module_swarm, chat_model.folder, "--api-keys", ADMIN, "--no-verify", "--drain-timeout", "1")
+    body = completion(gateway, max_tokens=600, stream=True)
+    with gateway.http(headers=bearer(ADMIN)) as client, client.stream("POST", "/v1/completions", json=body) as response:
+        events = sse_events(response)
+        first = [next(events) for _ in range(3)]
+        gateway.process.send(signal.SIGTERM)
+        rest = list(events)
+    assert rest[-1].data == "[DONE]"
+    error = json.loads(rest[-2].data)["error"]
+    assert "shutting down" in error["message"], error
+    assert sum(1 for event in first + rest[:-2] if chunk_text(event)) < 600  # stopped, not finished
+    assert gateway.process.popen.wait(1 + 10) == 0
+
+
 def test_sigterm_drains_the_gateway_running_streams_finish_new_requests_get_503(replicas: list[Gateway]) -> None:
     _, b = replicas
     body = completion(b, max_tokens=600, stream=True)  # long enough to still run when the signal comes

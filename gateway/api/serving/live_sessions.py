@@ -61,6 +61,7 @@ WATCH_PERIOD = 0.5  # seconds between checks whether anyone still reads an aband
 # response started is stopped after it.
 FIRST_READER_GRACE = 30.0
 RETRY_MS = 1000  # EventSource clients reconnect after this long instead of their default (~3 s)
+STOP_ALL_WAIT = 3.0  # seconds stopped generations get to write their error event and [DONE] before the server stops
 CANCEL_WAIT = 5.0  # DELETE waits this long for the owning replica to confirm the cancel
 SLOW_STOP_SECONDS = 2.0  # a stopped generation's cleanup taking longer than this is logged
 # A bare comment line, no blank line after it: the openai client dispatches an empty event at a blank line once an
@@ -377,9 +378,17 @@ class SessionTracker:
             self._heartbeat.cancel()  # nothing left to keep alive; the next session starts another
             self._heartbeat = None
 
-    async def close(self) -> None:
+    async def stop_all(self, why: str, wait: float = STOP_ALL_WAIT) -> None:
+        """Stop every running generation (its stream ends with an error event saying ``why``, then ``[DONE]``) and
+        wait up to ``wait`` seconds for them to end."""
         for live in list(self.live.values()):
-            live.stop("the gateway is shutting down")
+            live.stop(why)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wait):
+                await self.drain()
+
+    async def close(self) -> None:
+        await self.stop_all("the gateway is shutting down", wait=0)
         if self.tasks:
             await asyncio.wait(set(self.tasks), timeout=10)
         if self._heartbeat is not None:
