@@ -43,6 +43,9 @@ KILL_WAIT_SECONDS = 5.0  # SIGKILL is final: this only covers the kernel reaping
 
 # Every DHT ``start_dht`` started and nobody stopped yet, for the exit hook below.
 _running: weakref.WeakSet[DHT] = weakref.WeakSet()
+# Each DHT's replica of its P2P once ``replicate_p2p`` has made it: asked again, it is handed back without a call
+# into the child (which, dead by then, would never answer).
+_replicas: weakref.WeakKeyDictionary[DHT, P2P] = weakref.WeakKeyDictionary()
 
 
 def start_dht(
@@ -110,10 +113,13 @@ async def replicate_p2p(dht: DHT) -> P2P:
     hivemind's asks the child for its p2pd's address with a blocking call on the event loop: with the child dead,
     that call never returns and nothing else in the process runs, ``until_dht_lost`` included. So the child is first
     asked through an awaited future (the same pipe): a dead child is seen while that waits, and after its answer
-    the blocking call is answered at once.
+    the blocking call is answered at once. Once made, the replica is handed back without asking again.
     """
+    if dht in _replicas:
+        return _replicas[dht]
     await dht.run_coroutine(_answer, return_future=True)
-    return await dht.replicate_p2p()
+    p2p = _replicas[dht] = await dht.replicate_p2p()
+    return p2p
 
 
 async def _answer(_dht: DHT, _node: DHTNode) -> None:

@@ -25,7 +25,7 @@ from hivemind import DHT
 from hivemind.p2p import P2P
 
 from shared.background import Periodic
-from shared.dht_process import replicate_p2p, start_dht, stop_dht, visible_maddrs
+from shared.dht_process import replicate_p2p, start_dht, stop_dht, until_dht_lost, visible_maddrs
 from shared.reachability import Reachability, ask_dial_back, circuit_addrs, describe, peer_of
 from shared.relay_reservation import RelaySlot, reserve_any
 from swarm_node.settings import NodeSettings
@@ -87,7 +87,8 @@ async def settle_reachability(dht: DHT, settings: NodeSettings, dht_kwargs: dict
     relay_client = {**dht_kwargs, **settings.relay_client_kwargs()}
     relay_client["daemon_flags"] = settings.relay_service_flags(False)  # a peer nobody can dial relays for nobody
     dht = start_dht(**relay_client)
-    p2p = await replicate_p2p(dht)
+    # The caller watches the DHT it gave us, which is stopped now: this one is watched from here until theirs is.
+    p2p = await until_dht_lost(dht, replicate_p2p(dht))
     reach = Reach(dht, Reachability.UNREACHABLE)
     wait = _reserve_and_check(p2p, settings, dht.peer_id.to_base58(), reach.renewals)
     reach.pending = asyncio.create_task(wait)

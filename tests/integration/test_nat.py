@@ -6,6 +6,9 @@ side of a veth link, the volunteer's node behind a masquerading router. Needs ro
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -135,3 +138,57 @@ def test_with_relaying_off_a_node_behind_nat_is_reported_unreachable_and_not_cov
         error = reply.json()["error"]
         assert error["code"] == "missing_blocks" and "3:6" in error["message"]
         assert home_peer not in error["message"]
+
+
+# Run in a fresh interpreter inside the home namespace (hivemind forks the DHT child; a fork of a pytest worker can
+# deadlock). Only the relay client's DHT is killed: reachability_probe starts it, the node's first DHT is server's.
+RELAY_CLIENT_DIES = """
+import asyncio, contextlib, sys
+import psutil
+from shared.errors import DhtLost
+from swarm_node import reachability_probe
+from swarm_node.server import SpanServer
+from swarm_node.settings import NodeSettings
+
+start = reachability_probe.start_dht
+
+def start_and_kill(**kwargs):  # the relay client's DHT child SIGKILLed (with its p2pd) as it is handed over
+    dht = start(**kwargs)
+    daemons = psutil.Process(dht.pid).children(recursive=True)
+    dht.kill()
+    dht.join(5)
+    for daemon in daemons:
+        with contextlib.suppress(psutil.Error):
+            daemon.kill()
+    print("killed the relay client's DHT", flush=True)
+    return dht
+
+reachability_probe.start_dht = start_and_kill
+model, host, peers = sys.argv[1], sys.argv[2], sys.argv[3:]
+settings = NodeSettings(
+    model=model, blocks="3:6", initial_peers=peers, device="cpu", host_maddrs=[f"/ip4/{host}/tcp/0"], relay_wait=60
+)
+try:
+    asyncio.run(SpanServer(settings).run(asyncio.Event()))
+except DhtLost as lost:
+    print(f"DhtLost: {lost}")
+    sys.exit(3)
+"""
+
+
+def test_a_node_whose_relay_client_dht_dies_as_it_starts_stops_with_an_error(
+    nat: netns.HomeNat, swarm: LocalSwarm, tiny_with_tokenizer: GetTinyModel
+) -> None:
+    """Nobody can dial the node, so it swaps its DHT for a relay client's; that one dead at once: ``DhtLost`` and
+    exit, not a wait forever (the watch was on the DHT it had stopped, the new one unwatched until its span loaded)."""
+    tiny = tiny_with_tokenizer("llama")
+    swarm.start_dht(host=nat.public_ip)
+    args = [*nat.wrapper, sys.executable, "-c", RELAY_CLIENT_DIES, str(tiny.folder), nat.home_ip, *swarm.initial_peers]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)
+    except subprocess.TimeoutExpired as hung:
+        pytest.fail(f"the node was still starting 120 s after its relay client's DHT died:\n{hung.stderr!r}"[-3000:])
+    assert "killed the relay client's DHT" in done.stdout, done.stdout + done.stderr[-3000:]
+    assert done.returncode == 3, done.stdout + done.stderr[-3000:]
+    assert "DhtLost: the DHT process" in done.stdout

@@ -200,3 +200,30 @@ def test_a_dht_that_dies_while_the_process_starts_stops_it_with_an_error(
         pytest.fail(f"{kind} still starting 120 s after its DHT process died:\n{hung.stderr!r}"[-3000:])
     assert done.returncode == 3, done.stdout + done.stderr[-3000:]
     assert "DhtLost: the DHT process" in done.stdout
+
+
+ASKS_AGAIN_AFTER_ITS_DHT_DIED = """
+import asyncio, sys
+from shared.dht_process import replicate_p2p, start_dht, stop_dht
+
+async def main():
+    dht = start_dht(initial_peers=sys.argv[1:], host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    first = await replicate_p2p(dht)
+    dht.kill()  # the child only: its p2pd, and with it the replica, lives on
+    dht.join(5)
+    again = await asyncio.wait_for(replicate_p2p(dht), 10)
+    print("the same replica" if again is first else "another replica")
+    stop_dht(dht)
+
+asyncio.run(main())
+"""
+
+
+def test_a_replica_once_made_is_handed_back_without_asking_the_dht_again(local_swarm: LocalSwarm) -> None:
+    """A node asks for its P2P again after it is settled how peers reach it, when only a watch on a DHT it has since
+    stopped stands guard: with its new DHT dead by then, a question to it would wait forever."""
+    local_swarm.start_dht()
+    args = [sys.executable, "-c", ASKS_AGAIN_AFTER_ITS_DHT_DIED, *local_swarm.initial_peers]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert done.stdout.strip() == "the same replica"
