@@ -58,4 +58,26 @@ def check_resource(response: dict[str, Any]) -> None:
     assert response["completed_at"] is None or isinstance(response["completed_at"], int)
     assert response["max_output_tokens"] is None or isinstance(response["max_output_tokens"], int)
     for item in response["output"]:
-        assert {"id", "type", "status"} <= set(item), item  # every item, per the spec's "Required item fields"
+        check_item(item)
+    for tool in response["tools"]:
+        if tool["type"] == "function":  # FunctionTool: every one of these present, null allowed but for the first two
+            assert {"type", "name", "description", "parameters", "strict"} <= set(tool), tool
+    check_text_format(response["text"]["format"])
+
+
+def check_item(item: dict[str, Any]) -> None:
+    """An output item, whole or as a stream event carries it."""
+    assert {"id", "type", "status"} <= set(item), item  # every item, per the spec's "Required item fields"
+    if item["type"] == "message":  # Message.phase: one of its values, or absent; never null
+        assert item.get("phase", "final_answer") in ("commentary", "final_answer"), item
+
+
+def check_text_format(shown: dict[str, Any]) -> None:
+    """TextResponseFormat / JsonObjectResponseFormat / JsonSchemaResponseFormat, as the response object echoes it."""
+    if shown["type"] != "json_schema":
+        assert shown == {"type": shown["type"]} and shown["type"] in ("text", "json_object"), shown
+        return
+    assert {"type", "name", "description", "schema", "strict"} <= set(shown), shown
+    assert isinstance(shown["name"], str) and isinstance(shown["strict"], bool), shown
+    assert shown["description"] is None or isinstance(shown["description"], str), shown
+    assert shown["schema"] is None or isinstance(shown["schema"], dict), shown

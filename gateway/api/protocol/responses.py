@@ -55,6 +55,14 @@ class FunctionTool(RequestModel):
     strict: bool | None = None
     tools: list[FunctionTool] | None = None  # a namespace's own tools
 
+    def echoed(self) -> dict[str, Any]:
+        """As the response object lists it: a function with every field the spec's ``FunctionTool`` requires
+        (``description``, ``parameters`` and ``strict`` null where the request left them out); a namespace (an
+        OpenAI extension the spec does not list) as it came."""
+        if self.type == "namespace":
+            return self.model_dump(exclude_none=True)
+        return self.model_dump(include={"type", "name", "description", "parameters", "strict"})
+
 
 class NamedToolChoice(RequestModel):
     type: str
@@ -68,10 +76,24 @@ class TextFormat(RequestModel):
     schema_: dict[str, Any] | None = Field(None, alias="schema")
     strict: bool | None = None
 
+    def echoed(self) -> dict[str, Any]:
+        """As the response object's ``text.format`` shows it: a JSON schema with every field the spec requires,
+        ``strict`` as applied (true: the grammar holds the output to the schema whatever the request said)."""
+        if self.type != "json_schema":
+            return {"type": self.type}
+        return {"type": self.type, "name": self.name, "description": self.description, "schema": self.schema_,
+                "strict": True}  # fmt: skip
+
 
 class TextConfig(RequestModel):
     format: TextFormat | None = None
     verbosity: str | None = None  # a hint to OpenAI's own models; answers here do not depend on it
+
+    def echoed(self) -> dict[str, Any]:
+        shown: dict[str, Any] = {"format": (self.format or TextFormat()).echoed()}
+        if self.verbosity is not None:
+            shown["verbosity"] = self.verbosity
+        return shown
 
 
 class Reasoning(RequestModel):
@@ -139,6 +161,13 @@ class OutputMessage(ResponseModel):
     content: list[OutputText] = Field(default_factory=list)
     # Known once the message ends: "commentary" when tool calls follow it, "final_answer" when it ends the turn.
     phase: Phase | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_unknown_phase(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if data.get("phase") is None:  # the spec's phase is one of its values or absent, never null
+            data.pop("phase", None)
+        return data
 
 
 class FunctionCall(ResponseModel):

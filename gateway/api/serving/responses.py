@@ -30,6 +30,7 @@ from gateway.api.protocol.responses import (
     ResponseObject,
     ResponsesRequest,
     ResponseUsage,
+    TextConfig,
     response_id,
 )
 from gateway.api.request_log import RequestRecord
@@ -205,9 +206,9 @@ class ResponsesServing:
             top_p=0.0 if sampling.top_k == 1 and body.top_p == 0 else sampling.top_p,
             presence_penalty=sampling.presence_penalty,
             frequency_penalty=sampling.frequency_penalty,
-            text=body.text.model_dump(by_alias=True, exclude_none=True) if body.text else {"format": {"type": "text"}},
+            text=(body.text or TextConfig()).echoed(),
             tool_choice=_shown(body.tool_choice) or "auto",
-            tools=[tool.model_dump(exclude_none=True) for tool in body.tools or []],
+            tools=[tool.echoed() for tool in body.tools or []],
             parallel_tool_calls=body.parallel_tool_calls is not False,
             reasoning=body.reasoning.model_dump(exclude={"generate_summary"})
             if body.reasoning

@@ -13,7 +13,7 @@ import pytest
 from gateway.api.serving.common import ServingConfig
 from gateway.app import create_app
 from tests.helpers.ascii_engine import AsciiEngine
-from tests.helpers.open_responses import check_resource
+from tests.helpers.open_responses import check_item, check_resource
 
 
 def client_for(engine: AsciiEngine, **config: Any) -> httpx.AsyncClient:
@@ -179,3 +179,44 @@ async def test_a_namespace_tools_functions_are_called_by_name_and_namespace() ->
         inner_custom = {**NAMESPACE, "tools": [{"type": "custom", "name": "apply_patch"}]}
         refused = await client.post("/v1/responses", json=body(tools=[inner_custom]))
         assert refused.status_code == 400 and refused.json()["error"]["param"] == "tools"
+
+
+WEATHER = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}  # no description, no strict
+SCHEMA = {"type": "object", "properties": {"colour": {"type": "string"}}, "required": ["colour"]}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_tools_and_text_format_are_echoed_with_every_field_the_spec_requires(stream: bool) -> None:
+    """The spec's FunctionTool requires description, parameters and strict (null allowed) and its json_schema format
+    description and strict: a tool or format echoed with them left out fails its schema (checked from outside with
+    the spec's openapi.json)."""
+    json_schema = {"type": "json_schema", "name": "c", "schema": SCHEMA, "strict": False}
+    asked = body(tools=[WEATHER], text={"format": json_schema}, stream=stream)
+    async with client_for(AsciiEngine('{"colour":"red"}')) as client:
+        reply = await client.post("/v1/responses", json=asked)
+        plain = (await client.post("/v1/responses", json=body(stream=stream))).json() if not stream else None
+    if stream:
+        events = [json.loads(line[6:]) for line in reply.text.split("\n") if line.startswith("data: {")]
+        response = next(e["response"] for e in events if e["type"] == "response.completed")
+        assert events[0]["response"]["tools"] == response["tools"]
+    else:
+        response = reply.json()
+        check_resource(plain)
+        assert plain["text"] == {"format": {"type": "text"}}
+    check_resource(response)
+    assert response["tools"] == [{**WEATHER, "description": None, "strict": None}]
+    # strict as applied: the grammar holds the text to the schema whatever the request said
+    assert response["text"]["format"] == {**json_schema, "description": None, "strict": True}
+
+
+async def test_a_streamed_message_item_has_no_phase_until_it_is_known() -> None:
+    """The spec's Message.phase is one of its values or absent: ``output_item.added`` (phase not known yet) leaves it
+    out rather than sending null; ``output_item.done`` names it."""
+    async with client_for(AsciiEngine("hello")) as client:
+        reply = await client.post("/v1/responses", json=body(stream=True))
+    events = [json.loads(line[6:]) for line in reply.text.split("\n") if line.startswith("data: {")]
+    items = {e["type"]: e["item"] for e in events if e["type"].startswith("response.output_item.")}
+    for item in items.values():
+        check_item(item)
+    assert "phase" not in items["response.output_item.added"]
+    assert items["response.output_item.done"]["phase"] == "final_answer"
