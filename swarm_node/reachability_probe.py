@@ -87,7 +87,8 @@ async def settle_reachability(dht: DHT, settings: NodeSettings, dht_kwargs: dict
     relay_client = {**dht_kwargs, **settings.relay_client_kwargs()}
     relay_client["daemon_flags"] = settings.relay_service_flags(False)  # a peer nobody can dial relays for nobody
     dht = start_dht(**relay_client)
-    # The caller watches the DHT it gave us, which is stopped now: this one is watched from here until theirs is.
+    # The caller's watch is on the DHT it gave us, stopped now: this one is watched here, and by the caller from
+    # the span's load on (``SpanServer.run``); a dead one would leave ``replicate_p2p`` waiting forever.
     p2p = await until_dht_lost(dht, replicate_p2p(dht))
     reach = Reach(dht, Reachability.UNREACHABLE)
     wait = _reserve_and_check(p2p, settings, dht.peer_id.to_base58(), reach.renewals)
