@@ -204,7 +204,7 @@ def cheapest(legs: Legs, start: int, end: int, push: bool) -> list[tuple[int, in
             states, bases = [NO_SERVER], [0.0]
         else:
             here = slice(bounds[block - start], bounds[block - start + 1])
-            states, bases = _states(ending[here], cost[order[here]].tolist(), push and block in legs.links.at)
+            states, bases = _states(ending[here], cost[order[here]].tolist(), push and _priced_apart(legs, block))
         if states:
             _relax(legs, plain, block, states, bases, cost, before, entered, push)
     last = int(np.argmin(np.where(legs.reach == end, cost, np.inf)))
@@ -244,10 +244,19 @@ class _PlainTerms:
         return cls(start, legs.fixed[idx], blocks, legs.own_link[idx], bounds)
 
 
+def _priced_apart(legs: Legs, block: int) -> bool:
+    """Whether the states at ``block`` other than the cheapest price some leg: some measured a link, and not every
+    one measured every leg (then each leg's price is its cheapest measured offer, ``_offers``, read from the table
+    by row, and the states' order is never asked)."""
+    leaving = legs.links.at.get(block)
+    return leaving is not None and not leaving.everyone
+
+
 def _states(reached: list[int], costs: list[float], measured: bool) -> tuple[list[int], list[float]]:
     """The servers whose legs end at a boundary and were reached, cheapest first, then by peer, and their costs.
-    Only the cheapest prices the legs from there unless some measured links (``measured``, ``_relax``): then all of
-    them, in that order. In Python: a boundary has a few servers, fewer than NumPy's cost per call pays for."""
+    Only the cheapest prices the legs from there unless others price some apart (``measured``, ``_priced_apart``):
+    then all of them, in that order. In Python: a boundary has a few servers, fewer than NumPy's cost per call pays
+    for."""
     live = [(c, i) for c, i in zip(costs, reached, strict=True) if c < math.inf]
     if not live:
         return [], []
@@ -272,7 +281,7 @@ def _relax(
     if measured:  # the best state's measured legs are priced below
         better[_positions(idx, legs.links.offered[best], legs.banned)] = False
     _update(cost, before, entered, idx[better], priced[better], best, block)
-    if measured or (push and len(states) > 1):  # more than one state: some measured a link (``_states``)
+    if measured or (push and len(states) > 1):  # more than one state: some priced apart (``_states``)
         _relax_measured(legs, block, states, bases, cost, before, entered)
 
 
@@ -313,12 +322,14 @@ def _offers(legs: Legs, block: int, leaving: LinksAt, cost: Floats) -> dict[int,
     reached costs inf, so its offers never win (and a leg only such servers measured gets none)."""
     can_enter = set(legs.enterable[block].tolist()) if legs.banned else None
     costs = cost[leaving.rows].tolist()
+    rows = leaving.row_list  # ascending: the first of the cheapest offers is the lowest state
     offers = {}
     for leg, halves in leaving.halves.items():
         if can_enter is None or leg in can_enter:
-            price, state = min(zip(map(operator.add, costs, halves), leaving.row_list, strict=True))
+            prices = list(map(operator.add, costs, halves))
+            price = min(prices)
             if price < math.inf:
-                offers[leg] = (price, state)
+                offers[leg] = (price, rows[prices.index(price)])
     return offers
 
 
