@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -142,24 +143,19 @@ def test_with_relaying_off_a_node_behind_nat_is_reported_unreachable_and_not_cov
 
 # Run in a fresh interpreter inside the home namespace (hivemind forks the DHT child; a fork of a pytest worker can
 # deadlock). Only the relay client's DHT is killed: reachability_probe starts it, the node's first DHT is server's.
+REPO = Path(__file__).parents[2]  # the scripts import tests.helpers
 RELAY_CLIENT_DIES = """
-import asyncio, contextlib, sys
-import psutil
+import asyncio, sys
 from shared.errors import DhtLost
 from swarm_node import reachability_probe
 from swarm_node.server import SpanServer
 from swarm_node.settings import NodeSettings
+from tests.helpers.dht_kill import killed_as_started
 
-start = reachability_probe.start_dht
+kill_as_started = killed_as_started(reachability_probe.start_dht)
 
-def start_and_kill(**kwargs):  # the relay client's DHT child SIGKILLed (with its p2pd) as it is handed over
-    dht = start(**kwargs)
-    daemons = psutil.Process(dht.pid).children(recursive=True)
-    dht.kill()
-    dht.join(5)
-    for daemon in daemons:
-        with contextlib.suppress(psutil.Error):
-            daemon.kill()
+def start_and_kill(**kwargs):  # the relay client's DHT dead as it is handed over
+    dht = kill_as_started(**kwargs)
     print("killed the relay client's DHT", flush=True)
     return dht
 
@@ -186,7 +182,7 @@ def test_a_node_whose_relay_client_dht_dies_as_it_starts_stops_with_an_error(
     args = [*nat.wrapper, sys.executable, "-c", RELAY_CLIENT_DIES, str(tiny.folder), nat.home_ip, *swarm.initial_peers]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     try:
-        done = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)
+        done = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
     except subprocess.TimeoutExpired as hung:
         pytest.fail(f"the node was still starting 120 s after its relay client's DHT died:\n{hung.stderr!r}"[-3000:])
     assert "killed the relay client's DHT" in done.stdout, done.stdout + done.stderr[-3000:]

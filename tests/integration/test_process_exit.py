@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import psutil
 import pytest
@@ -135,10 +136,11 @@ def test_exits_with_an_error_when_its_dht_process_dies(
 
 # Run in a fresh interpreter: hivemind forks the DHT child, and a fork of a pytest worker that other tests left
 # threads in can deadlock before the child is ready.
+REPO = Path(__file__).parents[2]  # the script imports tests.helpers
 STARTS_WITH_A_DEAD_DHT = """
-import asyncio, contextlib, sys
-import psutil
+import asyncio, sys
 from shared.errors import DhtLost
+from tests.helpers.dht_kill import killed_as_started
 
 kind, model, peers = sys.argv[1], sys.argv[2], sys.argv[3:]
 if kind == "node":
@@ -147,19 +149,7 @@ elif kind == "gateway":
     from gateway.model import engine as module
 else:
     from swarm_node import dht_bootstrap as module
-start = module.start_dht
-
-def start_and_kill(**kwargs):  # the DHT child SIGKILLed (with its p2pd) before its caller gets it back
-    dht = start(**kwargs)
-    daemons = psutil.Process(dht.pid).children(recursive=True)
-    dht.kill()
-    dht.join(5)
-    for daemon in daemons:
-        with contextlib.suppress(psutil.Error):
-            daemon.kill()
-    return dht
-
-module.start_dht = start_and_kill
+module.start_dht = killed_as_started(module.start_dht)
 
 async def main():
     if kind == "node":
@@ -195,7 +185,7 @@ def test_a_dht_that_dies_while_the_process_starts_stops_it_with_an_error(
     args = [sys.executable, "-c", STARTS_WITH_A_DEAD_DHT, kind, model, *local_swarm.initial_peers]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     try:
-        done = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)
+        done = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
     except subprocess.TimeoutExpired as hung:
         pytest.fail(f"{kind} still starting 120 s after its DHT process died:\n{hung.stderr!r}"[-3000:])
     assert done.returncode == 3, done.stdout + done.stderr[-3000:]
