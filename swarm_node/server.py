@@ -204,9 +204,10 @@ class SpanServer:
         self._exporter: Any = None
         try:
             try:
-                # The first DHT is watched until it is settled which one stays (a relay client's replaces it).
+                # The first DHT is watched while the node joins (a relay client's, replacing it, is watched from
+                # its start in ``settle_reachability``); the one that stays, from here on.
                 reach, p2p = await until_dht_lost(self.dht, self._join(self.dht, dht_kwargs))
-                dht = reach.dht  # final: the one watched from here on
+                dht = reach.dht
                 reach = await until_dht_lost(dht, self._start_serving(p2p, reach))
             except DhtLost as lost:
                 logger.error("%s while the node started; stopping", lost)

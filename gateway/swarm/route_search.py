@@ -252,15 +252,15 @@ def _priced_apart(legs: Legs, block: int) -> bool:
     return leaving is not None and not leaving.everyone
 
 
-def _states(reached: list[int], costs: list[float], measured: bool) -> tuple[list[int], list[float]]:
+def _states(reached: list[int], costs: list[float], apart: bool) -> tuple[list[int], list[float]]:
     """The servers whose legs end at a boundary and were reached, cheapest first, then by peer, and their costs.
-    Only the cheapest prices the legs from there unless others price some apart (``measured``, ``_priced_apart``):
+    Only the cheapest prices the legs from there unless others price some apart (``apart``, ``_priced_apart``):
     then all of them, in that order. In Python: a boundary has a few servers, fewer than NumPy's cost per call pays
     for."""
     live = [(c, i) for c, i in zip(costs, reached, strict=True) if c < math.inf]
     if not live:
         return [], []
-    if measured:
+    if apart:
         live.sort()
         return [i for _, i in live], [c for c, _ in live]
     c, i = min(live)  # the first of the cheapest: the lowest peer

@@ -141,9 +141,10 @@ def test_with_relaying_off_a_node_behind_nat_is_reported_unreachable_and_not_cov
         assert home_peer not in error["message"]
 
 
+REPO = Path(__file__).parents[2]  # the scripts import tests.helpers
+
 # Run in a fresh interpreter inside the home namespace (hivemind forks the DHT child; a fork of a pytest worker can
 # deadlock). Only the relay client's DHT is killed: reachability_probe starts it, the node's first DHT is server's.
-REPO = Path(__file__).parents[2]  # the scripts import tests.helpers
 RELAY_CLIENT_DIES = """
 import asyncio, sys
 from shared.errors import DhtLost

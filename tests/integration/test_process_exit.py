@@ -134,9 +134,10 @@ def test_exits_with_an_error_when_its_dht_process_dies(
                 child.kill()
 
 
+REPO = Path(__file__).parents[2]  # the script imports tests.helpers
+
 # Run in a fresh interpreter: hivemind forks the DHT child, and a fork of a pytest worker that other tests left
 # threads in can deadlock before the child is ready.
-REPO = Path(__file__).parents[2]  # the script imports tests.helpers
 STARTS_WITH_A_DEAD_DHT = """
 import asyncio, sys
 from shared.errors import DhtLost
