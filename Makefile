@@ -55,7 +55,8 @@ $(LOWEST_STAMP): pyproject.toml ci/constraints-lowest.txt
 
 test-lowest: $(LOWEST_STAMP)
 	$(LOWEST)/bin/python -m pytest -n 2 tests/unit/swarm_node/test_span_exactness.py tests/unit/swarm_node/test_kv_writes.py \
-		tests/unit/sim/test_path_bound.py tests/unit/sim/test_route_plan.py
+		tests/unit/sim/test_path_bound.py tests/unit/sim/test_route_plan.py tests/unit/gateway/swarm/test_route_search.py \
+		tests/unit/gateway/swarm/test_route_search_probed.py
 
 # The edit loop: unit tests only, without the slow, deploy and browser groups (a minute or two on a laptop).
 test-fast: $(STAMP)

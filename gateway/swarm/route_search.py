@@ -1,32 +1,38 @@
-"""The route search behind ``routing.plan_route``, over arrays: fast enough for a swarm of a thousand nodes.
+"""The route search behind ``routing.plan_route``: a shortest path by scipy's Dijkstra (C), fast enough for a swarm of
+a thousand nodes.
 
-A route goes forward only (a server entered at boundary ``b`` takes it to ``min(end, server.end) > b``), so the
-boundaries form a DAG and the cheapest route is a dynamic programme over them in increasing order — no heap. The
-state after a hop is the server that made it (its cost to the next one depends on it when pushing). Each boundary
-relaxes its servers once, as arrays, from the cheapest state that reached it; a state changes the price of a leg
-only for the few nodes it measured (``next_rtts``), and those legs are priced apart. The simple search this
-replaced (a Dijkstra relaxing every server from every state, in Python) took 75 ms per route at 1,000 nodes
-without push and 475 ms with it (the simulator's finding, ``bench/results/sim.md``).
+A route goes forward only (a server entered at boundary ``b`` takes it to ``min(end, server.end) > b``). Its state
+after a hop is the server that made it, as the price of the next leg depends on it when pushing: a leg's link is the
+half round trip its predecessor measured and announced (``next_rtts``), else its own (from the gateway). The graph,
+one vertex per server (the state after a hop on it) and one per boundary ``b`` of [start, end) (``B_b``; ``B_start``
+is the source):
 
-Measured legs are priced with Python floats and C-level builtins, not NumPy: a boundary has about 8 states with 4
-links each (swarm_node probes 4 servers of its end block), and NumPy's cost per call (about 1 µs here, 15 calls to
-price them) is more than the work. What is per link is found once per table (``LinksAt``: per boundary and leg, each
-state's half RTT), so a leg's cheapest offer is one ``min`` over ``map(add, costs, halves)``; a leg's price terms
-are read from lists made once per route (``Legs.scalars``). The same goes for a boundary's states (``_states``).
-The arithmetic (the order of each sum) and the ties are exactly the old search's: the same hops, float for float.
+* every server whose leg ends at ``b`` -> ``B_b``, weight 0: a state that reached ``b``;
+* ``B_b`` -> every server enterable at ``b`` that no server ending at ``b`` measured: the leg at its own link, whoever
+  the state before (so the cheapest one is taken);
+* when pushing, every server ending at ``b`` -> each server enterable at ``b`` that one of them measured: by its
+  measured link, or the leg's own where it measured none. A state pays the link it measured, never the gateway's.
+
+A leg entered at ``b`` weighs ``fixed + (reach - b) x block_time + link`` (``routing.hop_cost``). What never changes
+between the routes planned on one view (which servers measured which links, ``MeasuredLinks``; the edges of a range
+with nobody banned or excluded, ``_Graph``) is built once and kept on its table; per route, the weights are a few
+array operations over the edges. Dijkstra gives every vertex's cost; the hops are then read
+backwards with fixed ties, so the route is the same whatever order the heap pops equal costs in: the last hop is the
+lowest peer among the cheapest reaching ``end``; a hop's entry is the earliest boundary from which an edge gives its
+cost, then from the cheapest state, then the lowest peer. (The search before this, a dynamic programme over the
+boundaries in Python, cost about 4-6 ms per route at 1,000 nodes with measured links: bench/README.md.)
 """
 
 from __future__ import annotations
 
 import math
-import operator
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 
 import numpy as np
 import numpy.typing as npt
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import dijkstra
 
 from shared.errors import MissingBlocks
 from shared.server_records import ServerRecord
@@ -38,57 +44,13 @@ NO_SERVER = -1  # the state before the first hop
 
 @dataclass(frozen=True)
 class MeasuredLinks:
-    """The round trips servers measured to others and announced (``next_rtts``), by row: built with the table."""
+    """The legs a route prices by what servers measured (``next_rtts``), as edges by row, built with the table: from
+    every server ending at a boundary to each server of the next block that one of them measured."""
 
-    rtts: list[dict[int, float]]  # per server: the RTT to each server it measured
-    offers: list[list[tuple[int, float]]]  # per server: (row, RTT / 2) to those serving its end block, by row
-    offered: list[Ints]  # per server: the rows of its offers
-    at: dict[int, LinksAt]  # per boundary: the links of the servers whose span ends there
-
-
-@dataclass(frozen=True)
-class LinksAt:
-    """The measured links that leave one boundary: from the servers whose span ends there (``rows``) to the servers
-    of the next block they measured (``halves``: per such leg, each row's half RTT to it, inf where it measured
-    none), so that a leg's cheapest offer is one C-level ``min`` over the rows rather than a Python loop."""
-
-    rows: Ints  # the servers ending here that measured a link, by row
-    row_list: list[int]
-    halves: dict[int, list[float]]
-    measurers: dict[int, frozenset[int]]  # per leg: the servers that measured a link to it
-    everyone: bool  # whether every server ending here measured every leg (then none offers a leg its plain price)
-
-
-def measured_links(ordered: Sequence[ServerRecord], index: dict[str, int]) -> MeasuredLinks:
-    rtts = [{index[p]: rtt for p, rtt in s.next_rtts.items() if p in index} if s.next_rtts else {} for s in ordered]
-    starts, ends = [s.start for s in ordered], [s.end for s in ordered]
-    # Only a server of its end block can follow a server in a route: links to others are never priced.
-    offers = [
-        [(row, rtt / 2) for row, rtt in sorted(out.items()) if starts[row] <= end < ends[row]] if out else []
-        for end, out in zip(ends, rtts, strict=True)
-    ]
-    measuring: dict[int, list[int]] = {}
-    for row, out in enumerate(offers):
-        if out:
-            measuring.setdefault(ends[row], []).append(row)
-    ending = Counter(ends)
-    none = np.zeros(0, dtype=np.int64)
-    offered = [np.array([row for row, _ in out], dtype=np.int64) if out else none for out in offers]
-    return MeasuredLinks(
-        rtts, offers, offered, {end: _links_at(rows, offers, ending[end]) for end, rows in measuring.items()}
-    )
-
-
-def _links_at(rows: list[int], offers: list[list[tuple[int, float]]], ending: int) -> LinksAt:
-    halves: dict[int, list[float]] = {}
-    measurers: dict[int, set[int]] = {}
-    for i, row in enumerate(rows):
-        for leg, half_rtt in offers[row]:
-            halves.setdefault(leg, [math.inf] * len(rows))[i] = half_rtt
-            measurers.setdefault(leg, set()).add(row)
-    everyone = all(len(m) == ending for m in measurers.values())
-    frozen = {leg: frozenset(by) for leg, by in measurers.items()}
-    return LinksAt(np.array(rows, dtype=np.int64), rows, dict(sorted(halves.items())), frozen, everyone)
+    boundary: Ints  # where the leg is entered: the end of the state's span
+    state: Ints  # the server before
+    leg: Ints  # the server entered
+    half: Floats  # the state's measured RTT / 2 to the leg; NaN where it measured none (then the leg's own link)
 
 
 @dataclass(frozen=True)
@@ -96,28 +58,12 @@ class Legs:
     """The servers a route may use, in peer order, with the parts of ``routing.hop_cost`` that do not depend on
     where the route enters them: a leg entered at ``b`` costs ``fixed + (reach - b) * block_time + link``."""
 
-    links: MeasuredLinks  # ServerTable.links
+    table: ServerTable
     reach: Ints  # the boundary each takes the route to
     block_time: Floats
     fixed: Floats  # the cache penalty, and when pushing from the last hop the half RTT back to the gateway
     own_link: Floats  # the link into it when its predecessor measured none
-    enterable: dict[int, Ints]  # per boundary: the servers a route may enter there
-    banned: bool = False  # whether some server is banned or excluded: then a measured leg is checked against
-    # ``enterable`` (a measured link may lead to a server a route must not enter)
-
-    @cached_property
-    def scalars(self) -> LegScalars:
-        return LegScalars(self.fixed.tolist(), self.reach.tolist(), self.block_time.tolist(), self.own_link.tolist())
-
-
-@dataclass(frozen=True)
-class LegScalars:
-    """``Legs``' arrays as lists of Python floats: what pricing a measured leg reads, a few at a time."""
-
-    fixed: list[float]
-    reach: list[int]
-    block_time: list[float]
-    own_link: list[float]
+    enterable: dict[int, Ints]  # per boundary: the servers a route may enter there, ascending (``usable``)
 
 
 @dataclass(frozen=True)
@@ -133,6 +79,7 @@ class ServerTable:
     peers: list[str]
     links: MeasuredLinks
     covers: dict[tuple[int, int], dict[int, Ints]] = field(default_factory=dict)  # ``_cover``'s, by block range
+    graphs: dict[tuple[int, int, bool], _Graph] = field(default_factory=dict)  # ``_graph``'s, by range and push
 
 
 def table_of(servers: Sequence[ServerRecord]) -> ServerTable:
@@ -148,6 +95,29 @@ def table_of(servers: Sequence[ServerRecord]) -> ServerTable:
         [s.peer_id for s in ordered],
         measured_links(ordered, index),
     )
+
+
+def measured_links(ordered: Sequence[ServerRecord], index: dict[str, int]) -> MeasuredLinks:
+    starts, ends = [s.start for s in ordered], [s.end for s in ordered]
+    measured: dict[int, dict[int, dict[int, float]]] = {}  # boundary -> leg -> {state: its RTT to the leg}
+    for row, server in enumerate(ordered):
+        for peer, rtt in server.next_rtts.items():
+            to = index.get(peer)
+            # Only a server of its end block can follow a server in a route: links to others are never priced.
+            if to is not None and starts[to] <= ends[row] < ends[to]:
+                measured.setdefault(ends[row], {}).setdefault(to, {})[row] = rtt
+    ending: dict[int, list[int]] = {}
+    for row, end in enumerate(ends):
+        ending.setdefault(end, []).append(row)
+    edges = [
+        (boundary, state, to, by[state] / 2 if state in by else math.nan)
+        for boundary, legs in measured.items()
+        for to, by in legs.items()
+        for state in ending[boundary]  # every state there: a leg one of them measured is entered from each
+    ]
+    columns = list(zip(*edges, strict=True)) if edges else [(), (), (), ()]
+    rows = [np.array(column, dtype=np.int64) for column in columns[:3]]
+    return MeasuredLinks(rows[0], rows[1], rows[2], np.array(columns[3], dtype=np.float64))
 
 
 def usable(
@@ -189,151 +159,114 @@ def _cover(table: ServerTable, start: int, end: int) -> dict[int, Ints]:
     return table.covers[(start, end)]
 
 
+@dataclass(frozen=True)
+class _Graph:
+    """A route's graph (the module docstring) without its weights, edges in CSR order (by the vertex they leave):
+    servers are vertices 0..n-1, boundary ``b`` is vertex ``n + b - start``. The same for every route over a range
+    with nobody banned or excluded, so kept on the table (``_graph_of``)."""
+
+    start: int
+    servers: int
+    indptr: Ints
+    tails: Ints  # per edge: the vertex it leaves
+    heads: Ints  # per edge: the vertex it enters
+    legs: Ints  # the edges that enter a server: a leg (the others enter a boundary's vertex and weigh 0)
+    left: Ints  # per leg: the blocks it runs (the server's reach less the boundary it is entered at)
+    half: Floats  # per leg: the measured half RTT into it, NaN where the leg's own link is priced
+    by_head: Ints  # the edges by the vertex they enter: server s's at ``by_head[into[s]:into[s + 1]]``
+    into: Ints
+
+    def weights(self, legs: Legs) -> Floats:
+        """Per edge, ``routing.hop_cost`` of its leg: ``fixed + blocks x block_time + link``; 0 into a boundary."""
+        entered = self.heads[self.legs]
+        link = np.where(np.isnan(self.half), legs.own_link[entered], self.half)
+        weights = np.zeros(len(self.heads))
+        weights[self.legs] = legs.fixed[entered] + self.left * legs.block_time[entered] + link
+        return weights
+
+
 def cheapest(legs: Legs, start: int, end: int, push: bool) -> list[tuple[int, int, int]]:
     """(server index, from, to) hops of the cheapest route over [start, end)."""
+    graph = _graph_of(legs, start, end, push)
+    weights = graph.weights(legs)
+    size = graph.servers + end - start
+    matrix = csr_matrix((weights, graph.heads, graph.indptr), shape=(size, size))
+    cost = dijkstra(matrix, directed=True, indices=graph.servers)
+    return _hops(legs, graph, weights, cost, end)
+
+
+def _graph_of(legs: Legs, start: int, end: int, push: bool) -> _Graph:
+    """The range's graph, kept on the table where the route may enter every server (``usable`` gave the cover)."""
+    table = legs.table
+    if legs.enterable is not table.covers.get((start, end)):
+        return _graph(legs, start, end, push)
+    key = (start, end, push)
+    if key not in table.graphs:
+        table.graphs[key] = _graph(legs, start, end, push)
+    return table.graphs[key]
+
+
+def _graph(legs: Legs, start: int, end: int, push: bool) -> _Graph:
     n = len(legs.reach)
-    cost = np.full(n, np.inf)
-    before = np.full(n, NO_SERVER, dtype=np.int64)
-    entered = np.zeros(n, dtype=np.int64)
-    order = np.argsort(legs.reach, kind="stable")
-    bounds = np.searchsorted(legs.reach[order], np.arange(start, end + 1)).tolist()
-    ending = order.tolist()  # servers by the boundary their legs end at, in peer order at each
-    plain = _PlainTerms.of(legs, start, end)
-    for block in range(start, end):
-        if block == start:
-            states, bases = [NO_SERVER], [0.0]
-        else:
-            here = slice(bounds[block - start], bounds[block - start + 1])
-            states, bases = _states(ending[here], cost[order[here]].tolist(), push and _priced_apart(legs, block))
-        if states:
-            _relax(legs, plain, block, states, bases, cost, before, entered, push)
-    last = int(np.argmin(np.where(legs.reach == end, cost, np.inf)))
-    hops = []
-    while last != NO_SERVER:
-        hops.append((last, int(entered[last]), int(legs.reach[last])))
-        last = int(before[last])
-    return hops[::-1]
+    per_block = [legs.enterable[block] for block in range(start, end)]
+    entered = np.concatenate(per_block)
+    at = np.repeat(np.arange(start, end), [len(servers) for servers in per_block])
+    edges = [_measured_edges(legs.table.links, n, start, end, at * n + entered)] if push else []
+    if edges:  # a leg some state measured is entered from the states, not from the boundary's vertex
+        plain = ~np.isin(at * n + entered, edges[0].at * n + edges[0].head)
+        entered, at = entered[plain], at[plain]
+    edges.append(_Edges(n + at - start, entered, at, np.full(len(at), np.nan)))
+    ending = np.flatnonzero((legs.reach > start) & (legs.reach < end))
+    edges.append(_Edges(ending, n + legs.reach[ending] - start, np.full(len(ending), -1), np.full(len(ending), np.nan)))
+    tails, heads, ats, halves = (np.concatenate([getattr(e, f) for e in edges]) for f in ("tail", "head", "at", "half"))
+    order = np.argsort(tails, kind="stable")
+    tails, heads, ats, halves = tails[order], heads[order], ats[order], halves[order]
+    leg_edges = np.flatnonzero(heads < n)
+    by_head = np.argsort(heads, kind="stable")
+    return _Graph(
+        start, n, np.searchsorted(tails, np.arange(n + end - start + 1)), tails, heads, leg_edges,
+        legs.reach[heads[leg_edges]] - ats[leg_edges], halves[leg_edges], by_head,
+        np.searchsorted(heads[by_head], np.arange(n + 1)),
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
-class _PlainTerms:
-    """What a leg costs besides the route's cost so far, for every (boundary, enterable leg) of a route, made in one
-    pass: ``fixed`` + ``blocks`` (compute) + ``link`` (its own link) at ``bounds[b]:bounds[b + 1]``, the legs of
-    boundary ``start + b`` in ``enterable``'s order. Kept apart because a leg is priced ``((cost + fixed) + blocks) +
-    link`` and float addition is not associative: the same sum as ever, so the same ties."""
-
-    start: int
-    fixed: Floats
-    blocks: Floats
-    link: Floats
-    bounds: list[int]
-
-    def priced(self, base: float, block: int) -> Floats:
-        """``routing.hop_cost`` of each leg enterable at ``block``, plus ``base`` (the cost of the state before)."""
-        here = slice(self.bounds[block - self.start], self.bounds[block - self.start + 1])
-        return base + self.fixed[here] + self.blocks[here] + self.link[here]
-
-    @classmethod
-    def of(cls, legs: Legs, start: int, end: int) -> _PlainTerms:
-        per_block = [legs.enterable[block] for block in range(start, end)]
-        sizes = [len(idx) for idx in per_block]
-        idx = np.concatenate(per_block)
-        at = np.repeat(np.arange(start, end), sizes)
-        blocks = (legs.reach[idx] - at) * legs.block_time[idx]
-        bounds = np.concatenate([[0], np.cumsum(sizes)]).tolist()
-        return cls(start, legs.fixed[idx], blocks, legs.own_link[idx], bounds)
+class _Edges:
+    tail: Ints  # the vertex left
+    head: Ints  # the vertex entered
+    at: Ints  # the boundary a leg is entered at (-1 for an edge into a boundary's vertex)
+    half: Floats  # the measured half RTT, NaN where the leg's own link is priced
 
 
-def _priced_apart(legs: Legs, block: int) -> bool:
-    """Whether the states at ``block`` other than the cheapest price some leg: some measured a link, and not every
-    one measured every leg (then each leg's price is its cheapest measured offer, ``_offers``, read from the table
-    by row, and the states' order is never asked)."""
-    leaving = legs.links.at.get(block)
-    return leaving is not None and not leaving.everyone
+def _measured_edges(links: MeasuredLinks, n: int, start: int, end: int, enterable: Ints) -> _Edges:
+    """The measured links' edges a route over [start, end) may take: after its start, into enterable servers
+    (``enterable``: boundary x n + server, ascending)."""
+    keys = links.boundary * n + links.leg
+    slot = np.minimum(np.searchsorted(enterable, keys), len(enterable) - 1)
+    kept = (links.boundary > start) & (links.boundary < end) & (enterable[slot] == keys)
+    return _Edges(links.state[kept], links.leg[kept], links.boundary[kept], links.half[kept])
 
 
-def _states(reached: list[int], costs: list[float], apart: bool) -> tuple[list[int], list[float]]:
-    """The servers whose legs end at a boundary and were reached, cheapest first, then by peer, and their costs.
-    Only the cheapest prices the legs from there unless others price some apart (``apart``, ``_priced_apart``):
-    then all of them, in that order. In Python: a boundary has a few servers, fewer than NumPy's cost per call pays
-    for."""
-    live = [(c, i) for c, i in zip(costs, reached, strict=True) if c < math.inf]
-    if not live:
-        return [], []
-    if apart:
-        live.sort()
-        return [i for _, i in live], [c for c, _ in live]
-    c, i = min(live)  # the first of the cheapest: the lowest peer
-    return [i], [c]
+def _hops(legs: Legs, graph: _Graph, weights: Floats, cost: Floats, end: int) -> list[tuple[int, int, int]]:
+    """The route read backwards from the costs, ties broken as the module docstring says."""
+    server = int(np.argmin(np.where(legs.reach == end, cost[: graph.servers], np.inf)))
+    hops = []
+    while server != NO_SERVER:
+        edges = graph.by_head[graph.into[server] : graph.into[server + 1]]
+        reached = edges[cost[graph.tails[edges]] + weights[edges] == cost[server]]
+        boundary, _, state = min(_entry(legs, graph, cost, int(graph.tails[e])) for e in reached)
+        hops.append((server, boundary, int(legs.reach[server])))
+        server = state
+    return hops[::-1]
 
 
-def _relax(
-    legs: Legs, plain: _PlainTerms, block: int, states: list[int], bases: list[float], cost: Floats, before: Ints,
-    entered: Ints, push: bool,
-) -> None:  # fmt: skip
-    """Price every leg enterable at ``block`` from the states that reached it, cheapest first (all final: they
-    entered earlier boundaries)."""
-    best = states[0]
-    idx = legs.enterable[block]
-    priced = plain.priced(bases[0], block)
-    better = priced < cost[idx]
-    measured = push and best != NO_SERVER and len(legs.links.offers[best]) > 0
-    if measured:  # the best state's measured legs are priced below
-        better[_positions(idx, legs.links.offered[best], legs.banned)] = False
-    _update(cost, before, entered, idx[better], priced[better], best, block)
-    if measured or (push and len(states) > 1):  # more than one state: some priced apart (``_states``)
-        _relax_measured(legs, block, states, bases, cost, before, entered)
-
-
-def _positions(idx: Ints, legs: Ints, banned: bool) -> Ints:
-    """Where ``legs`` (servers of the boundary) are in ``idx`` (sorted): all there unless some are banned."""
-    at = np.searchsorted(idx, legs)
-    if banned:
-        at = at[(at < len(idx)) & (idx[np.minimum(at, len(idx) - 1)] == legs)]
-    return at
-
-
-def _relax_measured(
-    legs: Legs, block: int, states: list[int], bases: list[float], cost: Floats, before: Ints, entered: Ints
-) -> None:
-    """Legs whose price some state's measured link changes: the cheapest of those measured offers and the plain one
-    from the cheapest state that measured nothing to the leg."""
-    terms, leaving = legs.scalars, legs.links.at[block]
-    for leg, (price, state) in _offers(legs, block, leaving, cost).items():
-        plain = None if leaving.everyone else _first_without(states, leaving.measurers[leg])
-        if plain is not None:
-            plain_price = bases[plain] + terms.own_link[leg]
-            if plain_price < price or (plain_price == price and states[plain] < state):
-                price, state = plain_price, states[plain]
-        total = price + (terms.fixed[leg] + (terms.reach[leg] - block) * terms.block_time[leg])
-        if total < cost.item(leg):
-            cost[leg], before[leg], entered[leg] = total, state, block
-
-
-def _first_without(states: list[int], measurers: frozenset[int]) -> int | None:
-    """The position of the first state that did not measure a link to the leg, if any."""
-    if states[0] not in measurers:
-        return 0
-    return next((i for i, k in enumerate(states) if k not in measurers), None)
-
-
-def _offers(legs: Legs, block: int, leaving: LinksAt, cost: Floats) -> dict[int, tuple[float, int]]:
-    """Per leg a state measured: its cheapest offer over a measured link, then the lowest state. A server not
-    reached costs inf, so its offers never win (and a leg only such servers measured gets none)."""
-    can_enter = set(legs.enterable[block].tolist()) if legs.banned else None
-    costs = cost[leaving.rows].tolist()
-    rows = leaving.row_list  # ascending: the first of the cheapest offers is the lowest state
-    offers = {}
-    for leg, halves in leaving.halves.items():
-        if can_enter is None or leg in can_enter:
-            prices = list(map(operator.add, costs, halves))
-            price = min(prices)
-            if price < math.inf:
-                offers[leg] = (price, rows[prices.index(price)])
-    return offers
-
-
-def _update(cost: Floats, before: Ints, entered: Ints, idx: Ints, values: Floats, state: int, block: int) -> None:
-    cost[idx] = values
-    before[idx] = state
-    entered[idx] = block
+def _entry(legs: Legs, graph: _Graph, cost: Floats, vertex: int) -> tuple[int, float, int]:
+    """(boundary, cost before, state before) of an edge into a hop from ``vertex``: a server, or a boundary's vertex
+    (then the state is the lowest peer among the cheapest ending there; none from the source)."""
+    if vertex < graph.servers:
+        return int(legs.reach[vertex]), float(cost[vertex]), vertex
+    boundary = vertex - graph.servers + graph.start
+    if boundary == graph.start:
+        return boundary, 0.0, NO_SERVER
+    states = np.flatnonzero(legs.reach == boundary)
+    return boundary, float(cost[vertex]), int(states[cost[states] == cost[vertex]][0])

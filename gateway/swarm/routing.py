@@ -145,9 +145,7 @@ def _legs(
     if request.push:
         fixed = fixed + np.where(reach == end, own / 2, 0.0)
     own_link = own / 2 if request.push else own
-    return route_search.Legs(
-        table.links, reach, block_time, fixed, own_link, enterable, bool(request.banned or request.excluded)
-    )
+    return route_search.Legs(table, reach, block_time, fixed, own_link, enterable)
 
 
 def _max_throughput(
