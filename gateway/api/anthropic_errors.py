@@ -7,9 +7,11 @@
     413 request too large                  413 request_too_large
     429 rate_limit_exceeded                429 rate_limit_error (Retry-After kept)
     503 missing_blocks, swarm_unavailable, 529 overloaded_error: the swarm cannot serve now, retry (the SDKs do)
-        draining, auth_unavailable
+        draining, shutting_down,
+        auth_unavailable
     500 internal_error                     500 api_error
-    other 4xx (405, 409 cancelled)         the same status, invalid_request_error (as Anthropic documents)
+    other 4xx (405, 409 cancelled)         the same status, invalid_request_error (as Anthropic documents; a 409's
+                                           x-should-retry: false kept, so the SDK does not send it again)
 
     body: {"type": "error", "error": {"type": ..., "message": ...}}
 

@@ -6,8 +6,9 @@
     ├── Unauthorized            401     invalid_request_error   invalid_api_key
     ├── NotFound                404     invalid_request_error   model_not_found, not_found, session_not_found
     ├── MethodNotAllowed        405     invalid_request_error   method_not_allowed
-    ├── SessionCancelled        409     invalid_request_error   session_cancelled (a DELETE, an abandoned stream,
-    │                                                           the gateway's shutdown)
+    ├── SessionCancelled        409     invalid_request_error   session_cancelled (a DELETE, an abandoned stream;
+    │   │                                                       x-should-retry: false)
+    │   └── SessionStopped      503     service_unavailable     shutting_down (the gateway's drain time ran out)
     ├── RateLimited             429     requests | tokens       rate_limit_exceeded (with Retry-After)
     ├── ServiceUnavailable      503     service_unavailable     missing_blocks, swarm_unavailable, draining,
     │                                                           session_lost (an SSE error event: its replica is gone),
@@ -68,12 +69,30 @@ class Unauthorized(APIError):
 
 
 class SessionCancelled(APIError):
+    """A generation stopped on purpose: its session deleted, or its stream left unread. The official OpenAI and
+    Anthropic clients send a request again after a 409 unless the answer says not to: that would run the
+    cancelled generation again."""
+
     status = 409
     type = "invalid_request_error"
 
     def __init__(self, session_id: str, why: str | None = None) -> None:
         why = why or f"DELETE /v1/sessions/{session_id}"
         super().__init__(f"Session {session_id} was cancelled ({why}).", "session_cancelled")
+        self.headers = {"x-should-retry": "false"}
+
+
+class SessionStopped(SessionCancelled):
+    """A generation the gateway stopped as it shut down: nothing the client did, and another replica (or this one
+    restarted) can serve it, so a 503 that clients retry."""
+
+    status = 503
+    type = "service_unavailable"
+
+    def __init__(self, session_id: str, why: str | None = None) -> None:
+        APIError.__init__(
+            self, f"Session {session_id} was stopped: {why or 'the gateway is shutting down'}.", "shutting_down"
+        )
 
 
 class RateLimited(APIError):

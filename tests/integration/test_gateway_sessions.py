@@ -102,6 +102,37 @@ async def test_a_cancel_sent_to_replica_b_stops_the_stream_on_a_and_frees_node_c
     assert all(i.sessions == 0 and i.cache_tokens_left == i.cache_tokens_total for i in infos), infos
 
 
+def test_the_openai_client_does_not_send_a_cancelled_request_again(replicas: list[Gateway]) -> None:
+    """The official client sends a request again after a 409 (its retries on) unless the answer says not to: a
+    non-streamed completion whose session is deleted mid-generation raises ``ConflictError`` after one POST, and
+    no second session runs it again."""
+    a, b = replicas
+    posts: list[httpx.Request] = []
+    http = httpx.Client(trust_env=False, timeout=120, event_hooks={"request": [posts.append]})
+    client = openai.OpenAI(base_url=f"{a.url}/v1", api_key=ADMIN, max_retries=2, http_client=http)
+    before = {session["id"] for session in _all_sessions(a)}
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(
+            client.completions.create,
+            model=a.model,
+            prompt=PROMPT,
+            max_tokens=CONTEXT - len(PROMPT),
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
+
+        def running() -> list[dict[str, object]]:
+            return [s for s in _all_sessions(a) if s["id"] not in before and s["status"] == "running"]
+
+        wait_until(lambda: bool(running()), within=60)
+        with b.http(headers=bearer(ADMIN)) as other:
+            assert other.delete(f"/v1/sessions/{running()[0]['id']}").status_code == 200
+        with pytest.raises(openai.ConflictError, match="cancelled"):
+            answer.result(timeout=120)
+    assert [r.method for r in posts] == ["POST"]
+    assert [s["status"] for s in _all_sessions(a) if s["id"] not in before] == ["cancelled"]
+
+
 def test_a_dropped_stream_resumes_on_the_other_replica_with_every_token_exactly_once(replicas: list[Gateway]) -> None:
     a, b = replicas
     body = completion(a, max_tokens=200)
@@ -453,7 +484,7 @@ def test_a_stream_still_running_when_the_drain_time_runs_out_ends_with_an_error_
         rest = list(events)
     assert rest[-1].data == "[DONE]"
     error = json.loads(rest[-2].data)["error"]
-    assert "shutting down" in error["message"], error
+    assert "shutting down" in error["message"] and error["code"] == "shutting_down", error
     assert sum(1 for event in first + rest[:-2] if chunk_text(event)) < 600  # stopped, not finished
     assert gateway.process.popen.wait(1 + 10) == 0
     assert "Traceback" not in gateway.log_text(), gateway.log_text()[-3000:]  # uvicorn's cut logged one

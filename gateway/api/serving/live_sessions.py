@@ -37,6 +37,7 @@ from gateway.api.errors import (
     RateLimited,
     ServiceUnavailable,
     SessionCancelled,
+    SessionStopped,
     as_api_error,
 )
 from gateway.api.request_log import RequestRecord
@@ -87,20 +88,21 @@ class LiveSession:
         self._ticket = ticket
         self._stop = asyncio.Event()
         self._stop_reason: str | None = None  # said in the session's error; None: a DELETE
+        self._stop_error: type[SessionCancelled] = SessionCancelled  # SessionStopped: the gateway shuts down
         self.readers = 0
         self.read_once = False  # whether any reader, here or on another replica, has come (FIRST_READER_GRACE before)
         self._finished = False
 
-    def stop(self, why: str | None = None) -> None:
-        """Stop the generation; ``why`` goes into its error (by default, a DELETE of the session)."""
+    def stop(self, why: str | None = None, error: type[SessionCancelled] = SessionCancelled) -> None:
+        """Stop the generation; ``why`` goes into its ``error`` (by default, a DELETE of the session)."""
         if not self._stop.is_set():
-            self._stop_reason = why
+            self._stop_reason, self._stop_error = why, error
         self._stop.set()
 
     async def cancelled(self) -> NoReturn:
-        """A stop signal: fires with ``SessionCancelled`` once the session is told to stop."""
+        """A stop signal: fires with ``SessionCancelled`` (or ``SessionStopped``) once the session is told to stop."""
         await self._stop.wait()
-        raise SessionCancelled(self.id, self._stop_reason)
+        raise self._stop_error(self.id, self._stop_reason)
 
     async def finish_after(self, work: Awaitable[T], on_success: bool = True) -> T:
         """``work``'s result; the session ends with it (or only if it fails, with ``on_success`` False)."""
@@ -379,10 +381,10 @@ class SessionTracker:
             self._heartbeat = None
 
     async def stop_all(self, why: str, wait: float = STOP_ALL_WAIT) -> None:
-        """Stop every running generation (its stream ends with an error event saying ``why``, then ``[DONE]``) and
-        wait up to ``wait`` seconds for them to end."""
+        """Stop every running generation as the gateway shuts down (a non-streamed request answers 503, a stream ends
+        with an error event saying ``why``, then ``[DONE]``) and wait up to ``wait`` seconds for them to end."""
         for live in list(self.live.values()):
-            live.stop(why)
+            live.stop(why, SessionStopped)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(wait):
                 await self.drain()

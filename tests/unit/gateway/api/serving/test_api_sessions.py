@@ -99,6 +99,35 @@ async def test_delete_cancels_a_running_stream_which_ends_with_an_error_event_th
         assert len(data) < 50 and engine.closed_early == 1 and engine.active == 0
 
 
+async def test_a_cancelled_non_streamed_request_answers_409_that_clients_must_not_send_again() -> None:
+    """The official OpenAI and Anthropic clients send a request again after a 409 unless told not to: the cancelled
+    generation would run again (seen from outside with openai 3.63: two POSTs, the second ran to its end)."""
+    engine = SlowEngine(script="abcdefghijklmnopqrstuvwxyz" * 2, context_length=128)
+    async with make_client(engine) as client:
+        request = asyncio.create_task(client.post("/v1/completions", json=completion(max_tokens=50)))
+        await engine.streaming.wait()
+        session_id = (await client.get("/v1/sessions")).json()["data"][0]["id"]
+        assert (await client.delete(f"/v1/sessions/{session_id}")).status_code == 200
+        answer = await asyncio.wait_for(request, 5)
+    assert answer.status_code == 409 and answer.json()["error"]["code"] == "session_cancelled"
+    assert answer.headers["x-should-retry"] == "false"
+
+
+async def test_a_non_streamed_request_cut_by_the_gateways_shutdown_answers_503_for_clients_to_retry() -> None:
+    engine = SlowEngine(script="abcdefghijklmnopqrstuvwxyz" * 2, context_length=128)
+    tracker = SessionTracker(SessionStore(RedisLink(None), "test"), None, engine.model_name, 0.0, 0)
+    app = create_app(engine, ServingConfig(engine.model_name), tracker, Authenticator([], None, enabled=False))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway") as client:
+        request = asyncio.create_task(client.post("/v1/completions", json=completion(max_tokens=50)))
+        await engine.streaming.wait()
+        await tracker.stop_all("the gateway is shutting down (its drain time of 1s ran out)")
+        answer = await asyncio.wait_for(request, 5)
+    assert answer.status_code == 503, answer.text
+    error = answer.json()["error"]
+    assert (error["code"], error["type"]) == ("shutting_down", "service_unavailable")
+    assert "drain time" in error["message"] and "x-should-retry" not in answer.headers
+
+
 async def test_a_cancel_ends_the_stream_and_the_record_without_waiting_for_the_generations_cleanup() -> None:
     # Closing node sessions can be slow (a loaded box, a node that answers late): the user's stream and the replica
     # that relayed the DELETE must not wait for it. The cleanup still runs to its end.

@@ -197,4 +197,5 @@ async def test_a_stream_stopped_by_the_gateways_shutdown_says_so() -> None:
         events = [event.data async for event in reader if not isinstance(event, bytes)]
     assert events[-1] == "[DONE]"
     error = json.loads(events[-2])["error"]
-    assert error["code"] == "session_cancelled" and "the gateway is shutting down" in error["message"], error
+    assert (error["code"], error["type"]) == ("shutting_down", "service_unavailable"), error
+    assert "the gateway is shutting down" in error["message"], error
