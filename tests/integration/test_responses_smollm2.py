@@ -97,6 +97,31 @@ def test_stream_events_in_order_and_deltas_add_up_to_the_non_streamed_text(repli
     assert fetched.output_text == expected and fetched.status == final.status
 
 
+def test_message_logprobs_are_the_chat_paths_streamed_and_not(replicas: list[Gateway]) -> None:
+    """``include: ["message.output_text.logprobs"]``: the same tokens, logprobs and alternatives as chat's
+    ``logprobs`` for the same conversation, on the output_text part and on the stream's deltas."""
+    a, _ = replicas
+    client = a.openai()
+    asked: dict[str, Any] = {"model": a.model, "temperature": 0, "top_logprobs": 3}
+    chat = client.chat.completions.create(
+        messages=[{"role": "user", "content": "Name three colours."}], max_tokens=16, logprobs=True, **asked
+    )
+    assert chat.choices[0].logprobs is not None and chat.choices[0].logprobs.content
+    expected = [(t.token, [top.token for top in t.top_logprobs]) for t in chat.choices[0].logprobs.content]
+    include: Any = ["message.output_text.logprobs"]
+    response = client.responses.create(input="Name three colours.", max_output_tokens=16, include=include, **asked)
+    part = response.output[0].content[0]  # type: ignore[union-attr]
+    assert part.text == chat.choices[0].message.content and response.top_logprobs == 3
+    assert [(t.token, [top.token for top in t.top_logprobs]) for t in part.logprobs or []] == expected
+    chosen = [t.logprob for t in chat.choices[0].logprobs.content]
+    assert [t.logprob for t in part.logprobs or []] == pytest.approx(chosen, abs=1e-3)
+    streamed = client.responses.create(
+        input="Name three colours.", max_output_tokens=16, include=include, stream=True, **asked
+    )
+    deltas = [lp.token for e in streamed if e.type == "response.output_text.delta" for lp in e.logprobs]
+    assert deltas == [token for token, _ in expected]
+
+
 def test_previous_response_id_continues_the_conversation_and_reuses_the_node_caches(replicas: list[Gateway]) -> None:
     a, _ = replicas
     client = a.openai()

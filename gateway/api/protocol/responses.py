@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
+from gateway.api.protocol.chat import TokenLogprob
 from gateway.api.protocol.common import INTEGRAL, RequestModel, ResponseModel
 
 ResponseStatus = Literal["completed", "failed", "in_progress", "cancelled", "queued", "incomplete"]
@@ -147,7 +148,7 @@ class OutputText(ResponseModel):
     type: Literal["output_text"] = "output_text"
     text: str
     annotations: list[Any] = Field(default_factory=list)
-    logprobs: list[Any] = Field(default_factory=list)
+    logprobs: list[TokenLogprob] = Field(default_factory=list)  # include: ["message.output_text.logprobs"]
 
 
 Phase = Literal["commentary", "final_answer"]

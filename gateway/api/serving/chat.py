@@ -238,7 +238,11 @@ class ChatServing(ServingBase):
     def _logprobs(self, body: ChatCompletionRequest, tokens: Sequence[EmittedToken]) -> ChoiceLogprobs | None:
         if not body.logprobs:
             return None
-        return ChoiceLogprobs(content=[self._token_logprob(emitted) for emitted in tokens])
+        return ChoiceLogprobs(content=self.token_logprobs(tokens))
+
+    def token_logprobs(self, tokens: Sequence[EmittedToken]) -> list[TokenLogprob]:
+        """OpenAI's logprob entries of ``tokens`` (with their alternatives, as many as the request asked for)."""
+        return [self._token_logprob(emitted) for emitted in tokens]
 
     def _token_logprob(self, emitted: EmittedToken) -> TokenLogprob:
         token = emitted.token

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from gateway.api.request_log import RequestRecord
 from gateway.api.serving.choices import ChoiceEvent
 from gateway.generation import PromptScores
-from gateway.text.assembler import FinishReason
+from gateway.text.assembler import EmittedToken, FinishReason
 from gateway.text.chat_output import ChatOutputParser, OutputDelta
 
 
@@ -18,6 +18,8 @@ class ParsedPiece:
     delta: OutputDelta
     finish_reason: FinishReason | None  # set on the choice's last piece only
     stop: str | None  # on the last piece: the stop string that ended the choice, if one did
+    text: str = ""  # the piece's text as generated, before parsing
+    tokens: tuple[EmittedToken, ...] = ()  # the tokens it carries (their ``offset``: where in the choice's text)
 
 
 async def parsed_pieces(
@@ -34,4 +36,4 @@ async def parsed_pieces(
             record.completion_tokens += choice.generated
             record.cached_tokens += choice.cached_tokens
             record.finish_reason = piece.finish_reason
-        yield ParsedPiece(delta, piece.finish_reason, piece.stop)
+        yield ParsedPiece(delta, piece.finish_reason, piece.stop, piece.text, piece.tokens)

@@ -16,12 +16,13 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
 from gateway.api.auth import Caller
 from gateway.api.errors import InvalidRequest, NotFound, SessionCancelled, as_api_error
+from gateway.api.protocol.chat import TokenLogprob
 from gateway.api.protocol.common import IGNORED_FIELDS, reject_unsupported
 from gateway.api.protocol.responses import (
     ConversationRef,
@@ -36,7 +37,7 @@ from gateway.api.protocol.responses import (
 from gateway.api.request_log import RequestRecord
 from gateway.api.serving.chat import ChatServing
 from gateway.api.serving.choices import ChoiceEvent, ChoiceSpec
-from gateway.api.serving.common import RequestContext, Stream
+from gateway.api.serving.common import ChoiceResult, RequestContext, Stream
 from gateway.api.serving.conversations import ConversationServing
 from gateway.api.serving.parsed_choices import parsed_pieces
 from gateway.api.serving.responses_conversation import context_of, conversation_id, record_turn
@@ -48,10 +49,11 @@ from gateway.api.serving.responses_translate import (
     chat_request,
     check_supported,
     namespaced,
+    wants_logprobs,
 )
 from gateway.generation import SamplingParams
 from gateway.state.responses_store import Kept, ResponseStore, StoredResponse
-from gateway.text.assembler import FinishReason
+from gateway.text.assembler import EmittedToken, FinishReason
 from gateway.text.chat_output import ChatOutputParser, OutputDelta
 from gateway.text.reasoning import starts_inside
 
@@ -76,6 +78,7 @@ class _Turn:
     writer: ResponseWriter
     record: RequestRecord
     parser: ChatOutputParser  # the chat path's: reasoning tags and tool calls out of the text
+    logprobs: MessageLogprobs | None  # when the request included the message text's logprobs
     local: Kept | None = None  # a WebSocket's own responses (store: false ones are kept only there)
     conversation: str | None = None  # the conversation it belongs to (its input and output go there at the end)
     recorded: bool = False  # whether they went there already
@@ -111,9 +114,8 @@ class ResponsesServing:
         except BaseException as exc:
             await asyncio.shield(self._end_badly(turn, exc))
             raise
-        result = results[0]
-        write(turn.writer, turn.parser.feed_piece(result.text, last=True))
-        turn.writer.finish(result.finish_reason, self._usage(turn.record))
+        write_result(turn, results[0])
+        turn.writer.finish(results[0].finish_reason, self._usage(turn.record))
         await self._save(turn)
         return turn.response
 
@@ -188,7 +190,8 @@ class ResponsesServing:
         if conversation is not None:
             response.conversation = ConversationRef(id=conversation)
         writer = ResponseWriter(response, namespaced(body.tools or []))
-        turn = _Turn(body, caller, translated, history, writer, record, plan.parser(), local, conversation)
+        logprobs = MessageLogprobs(chat.token_logprobs) if wants_logprobs(body) else None
+        turn = _Turn(body, caller, translated, history, writer, record, plan.parser(), logprobs, local, conversation)
         return turn, specs
 
     @staticmethod
@@ -204,6 +207,7 @@ class ResponsesServing:
             store=body.store is not False,
             temperature=sampling.temperature,
             top_p=0.0 if sampling.top_k == 1 and body.top_p == 0 else sampling.top_p,
+            top_logprobs=body.top_logprobs or 0,
             presence_penalty=sampling.presence_penalty,
             frequency_penalty=sampling.frequency_penalty,
             text=(body.text or TextConfig()).echoed(),
@@ -232,7 +236,8 @@ class ResponsesServing:
                 for event in writer.started():
                     yield _data(event)
                 async for piece in parsed_pieces(events, turn.parser, record):
-                    for event in write(writer, piece.delta):
+                    logprobs = turn.logprobs.of(piece.text, piece.tokens, piece.delta) if turn.logprobs else []
+                    for event in write(writer, piece.delta, logprobs):
                         yield _data(event)
                     finish = piece.finish_reason or finish
                 final = writer.finish(finish, self._usage(record))
@@ -316,17 +321,67 @@ async def _drain(events: AsyncIterator[object]) -> None:
         pass
 
 
-def write(writer: ResponseWriter, out: OutputDelta) -> list[Event]:
-    """What the chat output parser found, as output items: reasoning, message text, then function calls."""
+def write(writer: ResponseWriter, out: OutputDelta, logprobs: Sequence[TokenLogprob] = ()) -> list[Event]:
+    """What the chat output parser found, as output items: reasoning, message text (``logprobs``: its tokens'),
+    then function calls."""
     events = writer.reasoning(out.reasoning) if out.reasoning else []
     if out.content:
-        events += writer.text(out.content)
+        events += writer.text(out.content, logprobs)
     for call in out.calls:
         if call.id is not None:  # a call's first delta: its id and name
             events += writer.function_call(call.name or "", call.id)
         if call.arguments:
             events += writer.arguments(call.arguments)
     return events
+
+
+def write_result(turn: _Turn, result: ChoiceResult) -> None:
+    """A non-streamed choice into the response. With logprobs, token by token as a stream would give it, so that
+    each token's logprob goes with the text it wrote (``MessageLogprobs``)."""
+    if turn.logprobs is None:
+        write(turn.writer, turn.parser.feed_piece(result.text, last=True))
+        return
+    tokens = result.tokens
+    for i, emitted in enumerate(tokens):
+        last = i == len(tokens) - 1
+        text = result.text[emitted.offset :] if last else result.text[emitted.offset : tokens[i + 1].offset]
+        out = turn.parser.feed_piece(text, last)
+        write(turn.writer, out, turn.logprobs.of(text, (emitted,), out))
+    if not tokens:
+        write(turn.writer, turn.parser.feed_piece(result.text, last=True))
+
+
+class MessageLogprobs:
+    """Which tokens' logprobs go with the message text (``include: ["message.output_text.logprobs"]``): those whose
+    text the parser gave to the message, not those of reasoning or of a tool call's markup. The parser says only
+    what text it gave where; the text it wrote as content is the latest occurrence of it in the choice's text not
+    yet given (it may hold back what follows, a tool call's markup that may be starting), and the tokens that
+    overlap it are its tokens (``EmittedToken.offset``: where each starts in the choice's text)."""
+
+    def __init__(self, convert: Callable[[Sequence[EmittedToken]], list[TokenLogprob]]) -> None:
+        self._convert = convert
+        self._text = ""  # the choice's text from ``_start`` on: not given to the message yet
+        self._start = 0
+        self._waiting: list[EmittedToken] = []  # tokens that may still be the message's, by offset
+
+    def of(self, text: str, tokens: Sequence[EmittedToken], out: OutputDelta) -> list[TokenLogprob]:
+        """The logprobs for ``out``'s content, after a piece of ``text`` carrying ``tokens`` was parsed into it."""
+        self._text += text
+        self._waiting += tokens
+        if not out.content:
+            return []
+        found = self._text.rfind(out.content)
+        begin = self._start + max(found, 0)  # not found verbatim: every waiting token is its
+        end = begin + len(out.content) if found >= 0 else self._start + len(self._text)
+        taken, kept = [], []
+        for i, token in enumerate(self._waiting):
+            after = self._waiting[i + 1].offset if i + 1 < len(self._waiting) else None  # where its text ends
+            if token.offset >= end:
+                kept.append(token)
+            elif after is None or after > begin:
+                taken.append(token)
+        self._waiting, self._text, self._start = kept, self._text[end - self._start :], end
+        return self._convert(taken)
 
 
 @contextlib.contextmanager

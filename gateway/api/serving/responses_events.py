@@ -3,6 +3,7 @@
     started()        response.created, response.in_progress
     reasoning(delta) [response.output_item.added (a reasoning item)]  response.reasoning_text.delta
     text(delta)      [response.output_item.added, response.content_part.added]  response.output_text.delta
+                     (with the logprobs of the delta's tokens, when the request included them)
     function_call()  [the open item's .done events]  response.output_item.added (a function_call item)
     arguments(delta) response.function_call_arguments.delta
     finish()         the open item's .done events, then response.completed (or response.incomplete)
@@ -16,8 +17,10 @@ path builds its response with the same writer and drops the events, so both path
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
+from gateway.api.protocol.chat import TokenLogprob
 from gateway.api.protocol.responses import (
     FunctionCall,
     IncompleteDetails,
@@ -45,6 +48,7 @@ class ResponseWriter:
         self._sequence = 0
         self._open: OutputItem | None = None  # the item being written (its .done events not sent yet)
         self._held = ""  # whitespace not yet written: it opens no message by itself
+        self._held_logprobs: list[TokenLogprob] = []  # its tokens'
 
     def started(self) -> list[Event]:
         return [self._with_response("response.created"), self._with_response("response.in_progress")]
@@ -60,17 +64,19 @@ class ResponseWriter:
         events.append(self._event("response.reasoning_text.delta", **self._where(), delta=delta))
         return events
 
-    def text(self, delta: str) -> list[Event]:
+    def text(self, delta: str, logprobs: Sequence[TokenLogprob] = ()) -> list[Event]:
         if isinstance(self._open, OutputMessage):
-            return [self._append(delta)]
+            return [self._append(delta, logprobs)]
         if not (self._held + delta).strip():
             self._held += delta
+            self._held_logprobs += logprobs
             return []
         delta, self._held = self._held + delta, ""
-        return [*self._open_message(), self._append(delta)]
+        logprobs, self._held_logprobs = [*self._held_logprobs, *logprobs], []
+        return [*self._open_message(), self._append(delta, logprobs)]
 
     def function_call(self, name: str, call_id: str | None = None) -> list[Event]:
-        self._held = ""
+        self._held, self._held_logprobs = "", []
         events = self._close("completed", phase="commentary")
         namespace, name = self.namespaced.get(name, (None, name))
         call = FunctionCall(name=name, namespace=namespace)
@@ -94,8 +100,8 @@ class ResponseWriter:
         if not answered:  # an empty (or blank) answer is still a message
             events += self._open_message()
             if self._held:
-                events.append(self._append(self._held))
-        self._held = ""
+                events.append(self._append(self._held, self._held_logprobs))
+        self._held, self._held_logprobs = "", []
         complete = finish_reason != "length"
         events += self._close("completed" if complete else "incomplete", phase="final_answer")
         self.response.usage = usage
@@ -130,11 +136,13 @@ class ResponseWriter:
         events.append(self._event("response.content_part.added", **self._where(), part=part))
         return events
 
-    def _append(self, delta: str) -> Event:
+    def _append(self, delta: str, logprobs: Sequence[TokenLogprob]) -> Event:
         message = self._open
         assert isinstance(message, OutputMessage)  # the callers opened it
         message.content[0].text += delta
-        return self._event("response.output_text.delta", **self._where(), delta=delta, logprobs=[])
+        message.content[0].logprobs += logprobs
+        shown = [logprob.model_dump(mode="json") for logprob in logprobs]
+        return self._event("response.output_text.delta", **self._where(), delta=delta, logprobs=shown)
 
     def _add(self, item: OutputItem) -> list[Event]:
         self.response.output.append(item)
@@ -157,7 +165,8 @@ class ResponseWriter:
         where = {"item_id": item.id, "output_index": index, "content_index": 0}
         if isinstance(item, OutputMessage):
             part = item.content[0]
-            done.append(self._event("response.output_text.done", **where, text=part.text, logprobs=[]))
+            logprobs = [logprob.model_dump(mode="json") for logprob in part.logprobs]
+            done.append(self._event("response.output_text.done", **where, text=part.text, logprobs=logprobs))
             done.append(self._event("response.content_part.done", **where, part=part.model_dump(mode="json")))
         elif isinstance(item, ReasoningItem):
             done.append(self._event("response.reasoning_text.done", **where, text=item.content[0].text))

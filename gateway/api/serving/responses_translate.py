@@ -30,7 +30,8 @@ _TEXT_PARTS = {"input_text", "output_text", "text"}
 _MEDIA_PARTS = {"input_image", "input_file", "input_audio", "input_video"}
 # ``include`` values that only ask for fields this gateway never has to fill: Codex asks for encrypted reasoning
 # (to replay it with store false); reasoning here is plain text in the output, there is nothing to encrypt.
-INCLUDE_ACCEPTED = frozenset({"reasoning.encrypted_content"})
+INCLUDE_ACCEPTED = frozenset({"reasoning.encrypted_content", "message.output_text.logprobs"})
+LOGPROBS = "message.output_text.logprobs"  # the message text's token logprobs (``top_logprobs`` alternatives each)
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,6 @@ def check_supported(body: ResponsesRequest, reasons: bool = False) -> None:
     refused = {
         "prompt": body.prompt is not None,
         "include": any(value not in INCLUDE_ACCEPTED for value in body.include or []),
-        "top_logprobs": bool(body.top_logprobs),
         "truncation": body.truncation not in (None, "disabled"),
         "reasoning": reasons and body.reasoning is not None and (body.reasoning.effort or "none") != "none",
     }
@@ -129,11 +129,22 @@ def chat_fields(
         "frequency_penalty": body.frequency_penalty,
         "seed": body.seed,
         "stream": body.stream,
+        **_logprob_fields(body),
         "user": body.user,
         **_tool_fields(body),
         **_format_fields(body),
     }
     return {key: value for key, value in fields.items() if value is not None}, turn
+
+
+def wants_logprobs(body: ResponsesRequest) -> bool:
+    """Whether the message text carries its tokens' logprobs: only when ``include`` asks (as OpenAI: ``top_logprobs``
+    alone returns none)."""
+    return LOGPROBS in (body.include or [])
+
+
+def _logprob_fields(body: ResponsesRequest) -> dict[str, Any]:
+    return {"logprobs": True, "top_logprobs": body.top_logprobs or 0} if wants_logprobs(body) else {}
 
 
 def input_messages(items: str | list[InputItem]) -> list[Message]:

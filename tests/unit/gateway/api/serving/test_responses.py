@@ -290,9 +290,9 @@ async def test_cancel_stops_a_running_response() -> None:
 @pytest.mark.parametrize(
     ("fields", "code", "param"),
     [
-        ({"include": ["message.output_text.logprobs"]}, "unsupported_parameter", "include"),
+        ({"include": ["file_search_call.results"]}, "unsupported_parameter", "include"),
         ({"truncation": "auto"}, "unsupported_parameter", "truncation"),
-        ({"top_logprobs": 2}, "unsupported_parameter", "top_logprobs"),
+        ({"top_logprobs": 21}, None, "top_logprobs"),
         ({"tools": [{"type": "web_search"}]}, "unsupported_value", "tools"),
         ({"tool_choice": "required"}, "invalid_value", "tool_choice"),
         ({"input": [{"type": "message", "role": "user", "content": [{"type": "input_image"}]}]}, None, "input"),

@@ -74,7 +74,7 @@ async def test_codex_bookkeeping_fields_are_accepted_and_echoed_where_the_api_ke
         assert (echoed["prompt_cache_key"], echoed["safety_identifier"]) == ("thread-1", "user-7")
         assert echoed["metadata"] == {"k": "v"} and echoed["max_tool_calls"] == 3 and echoed["store"] is False
         assert echoed["reasoning"] == {"effort": "medium", "summary": "auto"}
-        for refused in ({"include": ["message.output_text.logprobs"]}, {"unknown_knob": 1}):
+        for refused in ({"include": ["file_search_call.results"]}, {"unknown_knob": 1}):
             answer = await client.post("/v1/responses", json=body(**refused))
             assert answer.status_code == 400 and answer.json()["error"]["param"] == next(iter(refused)), answer.text
 
