@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
@@ -42,6 +42,7 @@ from gateway.api.serving.conversations import ConversationServing
 from gateway.api.serving.parsed_choices import parsed_pieces
 from gateway.api.serving.responses_conversation import context_of, conversation_id, record_turn
 from gateway.api.serving.responses_events import Event, ResponseWriter
+from gateway.api.serving.responses_logprobs import MessageLogprobs
 from gateway.api.serving.responses_translate import (
     Message,
     Translated,
@@ -53,7 +54,7 @@ from gateway.api.serving.responses_translate import (
 )
 from gateway.generation import SamplingParams
 from gateway.state.responses_store import Kept, ResponseStore, StoredResponse
-from gateway.text.assembler import EmittedToken, FinishReason
+from gateway.text.assembler import FinishReason
 from gateway.text.chat_output import ChatOutputParser, OutputDelta
 from gateway.text.reasoning import starts_inside
 
@@ -349,39 +350,6 @@ def write_result(turn: _Turn, result: ChoiceResult) -> None:
         write(turn.writer, out, turn.logprobs.of(text, (emitted,), out))
     if not tokens:
         write(turn.writer, turn.parser.feed_piece(result.text, last=True))
-
-
-class MessageLogprobs:
-    """Which tokens' logprobs go with the message text (``include: ["message.output_text.logprobs"]``): those whose
-    text the parser gave to the message, not those of reasoning or of a tool call's markup. The parser says only
-    what text it gave where; the text it wrote as content is the latest occurrence of it in the choice's text not
-    yet given (it may hold back what follows, a tool call's markup that may be starting), and the tokens that
-    overlap it are its tokens (``EmittedToken.offset``: where each starts in the choice's text)."""
-
-    def __init__(self, convert: Callable[[Sequence[EmittedToken]], list[TokenLogprob]]) -> None:
-        self._convert = convert
-        self._text = ""  # the choice's text from ``_start`` on: not given to the message yet
-        self._start = 0
-        self._waiting: list[EmittedToken] = []  # tokens that may still be the message's, by offset
-
-    def of(self, text: str, tokens: Sequence[EmittedToken], out: OutputDelta) -> list[TokenLogprob]:
-        """The logprobs for ``out``'s content, after a piece of ``text`` carrying ``tokens`` was parsed into it."""
-        self._text += text
-        self._waiting += tokens
-        if not out.content:
-            return []
-        found = self._text.rfind(out.content)
-        begin = self._start + max(found, 0)  # not found verbatim: every waiting token is its
-        end = begin + len(out.content) if found >= 0 else self._start + len(self._text)
-        taken, kept = [], []
-        for i, token in enumerate(self._waiting):
-            after = self._waiting[i + 1].offset if i + 1 < len(self._waiting) else None  # where its text ends
-            if token.offset >= end:
-                kept.append(token)
-            elif after is None or after > begin:
-                taken.append(token)
-        self._waiting, self._text, self._start = kept, self._text[end - self._start :], end
-        return self._convert(taken)
 
 
 @contextlib.contextmanager
