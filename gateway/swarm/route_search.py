@@ -39,6 +39,7 @@ from shared.server_records import ServerRecord
 
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
+EntryKey = tuple[int, int, frozenset[str], frozenset[str]]  # a route's block range, its banned and excluded servers
 NO_SERVER = -1  # the state before the first hop
 
 
@@ -64,6 +65,7 @@ class Legs:
     fixed: Floats  # the cache penalty, and when pushing from the last hop the half RTT back to the gateway
     own_link: Floats  # the link into it when its predecessor measured none
     enterable: dict[int, Ints]  # per boundary: the servers a route may enter there, ascending (``usable``)
+    entry: EntryKey  # what ``enterable`` was made for: the route's graph is kept on the table by it
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,8 @@ class ServerTable:
     peers: list[str]
     links: MeasuredLinks
     covers: dict[tuple[int, int], dict[int, Ints]] = field(default_factory=dict)  # ``_cover``'s, by block range
-    graphs: dict[tuple[int, int, bool], _Graph] = field(default_factory=dict)  # ``_graph``'s, by range and push
+    usable: dict[EntryKey, dict[int, Ints]] = field(default_factory=dict)  # ``usable``'s
+    graphs: dict[tuple[EntryKey, bool], _Graph] = field(default_factory=dict)  # ``_graph``'s, and whether pushing
 
 
 def table_of(servers: Sequence[ServerRecord]) -> ServerTable:
@@ -124,12 +127,15 @@ def usable(
     table: ServerTable, banned: frozenset[str], start: int, end: int, excluded: frozenset[str] = frozenset()
 ) -> dict[int, Ints]:
     """Per block of [start, end), who a route may enter there: its servers less the excluded (never used: a block
-    left with none is missing) and less the banned ones, unless every one left is banned. The table stays the
-    view's whole one (servers outside the range are never enterable): rebuilding it per route would cost more
-    than the route (``MeasuredLinks``)."""
+    left with none is missing) and less the banned ones, unless every one left is banned. Kept on the table (every
+    route with the same bans shares it); the table stays the view's whole one (servers outside the range are never
+    enterable): rebuilding it per route would cost more than the route (``MeasuredLinks``)."""
     cover = _cover(table, start, end)
     if not banned and not excluded:
         return cover
+    key = (start, end, banned, excluded)
+    if key in table.usable:
+        return table.usable[key]
     allowed = np.array([p not in banned for p in table.peers], dtype=bool)
     trusted = np.array([p not in excluded for p in table.peers], dtype=bool)
     chosen, missing = {}, []
@@ -141,6 +147,7 @@ def usable(
         chosen[block] = kept if len(kept) else left
     if missing:
         raise MissingBlocks(missing)
+    table.usable[key] = chosen
     return chosen
 
 
@@ -163,7 +170,7 @@ def _cover(table: ServerTable, start: int, end: int) -> dict[int, Ints]:
 class _Graph:
     """A route's graph (the module docstring) without its weights, edges in CSR order (by the vertex they leave):
     servers are vertices 0..n-1, boundary ``b`` is vertex ``n + b - start``. The same for every route over a range
-    with nobody banned or excluded, so kept on the table (``_graph_of``)."""
+    with the same servers banned and excluded, so kept on the table (``_graph_of``)."""
 
     start: int
     servers: int
@@ -196,14 +203,11 @@ def cheapest(legs: Legs, start: int, end: int, push: bool) -> list[tuple[int, in
 
 
 def _graph_of(legs: Legs, start: int, end: int, push: bool) -> _Graph:
-    """The range's graph, kept on the table where the route may enter every server (``usable`` gave the cover)."""
-    table = legs.table
-    if legs.enterable is not table.covers.get((start, end)):
-        return _graph(legs, start, end, push)
-    key = (start, end, push)
-    if key not in table.graphs:
-        table.graphs[key] = _graph(legs, start, end, push)
-    return table.graphs[key]
+    """The route's graph, kept on the table for every route with the same range, bans and exclusions."""
+    key = (legs.entry, push)
+    if key not in legs.table.graphs:
+        legs.table.graphs[key] = _graph(legs, start, end, push)
+    return legs.table.graphs[key]
 
 
 def _graph(legs: Legs, start: int, end: int, push: bool) -> _Graph:

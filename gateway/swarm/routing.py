@@ -145,7 +145,8 @@ def _legs(
     if request.push:
         fixed = fixed + np.where(reach == end, own / 2, 0.0)
     own_link = own / 2 if request.push else own
-    return route_search.Legs(table, reach, block_time, fixed, own_link, enterable)
+    entry = (request.start, end, request.banned, request.excluded)
+    return route_search.Legs(table, reach, block_time, fixed, own_link, enterable, entry)
 
 
 def _max_throughput(

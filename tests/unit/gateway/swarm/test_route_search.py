@@ -145,3 +145,17 @@ def test_of_equally_cheap_servers_the_lowest_peer_is_taken(push: bool) -> None:
     request = RouteRequest(1000, rtts=dict.fromkeys(view.servers, 0.25), push=push)
     hops = plan_route(view, request, RoutingMode.MIN_LATENCY)
     assert [(h.peer_id, h.start, h.end) for h in hops] == [("q1", 0, 2), ("q2", 2, 6)]
+
+
+@pytest.mark.parametrize("push", [False, True])
+def test_routes_on_one_view_with_other_bans_each_are_as_cheap_as_dijkstra(push: bool) -> None:
+    """A view's table keeps what routes share (a range's enterable servers and graph, per bans and exclusions):
+    one view routed again and again with other bans, other ranges and none gives each route its own cheapest."""
+    rng = random.Random(23)
+    view = random_swarm(rng, 40, 20)
+    peers = sorted(view.servers)
+    rtts = {p: rng.uniform(0.002, 0.2) for p in peers}
+    bans = [frozenset(p for p in peers if rng.random() < 0.2) for _ in range(4)]
+    for banned in [*bans, frozenset(), *bans[::-1], frozenset()]:
+        request = RouteRequest(1000, rtts=rtts, banned=banned, push=push)
+        assert route_cost(view, request) == pytest.approx(reference_cost(view, request), rel=1e-9, abs=1e-12)
