@@ -126,7 +126,8 @@ class SpanHandlers:
             PUSH_HANDLER, self.push, runtime_pb2.ExpertRequest, stream_input=True, stream_output=True
         )
         if self.push_links is None:
-            self.push_links = PushLinks(p2p)
+            own = p2p.peer_id.to_base58()
+            self.push_links = PushLinks(p2p, lambda request: self._push_reply(request, own))
         for handler, what, work in ((FORWARD_HANDLER, "forward", self._forward), (INFO_HANDLER, "info", self._info)):
             await p2p.add_protobuf_handler(handler, self._unary(what, work), runtime_pb2.ExpertRequest)
         self._expiry.start()

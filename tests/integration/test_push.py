@@ -15,6 +15,7 @@ from hivemind.p2p import P2P
 
 from gateway.model.head import ModelHead, build_head
 from gateway.swarm import chain_session
+from gateway.swarm import router as router_module
 from gateway.swarm.chain_session import ChainSession
 from gateway.swarm.failover import FailoverPolicy
 from gateway.swarm.monitor import SwarmMonitor
@@ -268,3 +269,26 @@ async def test_losing_any_node_of_a_pushing_chain_keeps_the_tokens(
             assert chain.push  # the chain pushes on through the replacement
         assert tokens == expected
         assert client.router.stats.pushed_hops >= pushed_at_loss + 2 * 8  # the steps after the loss pushed too
+
+
+async def test_a_chain_with_two_hops_on_one_node_pushes_from_the_node_to_itself(
+    local_swarm: LocalSwarm, tiny_model: GetTinyModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failover can patch a lost range with a hop on the node that serves the next one (... X[14:15), X[15:18)
+    ...: seen in a 24-node churn run). libp2p refuses to dial itself; the node hands such a push to itself, so the
+    second hop is pushed, not relayed by the gateway step after step, and the tokens are generate's."""
+    tiny = tiny_model("llama")
+    start_chain_nodes(local_swarm, tiny.folder, ["0:6"])
+    expected = tiny.model.generate(torch.tensor([PROMPT]), max_new_tokens=12, do_sample=False)[0, 5:].tolist()
+    async with PushClient(tiny.folder, local_swarm) as client:
+        await client.wait_nodes(1)
+        (node,) = await fetch_servers(client.dht, client.model_name, client.config.num_hidden_layers)
+        split = [Hop(node, 0, 3), Hop(node, 3, 6)]
+        monkeypatch.setattr(router_module, "plan_route", lambda *_: split)
+        before = client.router.stats.pushed_hops, client.router.stats.relayed_hops
+        async with client.chain() as chain:
+            assert chain.hops == split
+            assert [t async for t in client.greedy(chain, 12)] == expected
+        # 11 decode steps: each sent to the first hop by the gateway, the second hop's pushed by the node to itself.
+        assert client.router.stats.pushed_hops - before[0] == 11
+        assert client.router.stats.relayed_hops - before[1] == 11
