@@ -6,7 +6,8 @@
     ├── Unauthorized            401     invalid_request_error   invalid_api_key
     ├── NotFound                404     invalid_request_error   model_not_found, not_found, session_not_found
     ├── MethodNotAllowed        405     invalid_request_error   method_not_allowed
-    ├── SessionCancelled        409     invalid_request_error   session_cancelled (a DELETE, an abandoned stream;
+    ├── SessionEnded                                            (a generation stopped while it ran)
+    │   ├── SessionCancelled    409     invalid_request_error   session_cancelled (a DELETE, an abandoned stream;
     │   │                                                       x-should-retry: false)
     │   └── SessionStopped      503     service_unavailable     shutting_down (the gateway's drain time ran out)
     ├── RateLimited             429     requests | tokens       rate_limit_exceeded (with Retry-After)
@@ -68,7 +69,16 @@ class Unauthorized(APIError):
     type = "invalid_request_error"
 
 
-class SessionCancelled(APIError):
+class SessionEnded(APIError):
+    """A generation stopped on purpose while it ran: by its client (``SessionCancelled``) or by the gateway
+    (``SessionStopped``). Whoever waits on it catches this; each kind says its own status."""
+
+    def __init__(self, session_id: str, message: str, code: str) -> None:
+        super().__init__(message, code)
+        self.session_id = session_id
+
+
+class SessionCancelled(SessionEnded):
     """A generation stopped on purpose: its session deleted, or its stream left unread. The official OpenAI and
     Anthropic clients send a request again after a 409 unless the answer says not to: that would run the
     cancelled generation again."""
@@ -78,11 +88,11 @@ class SessionCancelled(APIError):
 
     def __init__(self, session_id: str, why: str | None = None) -> None:
         why = why or f"DELETE /v1/sessions/{session_id}"
-        super().__init__(f"Session {session_id} was cancelled ({why}).", "session_cancelled")
+        super().__init__(session_id, f"Session {session_id} was cancelled ({why}).", "session_cancelled")
         self.headers = {"x-should-retry": "false"}
 
 
-class SessionStopped(SessionCancelled):
+class SessionStopped(SessionEnded):
     """A generation the gateway stopped as it shut down: nothing the client did, and another replica (or this one
     restarted) can serve it, so a 503 that clients retry."""
 
@@ -90,9 +100,8 @@ class SessionStopped(SessionCancelled):
     type = "service_unavailable"
 
     def __init__(self, session_id: str, why: str | None = None) -> None:
-        APIError.__init__(
-            self, f"Session {session_id} was stopped: {why or 'the gateway is shutting down'}.", "shutting_down"
-        )
+        why = why or "the gateway is shutting down"
+        super().__init__(session_id, f"Session {session_id} was stopped: {why}.", "shutting_down")
 
 
 class RateLimited(APIError):

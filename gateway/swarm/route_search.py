@@ -64,7 +64,7 @@ class Legs:
     block_time: Floats
     fixed: Floats  # the cache penalty, and when pushing from the last hop the half RTT back to the gateway
     own_link: Floats  # the link into it when its predecessor measured none
-    enterable: dict[int, Ints]  # per boundary: the servers a route may enter there, ascending (``usable``)
+    enterable: dict[int, Ints]  # per boundary: the servers a route may enter there, ascending (``enterable``)
     entry: EntryKey  # what ``enterable`` was made for: the route's graph is kept on the table by it
 
 
@@ -81,7 +81,7 @@ class ServerTable:
     peers: list[str]
     links: MeasuredLinks
     covers: dict[tuple[int, int], dict[int, Ints]] = field(default_factory=dict)  # ``_cover``'s, by block range
-    usable: dict[EntryKey, dict[int, Ints]] = field(default_factory=dict)  # ``usable``'s
+    enterable: dict[EntryKey, dict[int, Ints]] = field(default_factory=dict)  # ``enterable``'s
     graphs: dict[tuple[EntryKey, bool], _Graph] = field(default_factory=dict)  # ``_graph``'s, and whether pushing
 
 
@@ -123,7 +123,7 @@ def measured_links(ordered: Sequence[ServerRecord], index: dict[str, int]) -> Me
     return MeasuredLinks(rows[0], rows[1], rows[2], np.array(columns[3], dtype=np.float64))
 
 
-def usable(
+def enterable(
     table: ServerTable, banned: frozenset[str], start: int, end: int, excluded: frozenset[str] = frozenset()
 ) -> dict[int, Ints]:
     """Per block of [start, end), who a route may enter there: its servers less the excluded (never used: a block
@@ -134,8 +134,8 @@ def usable(
     if not banned and not excluded:
         return cover
     key = (start, end, banned, excluded)
-    if key in table.usable:
-        return table.usable[key]
+    if key in table.enterable:
+        return table.enterable[key]
     allowed = np.array([p not in banned for p in table.peers], dtype=bool)
     trusted = np.array([p not in excluded for p in table.peers], dtype=bool)
     chosen, missing = {}, []
@@ -147,7 +147,7 @@ def usable(
         chosen[block] = kept if len(kept) else left
     if missing:
         raise MissingBlocks(missing)
-    table.usable[key] = chosen
+    table.enterable[key] = chosen
     return chosen
 
 

@@ -77,7 +77,7 @@ def plan_route(view: SwarmView, request: RouteRequest, mode: RoutingMode) -> lis
     """Hops covering blocks [start, end); raises ``MissingBlocks`` naming every block nobody serves."""
     end = view.num_blocks if request.end is None else request.end
     table = _table(view, request.adapter)
-    enterable = route_search.usable(table, request.banned, request.start, end, request.excluded)
+    enterable = route_search.enterable(table, request.banned, request.start, end, request.excluded)
     if mode is RoutingMode.MIN_LATENCY:
         legs = _legs(table, enterable, request, end)
         hops = route_search.cheapest(legs, request.start, end, request.push)

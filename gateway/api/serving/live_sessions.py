@@ -37,6 +37,7 @@ from gateway.api.errors import (
     RateLimited,
     ServiceUnavailable,
     SessionCancelled,
+    SessionEnded,
     SessionStopped,
     as_api_error,
 )
@@ -88,12 +89,12 @@ class LiveSession:
         self._ticket = ticket
         self._stop = asyncio.Event()
         self._stop_reason: str | None = None  # said in the session's error; None: a DELETE
-        self._stop_error: type[SessionCancelled] = SessionCancelled  # SessionStopped: the gateway shuts down
+        self._stop_error: type[SessionCancelled | SessionStopped] = SessionCancelled  # Stopped: the gateway shuts down
         self.readers = 0
         self.read_once = False  # whether any reader, here or on another replica, has come (FIRST_READER_GRACE before)
         self._finished = False
 
-    def stop(self, why: str | None = None, error: type[SessionCancelled] = SessionCancelled) -> None:
+    def stop(self, why: str | None = None, error: type[SessionCancelled | SessionStopped] = SessionCancelled) -> None:
         """Stop the generation; ``why`` goes into its ``error`` (by default, a DELETE of the session)."""
         if not self._stop.is_set():
             self._stop_reason, self._stop_error = why, error
@@ -108,7 +109,7 @@ class LiveSession:
         """``work``'s result; the session ends with it (or only if it fails, with ``on_success`` False)."""
         try:
             result = await work
-        except (SessionCancelled, ClientDisconnected, asyncio.CancelledError):
+        except (SessionEnded, ClientDisconnected, asyncio.CancelledError):
             await asyncio.shield(self._finish(SessionStatus.CANCELLED))
             raise
         except BaseException:
@@ -136,7 +137,7 @@ class LiveSession:
         status = SessionStatus.FINISHED
         try:
             await race(asyncio.shield(pump), self.cancelled)
-        except SessionCancelled as exc:
+        except SessionEnded as exc:
             status = SessionStatus.CANCELLED
             pump.cancel()
             await self.tracker.store.append_event(self.id, json.dumps(exc.body()))

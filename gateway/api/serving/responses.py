@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from gateway.api.auth import Caller
-from gateway.api.errors import InvalidRequest, NotFound, SessionCancelled, as_api_error
+from gateway.api.errors import InvalidRequest, NotFound, SessionEnded, as_api_error
 from gateway.api.protocol.chat import TokenLogprob
 from gateway.api.protocol.common import IGNORED_FIELDS, reject_unsupported
 from gateway.api.protocol.responses import (
@@ -260,7 +260,7 @@ class ResponsesServing:
     # -- storage -------------------------------------------------------------------------------------------------
 
     async def _end_badly(self, turn: _Turn, exc: BaseException) -> None:
-        if isinstance(exc, SessionCancelled | asyncio.CancelledError) or not isinstance(exc, Exception):
+        if isinstance(exc, SessionEnded | asyncio.CancelledError) or not isinstance(exc, Exception):
             turn.writer.ended("cancelled")
         else:
             error = as_api_error(exc)
@@ -339,17 +339,15 @@ def write(writer: ResponseWriter, out: OutputDelta, logprobs: Sequence[TokenLogp
 def write_result(turn: _Turn, result: ChoiceResult) -> None:
     """A non-streamed choice into the response. With logprobs, token by token as a stream would give it, so that
     each token's logprob goes with the text it wrote (``MessageLogprobs``)."""
-    if turn.logprobs is None:
+    tokens = result.tokens
+    if turn.logprobs is None or not tokens:
         write(turn.writer, turn.parser.feed_piece(result.text, last=True))
         return
-    tokens = result.tokens
-    for i, emitted in enumerate(tokens):
-        last = i == len(tokens) - 1
-        text = result.text[emitted.offset :] if last else result.text[emitted.offset : tokens[i + 1].offset]
-        out = turn.parser.feed_piece(text, last)
+    ends = [emitted.offset for emitted in tokens[1:]] + [len(result.text)]
+    for i, (emitted, end) in enumerate(zip(tokens, ends, strict=True)):
+        text = result.text[emitted.offset : end]
+        out = turn.parser.feed_piece(text, last=i == len(tokens) - 1)
         write(turn.writer, out, turn.logprobs.of(text, (emitted,), out))
-    if not tokens:
-        write(turn.writer, turn.parser.feed_piece(result.text, last=True))
 
 
 @contextlib.contextmanager
