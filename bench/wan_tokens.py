@@ -18,9 +18,11 @@ included), both modes' tokens compared (they must be the same). Workloads:
 ``bench/draft_copy.py``); its greedy agreement with the served model (the per-token acceptance a greedy verify sees)
 is measured teacher-forced over push's tokens of every workload. ``chain`` is ``spec`` with
 ``--no-speculative-trees`` (every step's drafts one chain). ``pipe`` is ``spec`` with ``--speculative-pipeline
-auto`` (the next verify frame leaves before the last returns where acceptance is above the cost model's break-even)
-and ``pipe-always`` with ``always`` (frames ahead whenever a round drafts); for them the notes count the frames sent
-ahead and how many of those were taken (their guess held) rather than voided. ``push-again`` is push again in an
+auto`` (the next verify frame leaves before the last returns where acceptance is above the cost model's break-even;
+the default since stop 50, so ``spec`` does so too) and ``pipe-always`` with ``always`` (frames ahead whenever a
+round drafts); ``spec-unpiped`` and ``draft-unpiped`` are ``spec`` and ``draft`` with ``off`` (drafting and
+verifying take turns). For the modes that may pipeline the notes count the frames sent ahead and how many of those
+were taken (their guess held) rather than voided. ``push-again`` is push again in an
 engine of its own, the A/A control: its ratio to push is what the run's noise alone gives (modes take turns in ABBA
 order, so no mode is always run first). ``--workloads`` and ``--modes`` run a
 subset (``mixed`` and ``sustained`` are the 8 streams). Besides the table, each speculating mode's accepted /
@@ -67,9 +69,13 @@ WINDOW = 60.0  # seconds of the sustained run
 MODES: dict[str, dict[str, Any]] = {
     "push": {"speculative": "off"},
     "chain": {"speculative": "ngram", "speculative_trees": False},  # drafts verified as one chain per step
-    "spec": {"speculative": "ngram"},  # the defaults (trees off since part 3 measured no gain)
-    "draft": {"speculative": "draft"},  # draft_model: the --draft-model argument
-    # pipelined verification (issue 26 part 5): frames ahead where the cost model finds they pay, or always
+    # the defaults: trees off since part 3 measured no gain; frames ahead where they pay (`auto`) since stop 50
+    "spec": {"speculative": "ngram"},
+    "spec-unpiped": {"speculative": "ngram", "speculative_pipeline": "off"},  # the defaults before stop 50
+    "draft": {"speculative": "draft"},  # draft_model: the --draft-model argument; frames ahead drafted as others travel
+    "draft-unpiped": {"speculative": "draft", "speculative_pipeline": "off"},  # drafting takes turns with verifying
+    # pipelined verification (issue 26 part 5): frames ahead where the cost model finds they pay (as `spec` since
+    # `auto` became the default), or always
     "pipe": {"speculative": "ngram", "speculative_pipeline": "auto"},
     "pipe-always": {"speculative": "ngram", "speculative_pipeline": "always"},
     # push's settings in an engine of its own: the A/A control, whose ratio to push is the run's noise
@@ -416,7 +422,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> tuple[list[dict[str, A
         for mode, extra in MODES.items():
             if mode not in args.modes:
                 continue
-            if mode == "draft":
+            if mode.startswith("draft"):
                 extra = {**extra, "draft_model": str(args.draft_model or bfloat16_copy(model, workdir / "draft"))}
             settings = EngineSettings(model=str(model), initial_peers=swarm.initial_peers, num_threads=1, **extra)
             engines[mode] = await GenerationEngine.create(settings)

@@ -95,7 +95,7 @@ class EngineSettings(P2PSettings):
         " chains",
     )
     speculative_pipeline: Literal["off", "auto", "always"] = Field(
-        "off",
+        "auto",
         description="pipelined verification: auto sends the next verify frame before the previous one returns,"
         " drafted as if that one were kept whole (a rejection voids it), where measured acceptance is above the cost"
         " model's break-even; always does so whenever a round drafts (for measuring); off never. Frames are relayed"

@@ -220,13 +220,16 @@ class Generation:
         round_: Verified = await self.services.heads.score(
             scored, verify, self.sampler, self.request.adapter, positions=True
         )
-        if self.plan.threaded and k > 0 and not round_.done:  # a draft model: k forwards in a thread of its own
+        self._keep(round_.path)
+        # A draft model: k forwards in a thread of its own, unless the frame sent ahead is this round's step (its
+        # drafts were made as it left; drafting again would cost k forwards for nothing).
+        fed = round_.tokens[-1].token_id
+        if self.plan.threaded and k > 0 and not round_.done and not self._ahead_fits(len(self.kept), fed):
             round_ = await asyncio.to_thread(with_drafts, round_, self.plan, k, self.services.embed, self.trees)
         if self.sampler.constraint is not None:
             self.sampler.constraint.prefetch()  # the next mask computes while the nodes run this token
         depth = len(self.drafts) if self.parents is None else DraftTree(self.drafts, self.parents).depth()
         self.plan.verified(depth, round_.accepted, self.forced)
-        self._keep(round_.path)
         return round_
 
     def _keep(self, path: list[int]) -> None:
@@ -295,12 +298,15 @@ class Generation:
         tokens = self.plan.propose_ahead(drafts, self._k)
         return tokens, self.services.embed(tokens) if tokens else None
 
+    def _ahead_fits(self, position: int, fed: int) -> bool:
+        """Whether the frame sent ahead is the step this round needs: at ``position``, fed ``fed``, no branch moved."""
+        ahead = self.ahead
+        return ahead is not None and ahead.position == position and ahead.tokens[0] == fed and self.branch is None
+
     def _take_ahead(self, position: int, fed: int) -> Ahead | None:
-        """The frame sent ahead if it is the step this round needs (at ``position``, fed ``fed``); else it is voided."""
-        ahead, self.ahead = self.ahead, None
-        if ahead is None:
-            return None
-        if ahead.position == position and ahead.tokens[0] == fed and self.branch is None:
+        """The frame sent ahead if it is the step this round needs (``_ahead_fits``); else it is voided."""
+        fits, ahead, self.ahead = self._ahead_fits(position, fed), self.ahead, None
+        if ahead is None or fits:
             return ahead
         ahead.frame.void()
         return None

@@ -25,7 +25,9 @@ rejections cluster (copied text is kept whole for many rounds, then a stretch of
 tuner keeps the share of rounds that kept every draft (``kept_whole``) and takes ``kept_whole * acceptance`` (the
 bonus guess is one more draft). It pipelines when that beats the unpipelined round of the same k by ``MIN_GAIN``,
 and only while the generation decodes alone: a frame runs a forward of its own, outside the other generations'
-batches.
+batches. A draft model drafts a frame ahead while the frame before it travels, so its forwards overlap the chain's
+round trips instead of adding to them: where they cost about what a traversal saves (a draft as large as the
+served model, on CPUs), unpipelined drafting does not pay and frames ahead may (``pipelined_k``).
 """
 
 from __future__ import annotations
@@ -48,7 +50,9 @@ __all__ = [
     "WHOLE_PRIOR",
     "pipeline_break_even",
     "pipeline_round",
+    "pipelined_k",
     "pipelining_pays",
+    "unpipelined_round",
 ]
 
 # An extra verified position in a batched forward, as a fraction of one row's share of that forward's compute.
@@ -114,22 +118,54 @@ def choose_k(
     return best_k if best * MIN_GAIN <= plain else 0
 
 
-def pipeline_round(right: float, k: int, frame_rtt: float, compute: float, hops: int = 1) -> float:
+def pipeline_round(
+    right: float, k: int, frame_rtt: float, compute: float, hops: int = 1, draft_cost: float = 0.0
+) -> float:
     """Seconds per round of k drafts with a frame always sent ahead through ``hops`` nodes. A frame is right (chance
     ``right``: the one before it kept whole, its bonus token guessed) and returns a half traversal after the one
     before it, or one node's forward after it where that is the bound (two frames in flight run on different nodes
     at once); else it was void, and the frame sent in its place takes a whole traversal after the void one's
-    forward on the node it had reached."""
+    forward on the node it had reached. Drafting a frame's k + 1 tokens (``draft_cost`` each) comes before it
+    leaves, while the frame before it travels: part of a traversal, and the bound where it is the longest part."""
     work = compute * (1.0 + POSITION_COST * k)
-    traversal, node = frame_rtt + work, work / max(1, hops)
-    return right * max(traversal / 2.0, node) + (1.0 - right) * (traversal + node)
+    drafting = draft_cost * (k + 1)
+    traversal, node = frame_rtt + work + drafting, work / max(1, hops)
+    return right * max(traversal / 2.0, node, drafting) + (1.0 - right) * (traversal + node)
 
 
-def pipelining_pays(right: float, k: int, frame_rtt: float, compute: float, rtt: float, hops: int = 1) -> bool:
+def unpipelined_round(k: int, rtt: float, compute: float, draft_cost: float = 0.0) -> float:
+    """Seconds per round of k drafts verified one step after another: drafting them, then the verify step."""
+    return rtt + compute * (1.0 + POSITION_COST * k) + draft_cost * k
+
+
+def pipelining_pays(
+    right: float, k: int, frame_rtt: float, compute: float, rtt: float, hops: int = 1, draft_cost: float = 0.0
+) -> bool:
     """Whether rounds of k drafts with frames ahead (relayed: ``frame_rtt``) beat unpipelined ones (``rtt``: a
     verify step's round trips) by ``MIN_GAIN``; a round yields the same tokens either way."""
-    piped = pipeline_round(right, k, frame_rtt, compute, hops)
-    return piped * MIN_GAIN <= rtt + compute * (1.0 + POSITION_COST * k)
+    piped = pipeline_round(right, k, frame_rtt, compute, hops, draft_cost)
+    return piped * MIN_GAIN <= unpipelined_round(k, rtt, compute, draft_cost)
+
+
+def pipelined_k(
+    acceptance: float,
+    right: float,
+    plain: float,
+    frame_rtt: float,
+    compute: float,
+    k_max: int,
+    hops: int = 1,
+    draft_cost: float = 0.0,
+) -> int:
+    """Drafts per frame where only frames ahead make drafting pay (a draft model whose forwards cost about as much
+    as the round trips they save, drafted while the frame before travels): the k in 1..k_max with the least
+    expected time per token, 0 unless it beats ``plain`` (a plain decode step) by ``MIN_GAIN``."""
+    best_k, best = 0, plain
+    for k in range(1, k_max + 1):
+        per_token = pipeline_round(right, k, frame_rtt, compute, hops, draft_cost) / expected_tokens(acceptance, k)
+        if per_token < best:
+            best_k, best = k, per_token
+    return best_k if best * MIN_GAIN <= plain else 0
 
 
 def pipeline_break_even(k: int, frame_rtt: float, compute: float, rtt: float, hops: int = 1) -> float | None:
@@ -137,7 +173,7 @@ def pipeline_break_even(k: int, frame_rtt: float, compute: float, rtt: float, ho
     right, wrong = pipeline_round(1.0, k, frame_rtt, compute, hops), pipeline_round(0.0, k, frame_rtt, compute, hops)
     if wrong <= right:
         return None
-    even = (wrong - (rtt + compute * (1.0 + POSITION_COST * k)) / MIN_GAIN) / (wrong - right)
+    even = (wrong - unpipelined_round(k, rtt, compute) / MIN_GAIN) / (wrong - right)
     return max(0.0, even) if even <= 1.0 else None
 
 
@@ -188,19 +224,31 @@ class SpecTuner:
         k = choose_k(
             self.acceptance, rtt, self.compute, self.k_max, 0.0, self.draft_cost, plain_rtt, batch_rows=batch_rows
         )
+        frame = rtt if frame_rtt is None else frame_rtt
+        if k == 0 and batch_rows == 0 and self.pipeline != "off":
+            plain = (rtt if plain_rtt is None else plain_rtt) + self.compute
+            k = pipelined_k(
+                self.acceptance, self._right(), plain, frame, self.compute, self.k_max, hops, self.draft_cost
+            )
+            self.pipelined = k > 0
+        elif k > 0:
+            self.pipelined = batch_rows == 0 and self._pipelines(k, rtt, frame, hops)
         if k > 0:
             self._probe_credit, self._plain_rounds = 0.0, 0
-            frame = rtt if frame_rtt is None else frame_rtt
-            self.pipelined = batch_rows == 0 and self._pipelines(k, rtt, frame, hops)
         else:
             k = self._probe(rtt, rtt if plain_rtt is None else plain_rtt)
         return min(k, max(0, limit))
 
+    def _right(self) -> float:
+        """The chance that a frame ahead is right: the one before it kept whole, then its bonus token guessed."""
+        return self.kept_whole * self.acceptance
+
     def _pipelines(self, k: int, rtt: float, frame_rtt: float, hops: int) -> bool:
         if self.pipeline == "always":
             return True
-        right = self.kept_whole * self.acceptance
-        return self.pipeline == "auto" and pipelining_pays(right, k, frame_rtt, self.compute, rtt, hops)
+        return self.pipeline == "auto" and pipelining_pays(
+            self._right(), k, frame_rtt, self.compute, rtt, hops, self.draft_cost
+        )
 
     def _gate(self, rtt: float) -> bool:
         """Whether the round trip allows drafting: from ``min_rtt`` up, and once open down to ``GATE_OFF`` of it."""

@@ -328,18 +328,22 @@ class DecodePlan:
     @property
     def pipelined(self) -> bool:
         """Whether this round's step goes as a frame with the next one sent ahead (the tuner chose it at
-        ``next_k``); never with a draft model, whose drafting takes turns with verifying."""
+        ``next_k``). A draft model then drafts the frame ahead while the one before it travels the chain."""
         drafter = self._drafter
-        return drafter is not None and not drafter.threaded and drafter.tuner.pipelined
+        return drafter is not None and drafter.tuner.pipelined
 
     def propose_ahead(self, after: Sequence[int], k: int) -> list[int]:
         """The tokens of a frame sent ahead of one carrying drafts ``after``, assumed kept whole: a guess of that
         frame's bonus token, then up to ``k`` drafts after it; [] when the generation ends before it could be fed
         (max_new_tokens). The grammar's forced tokens are not asked: its state is that of the tokens emitted."""
         left = self._max_new - self.count - len(after) - 1  # tokens still to emit once the frame in flight is kept
-        if self._drafter is None or left < 1:
+        drafter = self._drafter
+        if drafter is None or left < 1:
             return []
-        return self._drafter.propose(min(k, left - 1) + 1, after)[: min(k, left - 1) + 1]
+        started, size = time.perf_counter(), min(k, left - 1) + 1
+        tokens = drafter.propose(size, after)[:size]
+        drafter.tuner.record_draft(time.perf_counter() - started - drafter.unpriced, len(tokens))
+        return tokens
 
     @property
     def threaded(self) -> bool:

@@ -11,12 +11,14 @@ again unpipelined; the nodes are rolled back past what a void frame wrote.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 import torch
 
 from gateway.generation import GeneratedToken, GenerationRequest, SamplingParams
+from gateway.model.draft_model import DraftModel, DraftSession
 from gateway.model.engine import GenerationEngine
 from gateway.model.speculation import PromptLookup, SpecTuner
 from gateway.settings import EngineSettings
@@ -235,3 +237,54 @@ async def test_a_kept_conversation_is_rolled_back_past_what_frames_ahead_wrote(t
             held = len(chat.kept.token_ids)
             assert chat.chain.lengths == {held} and chat.chain.max_length == held and not chat.chain.closed
         assert any(local.truncated for local in engine.chains)
+
+
+class CountedDrafts(DraftSession):
+    """A draft model's session that counts its proposals (each one runs the draft model's forwards)."""
+
+    proposals = 0
+
+    def propose(self, k: int, after: Sequence[int] = (), forced: int = 0) -> list[int]:
+        self.proposals += 1
+        return super().propose(k, after, forced)
+
+
+class DraftFramedEngine(FramedEngine):
+    """Frames ahead drafted by a draft model (the served model itself: every frame ahead is right)."""
+
+    def __init__(self, settings: EngineSettings, chain: Chain, draft: DraftModel) -> None:
+        super().__init__(settings, chain, [], lazy=True, fail_at=set())
+        self.draft = draft
+        self.drafters: list[CountedDrafts] = []
+
+    def _drafter(self, request: GenerationRequest) -> CountedDrafts:  # type: ignore[override]
+        self.drafters.append(CountedDrafts(self.draft.model, request.prompt_ids, AlwaysPipelined(K, 0.0)))
+        return self.drafters[-1]
+
+
+async def test_a_draft_model_drafts_each_frame_ahead_once_while_the_frame_before_travels(
+    tiny_model: GetTinyModel,
+) -> None:
+    """Greedy with a draft model and frames ahead is plain decoding; each frame ahead is drafted as it leaves, while
+    the frame before it is in flight, and a round whose frame ahead holds drafts nothing more (a draft model's
+    proposal is k forwards: drafting the round's own step too would double them)."""
+    tiny = tiny_model("llama")
+    chain = build_chain(tiny.folder, (2, 4))
+    request = GenerationRequest(PROMPT, NEW_TOKENS, SamplingParams(temperature=0.0), logprobs=1)
+    plain_engine = local_engine(tiny.folder, chain, "off")
+    try:
+        plain = await run(plain_engine, request)
+    finally:
+        await plain_engine.heads.close()
+    draft = DraftModel.load(str(tiny.folder), plain_engine.tokenizer)
+    engine = DraftFramedEngine(local_engine(tiny.folder, chain, "ngram").settings, chain, draft)
+    try:
+        piped = await run(engine, request)
+    finally:
+        await engine.heads.close()
+    assert [t.token_id for t in piped] == [t.token_id for t in plain]
+    framed = engine.chains[0]
+    assert isinstance(framed, FramedChain)
+    frames = [kind for kind, _ in framed.log].count("frame")
+    assert frames > 5 and max(framed.overlaps) == 2  # frames left while the one before them was in flight
+    assert engine.drafters[0].proposals <= frames + 2  # one proposal a frame: none for rounds a frame ahead held

@@ -138,3 +138,28 @@ def test_frames_in_flight_on_different_nodes_pay_where_compute_is_the_bound() ->
     assert pipeline_break_even(8, FRAME_RTT, 0.3, VERIFY_RTT, hops=1) is None  # one node: frames take turns on it
     two = pipeline_break_even(8, FRAME_RTT, 0.3, VERIFY_RTT, hops=2)
     assert two is not None and two < 0.8  # two: frame n + 1 runs on the first while frame n runs on the second
+
+
+def test_a_draft_model_too_slow_to_draft_step_by_step_drafts_frames_ahead_while_the_one_before_travels() -> None:
+    """A draft model as large as the served one (0.14 s a drafted token beside 0.1 s of the chain's compute): drafting
+    before each verify step costs about what the traversals it saves give back, so unpipelined it is priced out; a
+    frame ahead is drafted while the frame before it travels, and then it pays."""
+
+    def tuner(pipeline: Literal["off", "auto", "always"], kept: int = 4) -> SpecTuner:
+        made = SpecTuner(8, 0.01, acceptance=0.95, compute=COMPUTE, draft_cost=0.14, pipeline=pipeline)
+        for _ in range(6):
+            made.record_round(4, kept)
+        return made
+
+    assert tuner("off").next_k(RTT, 100, RTT, 0, FRAME_RTT) == 0  # step by step it does not pay
+    auto = tuner("auto")
+    assert auto.next_k(RTT, 100, RTT, 0, FRAME_RTT) > 0 and auto.pipelined
+    beside = tuner("auto")
+    assert beside.next_k(RTT, 100, RTT, batch_rows=2, frame_rtt=FRAME_RTT) == 0  # frames run outside the batch
+    assert not beside.pipelined
+    rejecting = tuner("auto", kept=2)  # rounds that reject drafts: frames ahead would be void
+    assert rejecting.next_k(RTT, 100, RTT, 0, FRAME_RTT) == 0 and not rejecting.pipelined
+    slower = SpecTuner(8, 0.01, acceptance=0.95, compute=COMPUTE, draft_cost=0.2, pipeline="auto")
+    for _ in range(6):
+        slower.record_round(4, 4)
+    assert slower.next_k(RTT, 100, RTT, 0, FRAME_RTT) == 0  # drafting alone takes longer than a plain token
