@@ -90,8 +90,10 @@ async def test_the_tokens_of_a_tool_call_give_the_message_no_logprobs(stream: bo
     engine = RankedEngine("Let me look.\n" + CALL)
     async with client_for(engine) as client:
         answer = await client.post("/v1/responses", json=body(include=INCLUDE, tools=[TOOL], stream=stream))
-    response = next(e for e in events_of(answer) if e["type"] == "response.completed")["response"] if stream else (
-        answer.json()
+    response = (
+        next(e for e in events_of(answer) if e["type"] == "response.completed")["response"]
+        if stream
+        else (answer.json())
     )
     message, call = response["output"]
     assert call["type"] == "function_call" and call["name"] == "get_weather"
@@ -105,8 +107,10 @@ async def test_the_tokens_of_the_reasoning_give_the_message_no_logprobs(stream: 
     engine = RankedEngine("<think>\nsunny?\n</think>\n\nIt is sunny.")
     async with client_for(engine, reasoning_parser="qwen3") as client:
         answer = await client.post("/v1/responses", json=body(include=INCLUDE, stream=stream))
-    response = next(e for e in events_of(answer) if e["type"] == "response.completed")["response"] if stream else (
-        answer.json()
+    response = (
+        next(e for e in events_of(answer) if e["type"] == "response.completed")["response"]
+        if stream
+        else (answer.json())
     )
     reasoning, message = response["output"]
     assert reasoning["type"] == "reasoning" and "sunny?" in reasoning["content"][0]["text"]
