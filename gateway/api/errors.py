@@ -73,10 +73,6 @@ class SessionEnded(APIError):
     """A generation stopped on purpose while it ran: by its client (``SessionCancelled``) or by the gateway
     (``SessionStopped``). Whoever waits on it catches this; each kind says its own status."""
 
-    def __init__(self, session_id: str, message: str, code: str) -> None:
-        super().__init__(message, code)
-        self.session_id = session_id
-
 
 class SessionCancelled(SessionEnded):
     """A generation stopped on purpose: its session deleted, or its stream left unread. The official OpenAI and
@@ -88,7 +84,7 @@ class SessionCancelled(SessionEnded):
 
     def __init__(self, session_id: str, why: str | None = None) -> None:
         why = why or f"DELETE /v1/sessions/{session_id}"
-        super().__init__(session_id, f"Session {session_id} was cancelled ({why}).", "session_cancelled")
+        super().__init__(f"Session {session_id} was cancelled ({why}).", "session_cancelled")
         self.headers = {"x-should-retry": "false"}
 
 
@@ -101,7 +97,7 @@ class SessionStopped(SessionEnded):
 
     def __init__(self, session_id: str, why: str | None = None) -> None:
         why = why or "the gateway is shutting down"
-        super().__init__(session_id, f"Session {session_id} was stopped: {why}.", "shutting_down")
+        super().__init__(f"Session {session_id} was stopped: {why}.", "shutting_down")
 
 
 class RateLimited(APIError):

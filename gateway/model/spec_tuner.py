@@ -32,6 +32,7 @@ served model, on CPUs), unpipelined drafting does not pay and frames ahead may (
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -109,10 +110,19 @@ def choose_k(
     plain = (rtt if plain_rtt is None else plain_rtt) + compute
     rows = 1 + max(0, batch_rows)
     row = compute / rows  # one row's share of a batched forward
+
+    def round_time(k: int) -> float:
+        return rtt + compute + rows * position_cost * row * k + draft_cost * k
+
+    return _fastest_k(round_time, acceptance, plain, k_max)
+
+
+def _fastest_k(round_time: Callable[[int], float], acceptance: float, plain: float, k_max: int) -> int:
+    """The k in 1..k_max whose rounds (``round_time(k)`` seconds each) take the least expected time per token; 0
+    unless that beats ``plain`` (a plain decode step) by ``MIN_GAIN``."""
     best_k, best = 0, plain
     for k in range(1, k_max + 1):
-        cost = rtt + compute + rows * position_cost * row * k + draft_cost * k
-        per_token = cost / expected_tokens(acceptance, k)
+        per_token = round_time(k) / expected_tokens(acceptance, k)
         if per_token < best:
             best_k, best = k, per_token
     return best_k if best * MIN_GAIN <= plain else 0
@@ -158,14 +168,11 @@ def pipelined_k(
     draft_cost: float = 0.0,
 ) -> int:
     """Drafts per frame where only frames ahead make drafting pay (a draft model whose forwards cost about as much
-    as the round trips they save, drafted while the frame before travels): the k in 1..k_max with the least
-    expected time per token, 0 unless it beats ``plain`` (a plain decode step) by ``MIN_GAIN``."""
-    best_k, best = 0, plain
-    for k in range(1, k_max + 1):
-        per_token = pipeline_round(right, k, frame_rtt, compute, hops, draft_cost) / expected_tokens(acceptance, k)
-        if per_token < best:
-            best_k, best = k, per_token
-    return best_k if best * MIN_GAIN <= plain else 0
+    as the round trips they save, drafted while the frame before travels): ``choose_k``'s rule over pipelined
+    rounds."""
+    return _fastest_k(
+        lambda k: pipeline_round(right, k, frame_rtt, compute, hops, draft_cost), acceptance, plain, k_max
+    )
 
 
 def pipeline_break_even(k: int, frame_rtt: float, compute: float, rtt: float, hops: int = 1) -> float | None:

@@ -249,6 +249,16 @@ class CountedDrafts(DraftSession):
         return super().propose(k, after, forced)
 
 
+class PricedPipelined(AlwaysPipelined):
+    """``AlwaysPipelined`` that counts the proposals priced for it (``record_draft`` with tokens drafted)."""
+
+    priced = 0
+
+    def record_draft(self, seconds: float, drafted: int) -> None:
+        self.priced += drafted > 0
+        super().record_draft(seconds, drafted)
+
+
 class DraftFramedEngine(FramedEngine):
     """Frames ahead drafted by a draft model (the served model itself: every frame ahead is right)."""
 
@@ -258,7 +268,7 @@ class DraftFramedEngine(FramedEngine):
         self.drafters: list[CountedDrafts] = []
 
     def _drafter(self, request: GenerationRequest) -> CountedDrafts:  # type: ignore[override]
-        self.drafters.append(CountedDrafts(self.draft.model, request.prompt_ids, AlwaysPipelined(K, 0.0)))
+        self.drafters.append(CountedDrafts(self.draft.model, request.prompt_ids, PricedPipelined(K, 0.0)))
         return self.drafters[-1]
 
 
@@ -287,4 +297,7 @@ async def test_a_draft_model_drafts_each_frame_ahead_once_while_the_frame_before
     assert isinstance(framed, FramedChain)
     frames = [kind for kind, _ in framed.log].count("frame")
     assert frames > 5 and max(framed.overlaps) == 2  # frames left while the one before them was in flight
-    assert engine.drafters[0].proposals <= frames + 2  # one proposal a frame: none for rounds a frame ahead held
+    drafter = engine.drafters[0]
+    assert drafter.proposals <= frames + 2  # one proposal a frame: none for rounds a frame ahead held
+    assert isinstance(drafter.tuner, PricedPipelined)
+    assert drafter.tuner.priced >= drafter.proposals - 1  # a frame ahead's drafting is timed for the cost model too
