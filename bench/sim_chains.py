@@ -126,10 +126,15 @@ def main() -> None:
 
     def timed_path(world: World, held_length: float, seconds: float = 60.0) -> PathBound | None:
         began_call = time.process_time()
-        try:
-            return path(world, held_length, seconds)
-        finally:
-            path_cpu[0] += time.process_time() - began_call
+        found = path(world, held_length, seconds)
+        spent = time.process_time() - began_call
+        path_cpu[0] += spent
+        text = "pricing gave up" if found is None else (
+            f"{found.tokens_per_s:.0f} tok/s ({'closed' if found.closed else 'open'};"
+            f" restricted LP {found.reached:.0f}, {found.iterations} iterations)"
+        )  # fmt: skip
+        print(f"  [path bound at {world.clock.now:.0f} s: {text}, {spent:.0f} CPU s]", file=sys.stderr, flush=True)  # noqa: T201
+        return found
 
     def recording(world: World, t: float, throughput: float, latest: tuple[float, float]) -> None:
         record(world, t, throughput, latest)

@@ -106,10 +106,17 @@ def path(world: World, held_length: float, seconds: float = 60.0) -> PathBound |
     capacity = np.array([n.capacity for n in serving])
     pool = np.array([float(n.hw.cache_tokens) for n in serving])
     row = {n.peer_id: i for i, n in enumerate(serving)}
-    start = tuple(  # the last plan's chains: a warm start
-        Chain(c.gateway, tuple((row[hop.peer_id], hop.start) for hop in c.hops))
-        for c in world.bound_chains
-        if all(hop.peer_id in row for hop in c.hops)
+    gateway_of = {id(g): i for i, g in enumerate(world.gateways)}
+    # A warm start: the last bound's chains, and the chains sessions decode on now. The latter put nearly every node
+    # in the first restricted LP (at 1,000 nodes the fastest chains alone leave most nodes out, their duals 0, and
+    # any chain through them prices at 0: no bound, however long the call); the bound is the same either way.
+    ours = ((gateway_of[id(world.sessions[i].gateway)], world.sessions[i].hops) for i in sorted(world.decoding))
+    start = tuple(
+        dict.fromkeys(
+            Chain(g, tuple((row[hop.peer_id], hop.start) for hop in hops))
+            for g, hops in [*((c.gateway, c.hops) for c in world.bound_chains), *ours]
+            if all(hop.peer_id in row for hop in hops)
+        )
     )
     found = path_bound(graph, capacity, pool, held_length, seconds, start=start)
     if found is None:

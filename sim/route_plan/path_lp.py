@@ -66,8 +66,9 @@ def path_bound(
     start: tuple[Chain, ...] = (),
 ) -> PathBound | None:
     """The path LP's bound in tokens/s; ``capacity`` (tokens/s through the whole span) and ``pool`` (KV tokens),
-    per node, both > 0. ``start``: chains to begin with (an earlier call's ``used``: it saves iterations, and
-    changes nothing in the bound; those no longer on the placement are left out). None if pricing gave up
+    per node, both > 0. ``start``: chains to begin with, all in the first restricted LP (an earlier call's
+    ``used``, the chains sessions run on: it saves iterations, and changes nothing in the bound; those no longer on
+    the placement are left out). None if pricing gave up
     (``TooManyLabels``)."""
     spans = (graph.placement.ends - graph.placement.starts).astype(float)
     per_block_compute = 1.0 / (capacity * spans)  # a row's scale: right-hand side 1
@@ -83,9 +84,10 @@ def path_bound(
         best, reached, done, made = np.inf, 0.0, 0, 0
         center: tuple[Floats, Floats] | None = None
         while True:
-            for chain in chains[: max(PER_ROUND, len(start))]:
+            entering = chains if start else chains[:PER_ROUND]  # the first round: every chain given, and the fastest
+            for chain in entering:
                 columns[chain] = _column(graph, chain, per_block_compute, per_block_kv)
-            made, start = made + min(len(chains), max(PER_ROUND, len(start))), ()
+            made, start = made + len(entering), ()
             reached, pi, mu, used, rates = _solve(columns, count)
             a, m = pi * per_block_compute, mu * per_block_kv
             done += 1

@@ -226,6 +226,18 @@ def test_starting_from_an_earlier_calls_chains_gives_the_same_bound(seed: int) -
     assert warm.tokens_per_s == pytest.approx(lp_by_hand(p, blocks, capacity * 1.1, pool, 300.0), rel=1e-6, abs=1e-9)
 
 
+def test_every_chain_given_to_start_from_is_in_the_first_restricted_lp(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The chains sessions decode on are given as a start (``sim.dataflow.path``): thousands at 1,000 nodes. The
+    # first round took only as many as were given, the fastest chains first, and cut the rest.
+    monkeypatch.setattr("sim.route_plan.path_lp.PER_ROUND", 2)
+    p, blocks, capacity, pool = random_swarm(10, nodes=10, blocks=6)
+    graph = chain_graph(p, GATEWAYS, blocks, WORK)
+    given = tuple(Chain(g, tuple(chain)) for g in range(len(GATEWAYS)) for chain in hops(p, 0, blocks))
+    assert len(given) > 4
+    found = path_bound(graph, capacity, pool, held_length=300.0, iterations=1, start=given)
+    assert found is not None and set(given) <= set(found.known)
+
+
 @pytest.mark.parametrize("seed", range(10))
 def test_smoothed_duals_change_the_columns_not_the_bound(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     # The cheap rounds price at smoothed duals (``SMOOTH``); the bound comes from exact pricing at the restricted

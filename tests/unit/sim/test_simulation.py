@@ -12,10 +12,12 @@ from gateway.swarm.recovery import ROOM_WAIT, WAIT_POLL
 from gateway.swarm.routing import Hop, RouteRequest, RoutingMode
 from gateway.swarm.view import SwarmView
 from shared.server_records import NodeState
-from sim import clients, lifecycle, report
+from sim import clients, dataflow, lifecycle, report
 from sim.clients import CRASH_NOTICED
 from sim.dataflow import bound
 from sim.hardware import LLAMA_70B
+from sim.route_plan import path_lp
+from sim.route_plan.chains import Chain
 from sim.scenario import Result, Scenario, run, settle
 from sim.workload import Request, mean_request
 from sim.world import Session
@@ -241,3 +243,30 @@ def test_a_new_session_waits_for_room_as_the_gateway_does_and_is_refused_at_once
     world.clock.run_until(world.clock.now + 30.0)  # their records expired: the view has no server of block 0
     clients.arrive(world, world.gateways[0], Request(prompt=64, output=400))
     assert world.sessions[1].lost and world.metrics.refused == 1  # missing_blocks, at once
+
+
+def test_the_path_bound_starts_from_the_chains_sessions_decode_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At 1,000 nodes the fastest chains leave most nodes out of the first restricted LP, and the bound stayed open
+    for a whole run; the chains sessions decode on put every node they use in it from the first call."""
+    world = settle(replace(SMALL, churn=False, balancing=False), 150.0)
+    for gateway in world.gateways:
+        for _ in range(3):
+            clients.arrive(world, gateway, Request(prompt=64, output=400))
+    world.clock.run_until(world.clock.now + 5.0)
+    decoding = [world.sessions[i] for i in sorted(world.decoding)]
+    assert len({id(s.gateway) for s in decoding}) == len(world.gateways) > 1
+    given: list[tuple[Chain, ...]] = []
+
+    def seen(*args: object, start: tuple[Chain, ...] = (), **kwargs: object) -> object:
+        given.append(start)
+        return path_lp.path_bound(*args, start=start, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dataflow, "path_bound", seen)
+    _, held = mean_request()
+    found = dataflow.path(world, held)
+    row = {n.peer_id: i for i, n in enumerate(n for n in world.carrying() if n.capacity > 0 and n.hw.cache_tokens > 0)}
+    for session in decoding:
+        gateway = world.gateways.index(session.gateway)
+        chain = Chain(gateway, tuple((row[hop.peer_id], hop.start) for hop in session.hops))
+        assert chain in given[0]
+    assert found is not None and found.closed
