@@ -107,9 +107,10 @@ def path(world: World, held_length: float, seconds: float = 60.0) -> PathBound |
     pool = np.array([float(n.hw.cache_tokens) for n in serving])
     row = {n.peer_id: i for i, n in enumerate(serving)}
     gateway_of = {id(g): i for i, g in enumerate(world.gateways)}
-    # A warm start: the last bound's chains, and the chains sessions decode on now. The latter put nearly every node
-    # in the first restricted LP (at 1,000 nodes the fastest chains alone leave most nodes out, their duals 0, and
-    # any chain through them prices at 0: no bound, however long the call); the bound is the same either way.
+    # A warm start: the last bound's chains, and the chains sessions decode on now, which put every node in use in
+    # the first restricted LP (from the fastest chains alone most nodes start out of it, their duals 0, and a chain
+    # through such nodes prices at 0: no bound until they are in). The bound is the same either way; the iterations
+    # fewer (bench/README.md, stop 51).
     ours = ((gateway_of[id(world.sessions[i].gateway)], world.sessions[i].hops) for i in sorted(world.decoding))
     start = tuple(
         dict.fromkeys(
