@@ -13,10 +13,13 @@ is the source):
 * when pushing, every server ending at ``b`` -> each server enterable at ``b`` that one of them measured: by its
   measured link, or the leg's own where it measured none. A state pays the link it measured, never the gateway's.
 
-A leg entered at ``b`` weighs ``fixed + (reach - b) x block_time + link`` (``routing.hop_cost``). What never changes
-between the routes planned on one view (which servers measured which links, ``MeasuredLinks``; the edges of a range
-with nobody banned or excluded, ``_Graph``) is built once and kept on its table; per route, the weights are a few
-array operations over the edges. Dijkstra gives every vertex's cost; the hops are then read
+A leg entered at ``b`` weighs ``fixed + (reach - b) x block_time + link`` (``routing.hop_cost``); a leg into a banned
+server weighs infinity, unless every server of its block left is banned (a ban gives way: ``enterable``), which
+is the same route as a graph without those legs. What never changes between the routes planned on one view (which
+servers measured which links, ``MeasuredLinks``; the edges of a range less its excluded servers, ``_Graph``) is
+built once and kept on its table; per route, the weights are a few array operations over the edges. (The graph was
+kept per set of banned servers too: a gateway that reopens a chain past full nodes one at a time bans a new set
+each time, and rebuilt it for almost every route.) Dijkstra gives every vertex's cost; the hops are then read
 backwards with fixed ties, so the route is the same whatever order the heap pops equal costs in: the last hop is the
 lowest peer among the cheapest reaching ``end``; a hop's entry is the earliest boundary from which an edge gives its
 cost, then from the cheapest state, then the lowest peer. (The search before this, a dynamic programme over the
@@ -64,8 +67,9 @@ class Legs:
     block_time: Floats
     fixed: Floats  # the cache penalty, and when pushing from the last hop the half RTT back to the gateway
     own_link: Floats  # the link into it when its predecessor measured none
-    enterable: dict[int, Ints]  # per boundary: the servers a route may enter there, ascending (``enterable``)
+    enterable: dict[int, Ints]  # per boundary: its servers less the excluded, ascending (``enterable``, no bans)
     entry: EntryKey  # what ``enterable`` was made for: the route's graph is kept on the table by it
+    banned: frozenset[str] = frozenset()  # priced out of the route (the module docstring)
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,7 @@ class ServerTable:
     occupancy: Floats  # ServerRecord.occupancy
     peers: list[str]
     links: MeasuredLinks
+    rows: dict[str, int]  # peer id -> row
     covers: dict[tuple[int, int], dict[int, Ints]] = field(default_factory=dict)  # ``_cover``'s, by block range
     enterable: dict[EntryKey, dict[int, Ints]] = field(default_factory=dict)  # ``enterable``'s
     graphs: dict[tuple[EntryKey, bool], _Graph] = field(default_factory=dict)  # ``_graph``'s, and whether pushing
@@ -97,6 +102,7 @@ def table_of(servers: Sequence[ServerRecord]) -> ServerTable:
         np.array([s.occupancy for s in ordered], dtype=np.float64),
         [s.peer_id for s in ordered],
         measured_links(ordered, index),
+        index,
     )
 
 
@@ -170,7 +176,7 @@ def _cover(table: ServerTable, start: int, end: int) -> dict[int, Ints]:
 class _Graph:
     """A route's graph (the module docstring) without its weights, edges in CSR order (by the vertex they leave):
     servers are vertices 0..n-1, boundary ``b`` is vertex ``n + b - start``. The same for every route over a range
-    with the same servers banned and excluded, so kept on the table (``_graph_of``)."""
+    with the same servers excluded, so kept on the table (``_graph_of``)."""
 
     start: int
     servers: int
@@ -182,6 +188,8 @@ class _Graph:
     half: Floats  # per leg: the measured half RTT into it, NaN where the leg's own link is priced
     by_head: Ints  # the edges by the vertex they enter: server s's at ``by_head[into[s]:into[s + 1]]``
     into: Ints
+    cover_block: Ints  # every (block, server) a route may enter, as two arrays: whether a block has one not banned
+    cover_server: Ints
 
     def weights(self, legs: Legs) -> Floats:
         """Per edge, ``routing.hop_cost`` of its leg: ``fixed + blocks x block_time + link``; 0 into a boundary."""
@@ -196,14 +204,26 @@ def cheapest(legs: Legs, start: int, end: int, push: bool) -> list[tuple[int, in
     """(server index, from, to) hops of the cheapest route over [start, end)."""
     graph = _graph_of(legs, start, end, push)
     weights = graph.weights(legs)
+    if legs.banned:
+        weights[_banned_legs(legs, graph)] = np.inf
     size = graph.servers + end - start
     matrix = csr_matrix((weights, graph.heads, graph.indptr), shape=(size, size))
     cost = dijkstra(matrix, directed=True, indices=graph.servers)
     return _hops(legs, graph, weights, cost, end)
 
 
+def _banned_legs(legs: Legs, graph: _Graph) -> Ints:
+    """The edges into a banned server at a block where some server is not banned (``enterable``'s rule)."""
+    banned = np.zeros(graph.servers, dtype=bool)
+    banned[[legs.table.rows[p] for p in legs.banned if p in legs.table.rows]] = True
+    free = np.bincount(graph.cover_block - graph.start, ~banned[graph.cover_server], minlength=len(legs.enterable))
+    heads = graph.heads[graph.legs]
+    at = legs.reach[heads] - graph.left
+    return graph.legs[banned[heads] & (free[at - graph.start] > 0)]
+
+
 def _graph_of(legs: Legs, start: int, end: int, push: bool) -> _Graph:
-    """The route's graph, kept on the table for every route with the same range, bans and exclusions."""
+    """The route's graph, kept on the table for every route with the same range and exclusions."""
     key = (legs.entry, push)
     if key not in legs.table.graphs:
         legs.table.graphs[key] = _graph(legs, start, end, push)
@@ -215,6 +235,7 @@ def _graph(legs: Legs, start: int, end: int, push: bool) -> _Graph:
     per_block = [legs.enterable[block] for block in range(start, end)]
     entered = np.concatenate(per_block)
     at = np.repeat(np.arange(start, end), [len(servers) for servers in per_block])
+    cover = (at, entered)
     edges = [_measured_edges(legs.table.links, n, start, end, at * n + entered)] if push else []
     if edges:  # a leg some state measured is entered from the states, not from the boundary's vertex
         plain = ~np.isin(at * n + entered, edges[0].at * n + edges[0].head)
@@ -230,7 +251,7 @@ def _graph(legs: Legs, start: int, end: int, push: bool) -> _Graph:
     return _Graph(
         start, n, np.searchsorted(tails, np.arange(n + end - start + 1)), tails, heads, leg_edges,
         legs.reach[heads[leg_edges]] - ats[leg_edges], halves[leg_edges], by_head,
-        np.searchsorted(heads[by_head], np.arange(n + 1)),
+        np.searchsorted(heads[by_head], np.arange(n + 1)), *cover,
     )  # fmt: skip
 
 

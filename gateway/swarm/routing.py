@@ -77,11 +77,12 @@ def plan_route(view: SwarmView, request: RouteRequest, mode: RoutingMode) -> lis
     """Hops covering blocks [start, end); raises ``MissingBlocks`` naming every block nobody serves."""
     end = view.num_blocks if request.end is None else request.end
     table = _table(view, request.adapter)
-    enterable = route_search.enterable(table, request.banned, request.start, end, request.excluded)
-    if mode is RoutingMode.MIN_LATENCY:
+    if mode is RoutingMode.MIN_LATENCY:  # bans priced in the search (``route_search``'s docstring)
+        enterable = route_search.enterable(table, frozenset(), request.start, end, request.excluded)
         legs = _legs(table, enterable, request, end)
         hops = route_search.cheapest(legs, request.start, end, request.push)
         return [Hop(table.peers[i], start, stop) for i, start, stop in hops]
+    enterable = route_search.enterable(table, request.banned, request.start, end, request.excluded)
     return _max_throughput(list(table.servers), enterable, request, end)
 
 
@@ -145,8 +146,8 @@ def _legs(
     if request.push:
         fixed = fixed + np.where(reach == end, own / 2, 0.0)
     own_link = own / 2 if request.push else own
-    entry = (request.start, end, request.banned, request.excluded)
-    return route_search.Legs(table, reach, block_time, fixed, own_link, enterable, entry)
+    entry = (request.start, end, frozenset[str](), request.excluded)
+    return route_search.Legs(table, reach, block_time, fixed, own_link, enterable, entry, request.banned)
 
 
 def _max_throughput(

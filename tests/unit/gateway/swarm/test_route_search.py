@@ -149,8 +149,8 @@ def test_of_equally_cheap_servers_the_lowest_peer_is_taken(push: bool) -> None:
 
 @pytest.mark.parametrize("push", [False, True])
 def test_routes_on_one_view_with_other_bans_each_are_as_cheap_as_dijkstra(push: bool) -> None:
-    """A view's table keeps what routes share (a range's enterable servers and graph, per bans and exclusions):
-    one view routed again and again with other bans, other ranges and none gives each route its own cheapest."""
+    """A view's table keeps what routes share (a range's enterable servers and graph, per exclusions; bans priced
+    per route): one view routed again and again with other bans and none gives each route its own cheapest."""
     rng = random.Random(23)
     view = random_swarm(rng, 40, 20)
     peers = sorted(view.servers)
@@ -159,3 +159,19 @@ def test_routes_on_one_view_with_other_bans_each_are_as_cheap_as_dijkstra(push: 
     for banned in [*bans, frozenset(), *bans[::-1], frozenset()]:
         request = RouteRequest(1000, rtts=rtts, banned=banned, push=push)
         assert route_cost(view, request) == pytest.approx(reference_cost(view, request), rel=1e-9, abs=1e-12)
+
+
+def test_routes_with_other_bans_share_one_graph_per_range() -> None:
+    """A gateway reopening a chain past full nodes bans a new set of them for each route: the range's graph is built
+    once per view and the bans are priced into its weights, not a graph of their own each (built for almost every
+    route in the simulator's reopen loop, bench/README.md stop 51)."""
+    rng = random.Random(5)
+    view = random_swarm(rng, 40, 20)
+    peers = sorted(view.servers)
+    rtts = {p: rng.uniform(0.002, 0.2) for p in peers}
+    for count in range(6):
+        banned = frozenset(rng.sample(peers, count * 3))
+        request = RouteRequest(1000, rtts=rtts, banned=banned, push=True)
+        assert route_cost(view, request) == pytest.approx(reference_cost(view, request), rel=1e-9, abs=1e-12)
+    table = view.memo[("route_table", None)]
+    assert len(table.graphs) == 1
