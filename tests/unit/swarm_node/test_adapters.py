@@ -34,7 +34,9 @@ NEW_TOKENS = 6
 # Per family, the module names of ADAPTER_ONE / ADAPTER_TWO's targets (Falcon and BLOOM fuse q/k/v).
 RENAMES: dict[str, dict[str, str]] = {
     "llama": {},
-    "qwen2_moe": {},  # gate/up/down_proj: the shared expert's (the routed experts are fused tensors, not linears)
+    # The shared expert's linears, named in full: the routed experts are fused tensors, not linears, and PEFT 0.22
+    # turns a bare "down_proj" into a target of those tensors too (``target_parameters``, which we refuse).
+    "qwen2_moe": {p: f"shared_expert.{p}" for p in ("gate_proj", "up_proj", "down_proj")},
     "bloom": {
         "q_proj": "query_key_value",
         "v_proj": "dense_h_to_4h",
