@@ -41,9 +41,9 @@ test: $(STAMP) $(TOOLS_STAMP) $(BROWSER_STAMP)
 test-soak: $(STAMP)
 	$(BIN)/python -m pytest -n 2 --dist loadfile -m soak tests/
 
-# The span, exactness, KV-write and route-plan (scipy's LP) tests on the lowest versions pyproject.toml allows
-# (ci/constraints-lowest.txt), in a venv of their own (.venv-lowest): the range's lower bound is tested, not hoped
-# for. A few minutes.
+# The span, exactness, KV-write, adapter (PEFT's format) and route-plan (scipy's LP) tests on the lowest versions
+# pyproject.toml allows (ci/constraints-lowest.txt), in a venv of their own (.venv-lowest): the range's lower bound
+# is tested, not hoped for. A few minutes.
 LOWEST := .venv-lowest
 LOWEST_STAMP := $(LOWEST)/.installed
 $(LOWEST_STAMP): pyproject.toml ci/constraints-lowest.txt
@@ -56,7 +56,7 @@ $(LOWEST_STAMP): pyproject.toml ci/constraints-lowest.txt
 test-lowest: $(LOWEST_STAMP)
 	$(LOWEST)/bin/python -m pytest -n 2 tests/unit/swarm_node/test_span_exactness.py tests/unit/swarm_node/test_kv_writes.py \
 		tests/unit/sim/test_path_bound.py tests/unit/sim/test_route_plan.py tests/unit/gateway/swarm/test_route_search.py \
-		tests/unit/gateway/swarm/test_route_search_probed.py
+		tests/unit/gateway/swarm/test_route_search_probed.py tests/unit/swarm_node/test_adapters.py
 
 # The edit loop: unit tests only, without the slow, deploy and browser groups (a minute or two on a laptop).
 test-fast: $(STAMP)
