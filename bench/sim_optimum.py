@@ -17,7 +17,6 @@ from collections import Counter, defaultdict
 from dataclasses import replace
 
 import numpy as np
-import numpy.typing as npt
 
 import sim.scenario as sim_scenario
 from sim.dataflow import path
@@ -36,18 +35,13 @@ class _Compared(Exception):
     """Raised from the bound's call once the comparison is printed: the run need not go on."""
 
 
-def weighted_quantiles(values: npt.NDArray[np.float64], weights: npt.NDArray[np.float64]) -> list[float]:
-    order = np.argsort(values)
-    ordered, cumulative = values[order], np.cumsum(weights[order]) / weights.sum()
-    return [float(ordered[min(len(order) - 1, int(np.searchsorted(cumulative, q)))]) for q in QUANTILES]
-
-
 def compare(world: World, found: PathBound, held_length: float) -> None:
     rounds, hops, mid, kv_ours = [], [], [], defaultdict[str, float](float)
+    at_node = world.at_node if world.at_node is not None else np.zeros(len(world.node_list))  # as sim_chains
     on_node: defaultdict[str, list[float]] = defaultdict(list)
     for index, (nodes, blocks, links) in world.decoding.items():
         length = world.sessions[index].request.max_length
-        round_ = float(links.sum() + GATEWAY_WORK + world.at_node[nodes].sum()) if world.at_node is not None else 0.0
+        round_ = float(links.sum() + GATEWAY_WORK + at_node[nodes].sum())
         rounds.append(round_)
         hops.append(len(nodes))
         mid.append(sum(int(count < world.node_list[n].span) for n, count in zip(nodes, blocks, strict=True)))
@@ -67,11 +61,12 @@ def compare(world: World, found: PathBound, held_length: float) -> None:
     for chain in chains:
         for hop in chain.hops:
             kv_optimum[world.nodes[hop.peer_id].hw.gpu.name] += held_length * (hop.end - hop.start) * chain.sessions
+    by_session = np.quantile(optimum, QUANTILES, weights=sessions, method="inverted_cdf")  # session-weighted
     mid_optimum = [sum(int(h.start > world.nodes[h.peer_id].start) for h in c.hops) for c in chains]
     print(  # noqa: T201
         f"optimum: {sessions.sum():.0f} sessions, {found.reached:.0f} tok/s, round"
         f" {np.average(optimum, weights=sessions):.3f} s"
-        f" (quantiles {[round(q, 3) for q in weighted_quantiles(optimum, sessions)]}),"
+        f" (quantiles {[round(float(q), 3) for q in by_session]}),"
         f" {np.average([len(c.hops) for c in chains], weights=sessions):.2f} hops,"
         f" {np.average(mid_optimum, weights=sessions):.2f} entered mid-span; {len(chains)} chains,"
         f" bound {found.tokens_per_s:.0f} ({'closed' if found.closed else 'open'})"
