@@ -7,7 +7,9 @@ a draining or moved one is passed over, and a full one is read as full by the ne
 
 A chain opens as ``gateway.swarm.chain_session`` opens one: every hop's node is asked; if all take it, it holds
 their room; if some refuse for want of room, it lets go of the others and the whole chain opens again
-(``failover.reopen``) as an ``_Opening``: routed past the nodes that refused (``busy``), the busy nodes asked first;
+(``failover.reopen``) as an ``_Opening``: routed past the nodes that refused (``busy``, with those a route took though
+the gateway reads them as short of room: ``routing.short_of_room``), the busy nodes asked first (those only read as
+short last among them, and waited on only while the opening holds nothing);
 when the route must go through one of them, that node holds the open up to ``ROOM_WAIT`` until it has room
 (``swarm_node.cache_pool``; the session holds nothing meanwhile), then the range is routed again after
 ``WAIT_POLL``. A lost hop's range opens the same way, the rest of the chain held; while nobody serves it, it is
@@ -55,6 +57,7 @@ class _Opening:
     hops: list[Hop] = field(default_factory=list)
     held: list[Hop] = field(default_factory=list)
     waiting: object | None = None  # set while a node holds the open until it has room: a token for this wait only
+    short: set[str] = field(default_factory=set)  # busy ones only read as short of room: none refused it yet
     epoch: int = 0  # the session's ``reopened`` when this opening began: a whole reopen supersedes it
 
     def __post_init__(self) -> None:
@@ -111,6 +114,11 @@ def _route(world: World, opening: _Opening, fresh: bool = True) -> None:
         _short_of_plan(world, opening)
         return
     opening.held = []
+    # Nodes routing reads as short of room are busy from the first ask, waited on while nothing is held
+    # (``failover._build_replacement``).
+    short = opening.session.gateway.short_of_room(opening.hops, opening.session.request.max_length) - opening.busy
+    opening.short |= short
+    opening.busy |= short
     _next_hop(world, opening)
 
 
@@ -134,16 +142,17 @@ def _next_hop(world: World, opening: _Opening) -> None:
     session = opening.session
     if opening.over:
         return
-    if len(opening.held) == 0:  # the busy nodes first: nothing is held while one of them holds the open
-        opening.hops.sort(key=lambda h: h.peer_id not in opening.busy)
+    if len(opening.held) == 0:  # the busy nodes first, those read as short last: nothing is held while one waits
+        opening.hops.sort(key=lambda h: (h.peer_id not in opening.busy, h.peer_id in opening.short))
     while len(opening.held) < len(opening.hops):
         hop = opening.hops[len(opening.held)]
         node = world.nodes[hop.peer_id]
-        if hop.peer_id in opening.busy and _full(node, session, hop):
+        busy = hop.peer_id in opening.busy
+        if busy and (hop.peer_id not in opening.short or not opening.held) and _full(node, session, hop):
             _wait_for_room(world, opening, node, hop)
             return
         if not _accepts(world, session, hop):
-            _refused(world, opening, hop.peer_id, WAIT_POLL if hop.peer_id in opening.busy else 0.0)
+            _refused(world, opening, hop.peer_id, WAIT_POLL if busy else 0.0)
             return
         _hold(world, session, hop)
         opening.held.append(hop)
@@ -204,6 +213,7 @@ def _let_go(world: World, opening: _Opening, peer_id: str) -> None:
     session.reopened += 1
     world.chains_changed(session)
     whole = _Opening(session, 0, world.model.num_blocks, opening.deadline, busy=opening.busy | {peer_id})
+    whole.short = opening.short - {peer_id}
     world.clock.after(WAIT_POLL, lambda: _route(world, whole))
 
 
@@ -215,6 +225,7 @@ def _refused(world: World, opening: _Opening, peer_id: str, pause: float) -> Non
     _release(world, session, opening.held)
     opening.held = []
     opening.busy.add(peer_id)
+    opening.short.discard(peer_id)  # it refused: waited on first from now on
     if pause > 0:
         world.clock.after(pause, lambda: _route(world, opening))
     else:

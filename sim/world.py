@@ -13,7 +13,7 @@ import numpy.typing as npt
 from gateway.swarm.bans import BanList
 from gateway.swarm.departures import Departures
 from gateway.swarm.room_refusals import RoomRefusals
-from gateway.swarm.routing import Hop, RouteRequest, RoutingMode, plan_route
+from gateway.swarm.routing import Hop, RouteRequest, RoutingMode, plan_route, short_of_room
 from gateway.swarm.view import SwarmView
 from sim import geography
 from sim.dataplane import GATEWAY_WORK
@@ -116,6 +116,11 @@ class SimGateway:
         if key is not None:
             self._routes[key] = hops
         return list(hops)
+
+    def short_of_room(self, hops: list[Hop], max_length: int) -> frozenset[str]:
+        """The hops' nodes this gateway reads as short of room (``Router.short_of_room``)."""
+        view = self.view()
+        return short_of_room(view, RouteRequest(max_length, room_left=self.refusals.room_left(view)), hops)
 
     def _measure(self, view: SwarmView) -> None:
         """RTTs to the view's nodes not measured yet (the gateway's prober measures every node it sees)."""

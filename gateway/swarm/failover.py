@@ -3,8 +3,9 @@
 When a node fails, ``recovery`` says what that teaches the router (ban, out until it announces again, or nothing for
 a full node) and whether the chain goes on: only the failed node's block range is routed again, the new nodes are
 replayed the exact inputs the lost node had received, and the step goes on. When no live node serves the range, the
-chain waits for one (``wait`` seconds, counted in the router's ``waiting`` and logged); when only full nodes do, it
-waits on one for room. The caller never notices beyond the delay. A new chain that some nodes refused for room is
+chain waits for one (``wait`` seconds, counted in the router's ``waiting`` and logged); when only full nodes do (full as
+a refusal said, or as their records and the refusals since read: ``routing.short_of_room``), it waits on one for
+room. The caller never notices beyond the delay. A new chain that some nodes refused for room is
 opened again whole (``reopen``), the full nodes first, so that it holds no room while it waits for some. A chain in
 the middle of a step does the same once a node its lost range must use still has no room after a wait
 (``ChainReopened``): it lets go of every node and opens again whole, replayed up to the step, which then starts over.
@@ -19,7 +20,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from gateway.swarm.node_session import NodeSession, TreeInput
@@ -39,19 +40,41 @@ class ChainReopened(Exception):
     over from its first hop (``Failover.replace`` with ``restart_at``)."""
 
 
+@dataclass
+class _Busy:
+    """Nodes an opening waits on for room and routes around: those that refused it for want of room, and those a
+    route took though routing read them as short of room (``routing.short_of_room``). Asked without a wait, such a
+    node refused and the next route took another like it: four in five of a full 100-node swarm's refusals and of
+    its routes (``bench/README.md``, stop 53). One only read as short may have room all the same (its record was
+    made while this chain's own session held it): it is asked after the others and waited on only while the opening
+    holds nothing, so that no room is held while a node waits."""
+
+    nodes: set[str] = field(default_factory=set)
+    short: set[str] = field(default_factory=set)  # of ``nodes``: read as short of room, and none refused it yet
+
+    def refused(self, peer_id: str) -> None:
+        self.nodes.add(peer_id)
+        self.short.discard(peer_id)
+
+    def read_short(self, peer_ids: frozenset[str]) -> None:
+        self.short |= peer_ids - self.nodes
+        self.nodes |= peer_ids
+
+
 class _StillFull(Exception):
     """A node the lost range must use refused room again after a wait, while the chain holds its other nodes."""
 
-    def __init__(self, hop: Hop, error: BaseException, busy: set[str], deadline: float) -> None:
+    def __init__(self, hop: Hop, error: BaseException, busy: _Busy, deadline: float) -> None:
         super().__init__(str(error))
         self.hop, self.error, self.busy, self.deadline = hop, error, busy, deadline
 
 
 class _ReplacementFailed(Exception):
-    def __init__(self, hop: Hop, error: BaseException) -> None:
+    def __init__(self, hop: Hop, error: BaseException, waited: bool) -> None:
         super().__init__(str(error))
         self.hop = hop
         self.error = error
+        self.waited = waited  # the node was asked to hold the open until it had room
 
 
 @dataclass(frozen=True)
@@ -117,7 +140,7 @@ class Failover:
         segments: list[Segment],
         lost: list[tuple[Hop, BaseException]],
         position: int | None = None,
-        busy: set[str] | None = None,
+        busy: _Busy | None = None,
         deadline: float | None = None,
     ) -> None:
         """Every segment dropped (a dropped one is skipped) and the whole chain opened again through the failover,
@@ -135,27 +158,28 @@ class Failover:
         failed: Segment,
         lost: list[tuple[Hop, BaseException]],
         let_go: bool = False,
-        busy: set[str] | None = None,
+        busy: _Busy | None = None,
         deadline: float | None = None,
     ) -> list[Segment]:
         """New segments for ``failed``'s blocks once the router has learnt what ``lost`` (each hop's failure) teach;
         raises the last error when the chain gives up, and ``_StillFull`` (``let_go``) when a node refuses room
         again after a wait. ``busy`` and ``deadline``: those of the failover this one goes on from."""
         deadline = time.monotonic() + self._wait if deadline is None else deadline
-        busy = set() if busy is None else busy  # nodes that refused for want of room: waited on, never banned
+        busy = _Busy() if busy is None else busy  # waited on for room, never banned
         for hop, error in lost[:-1]:
             await self._learn(hop, error, busy, deadline)
         hop, error = lost[-1]
+        waited = False
         while True:
-            if let_go and hop.peer_id in busy and recovery_for(error) is Recovery.BUSY:
+            if let_go and waited and recovery_for(error) is Recovery.BUSY:
                 raise _StillFull(hop, error, busy, deadline)
             await self._learn(hop, error, busy, deadline)
             try:
                 return await self._build_replacement(failed, busy, deadline)
             except _ReplacementFailed as failure:
-                hop, error = failure.hop, failure.error
+                hop, error, waited = failure.hop, failure.error, failure.waited
 
-    async def _learn(self, hop: Hop, error: BaseException, busy: set[str], deadline: float) -> None:
+    async def _learn(self, hop: Hop, error: BaseException, busy: _Busy, deadline: float) -> None:
         """Tell the router what ``hop``'s failure means (``recovery``); raises ``error`` when the chain gives up."""
         recovery = recovery_for(error)
         if recovery is Recovery.FAIL or (recovery is not Recovery.BUSY and self._left <= 0):
@@ -167,9 +191,9 @@ class Failover:
             self._router.record_bad_receipt(hop.peer_id, error)
         blocks = f"{hop.start}:{hop.end}"
         if recovery is Recovery.BUSY:
-            if hop.peer_id in busy:  # refused twice in a row even with a wait: do not spin on it
+            if hop.peer_id in busy.nodes:  # refused twice in a row even with a wait: do not spin on it
                 await asyncio.sleep(min(WAIT_POLL, max(0.0, deadline - time.monotonic())))
-            busy.add(hop.peer_id)
+            busy.refused(hop.peer_id)
             logger.info("node %s has no room for blocks %s (%s): elsewhere, or wait", hop.peer_id, blocks, error)
             return
         self._left -= 1
@@ -177,21 +201,31 @@ class Failover:
         self._router.stats.failovers += 1
         logger.warning("node %s failed (%s: %s); re-routing blocks %s", hop.peer_id, recovery.value, error, blocks)
 
-    async def _build_replacement(self, failed: Segment, busy: set[str], deadline: float) -> list[Segment]:
+    async def _build_replacement(self, failed: Segment, busy: _Busy, deadline: float) -> list[Segment]:
         """New segments for ``failed``'s blocks with its history replayed; ``_ReplacementFailed`` names the hop that
         failed (every new segment is closed then)."""
         hop = failed.session.hop
-        hops = await self._route_or_wait(hop.start, hop.end, frozenset(busy), deadline)
+        hops = await self._route_or_wait(hop.start, hop.end, frozenset(busy.nodes), deadline)
+        busy.read_short(self._router.short_of_room(hops, self._max_length()))
         segments = [Segment(self._new_session(h)) for h in hops]
         pusher = failed.session.pusher
         for segment in segments:
             segment.session.pusher, pusher = pusher, segment.session.hop.peer_id
         inputs, tree = failed.history, failed.tree  # a tree step's branches too: the next step keeps one
-        # The busy nodes open first: none of the others holds room for this chain while one of them waits for some.
-        for segment in sorted(segments, key=lambda s: s.session.hop.peer_id not in busy):
+
+        # The busy nodes open first, those only read as short last of them: none of the others holds room for this
+        # chain while one of them waits for some.
+        def order(segment: Segment) -> tuple[bool, bool]:
             peer = segment.session.hop.peer_id
-            room_wait = min(ROOM_WAIT, max(0.0, deadline - time.monotonic())) if peer in busy else 0.0
-            await self._opened_or_dropped(segments, segment, segment.session.open(room_wait))
+            return peer not in busy.nodes, peer in busy.short
+
+        opened = False
+        for segment in sorted(segments, key=order):
+            peer = segment.session.hop.peer_id
+            waits = peer in busy.nodes and not (opened and peer in busy.short)
+            room_wait = min(ROOM_WAIT, max(0.0, deadline - time.monotonic())) if waits else 0.0
+            await self._opened_or_dropped(segments, segment, segment.session.open(room_wait), waited=room_wait > 0)
+            opened = True
         for segment in segments:
             outputs = await self._opened_or_dropped(segments, segment, segment.session.replay(inputs, tree))
             self._router.stats.record_replay(sum(chunk.shape[1] for _, chunk in inputs))
@@ -201,14 +235,17 @@ class Failover:
             inputs = outputs
         return segments
 
-    async def _opened_or_dropped(self, segments: list[Segment], segment: Segment, call: Awaitable[T]) -> T:
-        """``call``'s result; if it fails, every new segment is dropped and ``_ReplacementFailed`` names its hop."""
+    async def _opened_or_dropped(
+        self, segments: list[Segment], segment: Segment, call: Awaitable[T], waited: bool = False
+    ) -> T:
+        """``call``'s result; if it fails, every new segment is dropped and ``_ReplacementFailed`` names its hop
+        (``waited``: the call was an open that waited for room)."""
         try:
             return await call
         except BaseException as error:  # cancelled too: the new sessions are in no chain yet, none else closes them
             await asyncio.shield(asyncio.gather(*(self.drop(s) for s in segments)))
             if isinstance(error, Exception):
-                raise _ReplacementFailed(segment.session.hop, error) from error
+                raise _ReplacementFailed(segment.session.hop, error, waited) from error
             raise
 
     async def _route_or_wait(self, start: int, end: int, busy: frozenset[str], deadline: float) -> list[Hop]:

@@ -27,7 +27,7 @@ from gateway.swarm.liveness import Liveness
 from gateway.swarm.monitor import SwarmMonitor
 from gateway.swarm.recovery import Recovery
 from gateway.swarm.room_refusals import RoomRefusals
-from gateway.swarm.routing import Hop, RouteRequest, RoutingMode, plan_route
+from gateway.swarm.routing import Hop, RouteRequest, RoutingMode, plan_route, short_of_room
 from gateway.swarm.verify.verifier import Verifier
 from gateway.swarm.view import SwarmView
 from shared.background import Periodic
@@ -191,6 +191,14 @@ class Router:
             penalties=self.verifier.penalties(view) if self.verifier else {},
             room_left=self.room_refusals.room_left(view),
         )
+
+    def short_of_room(self, hops: list[Hop], max_length: int) -> frozenset[str]:
+        """The hops' nodes that the latest view and the refusals since read as short of room for ``max_length``
+        tokens (``routing.short_of_room``)."""
+        view = self.last_view
+        if view is None:
+            return frozenset()
+        return short_of_room(view, RouteRequest(max_length, room_left=self.room_refusals.room_left(view)), hops)
 
     def release(self, hops: Iterable[Hop]) -> None:
         self.load.subtract(hop.peer_id for hop in hops)

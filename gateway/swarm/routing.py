@@ -115,6 +115,17 @@ def cache_room(server: ServerRecord, request: RouteRequest) -> int:
     return min(server.cache_tokens_left, request.room_left.get(server.peer_id, server.cache_tokens_left))
 
 
+def short_of_room(view: SwarmView, request: RouteRequest, hops: list[Hop]) -> frozenset[str]:
+    """The hops' nodes routing read as short of room for the session (it paid ``CACHE_SHORT_PENALTY`` for them:
+    nothing with room served their blocks). Asked without a wait, such a node refuses and the next route finds
+    another like it: a failover asks it to hold the open until it has room instead (``failover``)."""
+    return frozenset(
+        hop.peer_id
+        for hop in hops
+        if hop.peer_id in view.servers and cache_room(view.servers[hop.peer_id], request) < request.max_length
+    )
+
+
 def _cache_left(table: route_search.ServerTable, request: RouteRequest) -> route_search.Ints:
     """``cache_room`` for the table's servers, by row (the table's own array when no refusal applies)."""
     if not request.room_left:

@@ -270,3 +270,33 @@ def test_the_path_bound_starts_from_the_chains_sessions_decode_on(monkeypatch: p
         chain = Chain(gateway, tuple((row[hop.peer_id], hop.start) for hop in session.hops))
         assert chain in given[0]
     assert found is not None and found.closed
+
+
+def test_a_new_session_waits_on_a_node_that_announces_no_room_instead_of_asking_each_such_node_in_turn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As the gateway's failover (``routing.short_of_room``): a route that must take nodes whose records say they
+    are full asks them to hold the open until they have room. Asked without a wait, each refused and the next route
+    took the next full node: four in five routes of a full 100-node swarm (stop 53)."""
+    world = settle(replace(SMALL, churn=False, balancing=False), 150.0)
+    fillers = []
+    for node in world.serving():
+        if node.start > 0:  # every node but those of block 0 full, and announcing so
+            filler = Session(10_000 + node.index, world.gateways[0], Request(prompt=1, output=node.room() - 1), 150.0)
+            world.sessions[filler.index] = filler
+            clients._hold(world, filler, Hop(node.peer_id, node.start, node.end))
+            world.dht.announce(node, world.clock.now)
+            fillers.append(filler)
+    gateway = world.gateways[0]
+    gateway.view(fresh=True)
+    routes = []
+    route = gateway.route
+    monkeypatch.setattr(gateway, "route", lambda *args, **kw: routes.append(args[1:3]) or route(*args, **kw))
+    clients.arrive(world, gateway, Request(prompt=64, output=400))
+    session = next(s for s in world.sessions.values() if s.index < 10_000)
+    world.clock.run_until(world.clock.now + 1.0)
+    assert len(routes) == 2, routes  # its route, then the whole chain again past the nodes that refused it
+    for filler in fillers:
+        clients._release(world, filler, filler.held)  # room frees: the node it waits on takes it
+    world.clock.run_until(world.clock.now + 5.0)
+    assert session.decoding and world.complete(session) and len(routes) == 2

@@ -17,7 +17,9 @@ from gateway.swarm.node_session import NodeSession
 from gateway.swarm.router import Router
 from gateway.swarm.routing import Hop
 from gateway.swarm.segment import Segment
+from gateway.swarm.view import SwarmView
 from shared.errors import CacheFull, NodeUnreachable
+from shared.server_records import NodeState, ServerRecord
 
 
 class _OpeningForever:
@@ -205,3 +207,52 @@ async def test_a_chain_whose_lost_range_waits_on_a_full_node_lets_go_of_its_othe
     assert new_a.stepped == [4] and new_c.stepped == [4]  # then the step, once, from the first hop
     assert not built[0].live.count(built[0]) and built[0].closed  # the first a let go
     assert sorted(s.hop.peer_id for s in live) == ["a", "c"]
+
+
+def _record(peer: str, start: int, end: int, room: int) -> ServerRecord:
+    return ServerRecord(
+        peer_id=peer,
+        start=start,
+        end=end,
+        state=NodeState.ONLINE,
+        throughput=10.0,
+        cache_tokens_left=room,
+        version="test",
+        protocol=1,
+    )
+
+
+async def test_a_failover_routed_over_a_node_read_as_full_waits_there_for_room_from_the_first_ask(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A node the route took though its record says it has no room for the session would refuse an open without a
+    wait, and the next route take another node like it: in a full 100-node swarm four in five refusals and four in
+    five routes were such a walk (the simulator, stop 53). The failover asks it to hold the open until it has room at
+    once."""
+    nodes = {"a": _Node(full=False), "b": _Node(full=False), "c": _Node(full=True)}
+    log: list[tuple[str, float, list[str]]] = []
+    live: list[_Session] = []
+    monkeypatch.setattr(
+        ChainSession, "_new_session", lambda self, hop: _StepSession(hop, nodes[hop.peer_id], log, live)
+    )
+    router = Router(cast(SwarmMonitor, None), cast(P2P, None))
+    servers = [_record("a", 0, 3, 1000), _record("b", 3, 6, 1000), _record("c", 3, 6, 0)]
+    router.last_view = SwarmView(6, {s.peer_id: s for s in servers}, 0.0, {s.peer_id: 100.0 for s in servers})
+
+    async def route(max_length: int, start: int = 0, end: int | None = None, **_: object) -> list[Hop]:
+        end = 6 if end is None else end
+        servers = [Hop("a", 0, 3), Hop("b" if not nodes["b"].fails_steps else "c", 3, 6)]
+        return [
+            Hop(h.peer_id, max(h.start, start), min(h.end, end)) for h in servers if h.end > start and h.start < end
+        ]
+
+    router.route = route  # type: ignore[method-assign]
+    chain = ChainSession(cast(P2P, None), router, 16, 5.0)
+    await asyncio.wait_for(chain.open(), 10)
+    await chain.step(torch.zeros(1, 4, 2), 0)
+    nodes["b"].fails_steps = True  # b dies; c, the only other server of 3:6, reads as full
+    token = torch.ones(1, 1, 2)
+    assert torch.equal(await asyncio.wait_for(chain.step(token, 4), 20), token + 2)
+    assert chain.hops == [Hop("a", 0, 3), Hop("c", 3, 6)]
+    assert [(peer, wait > 0) for peer, wait, _ in log if peer == "c"] == [("c", True)], log  # asked once, waited on
+    assert router.stats.capacity_refusals == 0

@@ -98,3 +98,18 @@ def test_the_router_remembers_a_refusal_for_room_without_a_ban() -> None:
     assert request.room_left == {"fast": SESSION - 1}
     assert plan_route(view, request, RoutingMode.MIN_LATENCY) == [Hop("slow", 0, 30)]
     assert r.bans.banned() == frozenset() and r.stats.capacity_refusals == 1
+
+
+def test_the_hops_routing_reads_as_short_of_room_are_named_by_record_or_by_refusal() -> None:
+    """What a failover waits on from the first ask (``failover._build_replacement``): a route's node whose record,
+    or a refusal since, says it has less room than the session."""
+    r = Router(cast(SwarmMonitor, None), cast(P2P, None))
+    view = swarm(99.0, 500.0)
+    view.servers["slow"] = view.servers["slow"].model_copy(update={"cache_tokens_left": SESSION - 1})
+    r.last_view = view
+    hops = [Hop("fast", 0, 15), Hop("slow", 15, 30)]
+    assert r.short_of_room(hops, SESSION) == {"slow"}  # its record says so
+    assert r.short_of_room(hops, SESSION - 1) == frozenset()  # room for a smaller session
+    r.record_failure("fast", Recovery.BUSY, tokens=SESSION)
+    assert r.short_of_room(hops, SESSION) == {"fast", "slow"}  # a refusal since the record says so
+    assert r.short_of_room(hops, SESSION // 2) == frozenset()
