@@ -256,3 +256,41 @@ async def test_a_failover_routed_over_a_node_read_as_full_waits_there_for_room_f
     assert chain.hops == [Hop("a", 0, 3), Hop("c", 3, 6)]
     assert [(peer, wait > 0) for peer, wait, _ in log if peer == "c"] == [("c", True)], log  # asked once, waited on
     assert router.stats.capacity_refusals == 0
+
+
+async def test_a_node_read_as_full_is_not_waited_on_while_the_failover_holds_another_that_had_room(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A node read as short of room may have room all the same (its record was made before a session there ended):
+    once one of those took the lost range's first hop, the next one read as full is asked without a wait, and only
+    after it refused is it waited on, first, with nothing of the range held. Waiting on it while holding the other
+    kept that room from everyone for the whole wait (the simulator's let-go run, stop 53)."""
+    nodes = {"a": _Node(full=False), "b": _Node(full=False), "c": _Node(full=True), "d": _Node(full=False)}
+    log: list[tuple[str, float, list[str]]] = []
+    live: list[_Session] = []
+    monkeypatch.setattr(
+        ChainSession, "_new_session", lambda self, hop: _StepSession(hop, nodes[hop.peer_id], log, live)
+    )
+    router = Router(cast(SwarmMonitor, None), cast(P2P, None))
+    servers = [_record("a", 0, 3, 1000), _record("b", 3, 6, 1000), _record("d", 3, 4, 0), _record("c", 4, 6, 0)]
+    router.last_view = SwarmView(6, {s.peer_id: s for s in servers}, 0.0, {s.peer_id: 100.0 for s in servers})
+
+    async def route(max_length: int, start: int = 0, end: int | None = None, **_: object) -> list[Hop]:
+        end = 6 if end is None else end
+        later = [Hop("b", 3, 6)] if not nodes["b"].fails_steps else [Hop("d", 3, 4), Hop("c", 4, 6)]
+        return [
+            Hop(h.peer_id, max(h.start, start), min(h.end, end))
+            for h in [Hop("a", 0, 3), *later]
+            if h.end > start and h.start < end
+        ]
+
+    router.route = route  # type: ignore[method-assign]
+    chain = ChainSession(cast(P2P, None), router, 16, 5.0)
+    await asyncio.wait_for(chain.open(), 10)
+    await chain.step(torch.zeros(1, 4, 2), 0)
+    nodes["b"].fails_steps = True  # b dies; d (room) and c (none) serve 3:6, both announcing none
+    token = torch.ones(1, 1, 2)
+    assert torch.equal(await asyncio.wait_for(chain.step(token, 4), 20), token + 3)
+    assert chain.hops == [Hop("a", 0, 3), Hop("d", 3, 4), Hop("c", 4, 6)]
+    waits = [(peer, held) for peer, wait, held in log if wait > 0]
+    assert waits == [("d", ["a"]), ("c", ["a"])], log  # c waited on with only the chain's own a held
