@@ -4,6 +4,7 @@ some of whose nodes are full."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import cast
 
 import pytest
@@ -162,6 +163,23 @@ class _StepSession(_Session):
         return hidden + 1
 
 
+def _clipping_router(later: Callable[[], list[Hop]]) -> Router:
+    """A router (neither the DHT nor the network read) whose routes are a's 0:3 then ``later()``'s hops, clipped to
+    the range asked."""
+    router = Router(cast(SwarmMonitor, None), cast(P2P, None))
+
+    async def route(max_length: int, start: int = 0, end: int | None = None, **_: object) -> list[Hop]:
+        end = 6 if end is None else end
+        return [
+            Hop(h.peer_id, max(h.start, start), min(h.end, end))
+            for h in [Hop("a", 0, 3), *later()]
+            if h.end > start and h.start < end
+        ]
+
+    router.route = route  # type: ignore[method-assign]
+    return router
+
+
 async def test_a_chain_whose_lost_range_waits_on_a_full_node_lets_go_of_its_other_nodes_then_starts_the_step_over(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -181,16 +199,7 @@ async def test_a_chain_whose_lost_range_waits_on_a_full_node_lets_go_of_its_othe
         return built[-1]
 
     monkeypatch.setattr(ChainSession, "_new_session", new_session)
-    router = Router(cast(SwarmMonitor, None), cast(P2P, None))
-
-    async def route(max_length: int, start: int = 0, end: int | None = None, **_: object) -> list[Hop]:
-        end = 6 if end is None else end
-        servers = [Hop("a", 0, 3), Hop("b" if not nodes["b"].fails_steps else "c", 3, 6)]
-        return [
-            Hop(h.peer_id, max(h.start, start), min(h.end, end)) for h in servers if h.end > start and h.start < end
-        ]
-
-    router.route = route  # type: ignore[method-assign]
+    router = _clipping_router(lambda: [Hop("b" if not nodes["b"].fails_steps else "c", 3, 6)])
     chain = ChainSession(cast(P2P, None), router, 16, 5.0)
     await asyncio.wait_for(chain.open(), 10)
     prompt = torch.zeros(1, 4, 2)
@@ -235,18 +244,9 @@ async def test_a_failover_routed_over_a_node_read_as_full_waits_there_for_room_f
     monkeypatch.setattr(
         ChainSession, "_new_session", lambda self, hop: _StepSession(hop, nodes[hop.peer_id], log, live)
     )
-    router = Router(cast(SwarmMonitor, None), cast(P2P, None))
+    router = _clipping_router(lambda: [Hop("b" if not nodes["b"].fails_steps else "c", 3, 6)])
     servers = [_record("a", 0, 3, 1000), _record("b", 3, 6, 1000), _record("c", 3, 6, 0)]
     router.last_view = SwarmView(6, {s.peer_id: s for s in servers}, 0.0, {s.peer_id: 100.0 for s in servers})
-
-    async def route(max_length: int, start: int = 0, end: int | None = None, **_: object) -> list[Hop]:
-        end = 6 if end is None else end
-        servers = [Hop("a", 0, 3), Hop("b" if not nodes["b"].fails_steps else "c", 3, 6)]
-        return [
-            Hop(h.peer_id, max(h.start, start), min(h.end, end)) for h in servers if h.end > start and h.start < end
-        ]
-
-    router.route = route  # type: ignore[method-assign]
     chain = ChainSession(cast(P2P, None), router, 16, 5.0)
     await asyncio.wait_for(chain.open(), 10)
     await chain.step(torch.zeros(1, 4, 2), 0)
@@ -271,20 +271,10 @@ async def test_a_node_read_as_full_is_not_waited_on_while_the_failover_holds_ano
     monkeypatch.setattr(
         ChainSession, "_new_session", lambda self, hop: _StepSession(hop, nodes[hop.peer_id], log, live)
     )
-    router = Router(cast(SwarmMonitor, None), cast(P2P, None))
+    after_b = [Hop("d", 3, 4), Hop("c", 4, 6)]
+    router = _clipping_router(lambda: after_b if nodes["b"].fails_steps else [Hop("b", 3, 6)])
     servers = [_record("a", 0, 3, 1000), _record("b", 3, 6, 1000), _record("d", 3, 4, 0), _record("c", 4, 6, 0)]
     router.last_view = SwarmView(6, {s.peer_id: s for s in servers}, 0.0, {s.peer_id: 100.0 for s in servers})
-
-    async def route(max_length: int, start: int = 0, end: int | None = None, **_: object) -> list[Hop]:
-        end = 6 if end is None else end
-        later = [Hop("b", 3, 6)] if not nodes["b"].fails_steps else [Hop("d", 3, 4), Hop("c", 4, 6)]
-        return [
-            Hop(h.peer_id, max(h.start, start), min(h.end, end))
-            for h in [Hop("a", 0, 3), *later]
-            if h.end > start and h.start < end
-        ]
-
-    router.route = route  # type: ignore[method-assign]
     chain = ChainSession(cast(P2P, None), router, 16, 5.0)
     await asyncio.wait_for(chain.open(), 10)
     await chain.step(torch.zeros(1, 4, 2), 0)
