@@ -26,3 +26,15 @@ async def wait_all_free(p2p: P2P, swarm: LocalSwarm, within: float = 15.0) -> li
         if asyncio.get_running_loop().time() > deadline:
             return infos
         await asyncio.sleep(0.1)
+
+
+async def wait_each_holding(p2p: P2P, swarm: LocalSwarm, sessions: int, within: float = 10.0) -> list[NodeInfo]:
+    """Until every node reports ``sessions`` live allocations (or ``within`` seconds); returns the last infos either
+    way. A node counts a stateless forward in flight as one (the gateway's spot checks send some, re-running a
+    served step on the node itself when it has no replica), so a count read once can be one high for a moment."""
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        infos = await node_infos(p2p, swarm)
+        if all(i.sessions == sessions for i in infos) or asyncio.get_running_loop().time() > deadline:
+            return infos
+        await asyncio.sleep(0.05)

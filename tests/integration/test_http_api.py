@@ -18,7 +18,7 @@ from hivemind.p2p import P2P
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from tests.helpers.gateway import Gateway, kill_tree, start_gateway, stop_gracefully
-from tests.helpers.node_info import node_infos, wait_all_free
+from tests.helpers.node_info import wait_all_free, wait_each_holding
 from tests.helpers.processes import LocalSwarm
 from tests.integration.conftest import CONTEXT
 from tests.tiny_models import TinyModel
@@ -345,8 +345,8 @@ async def test_client_disconnect_cancels_generation_and_frees_node_caches(
             async for line in lines:
                 if line.startswith("data: "):
                     break
-            infos = await node_infos(client_p2p, module_swarm)  # while the stream is open
-            assert all(i.sessions == 1 for i in infos), (infos, gateway.log_text()[-2000:])
+            infos = await wait_each_holding(client_p2p, module_swarm, 1)  # while the stream is open
+            assert all(i.sessions == 1 for i in infos), ([i.sessions for i in infos], gateway.log_text()[-2000:])
         # The stream is closed mid-generation: every node must get its room back.
         assert all(
             i.cache_tokens_left == 8192 and i.sessions == 0 for i in await wait_all_free(client_p2p, module_swarm)
@@ -354,10 +354,8 @@ async def test_client_disconnect_cancels_generation_and_frees_node_caches(
 
         # The same for a request that is not streamed.
         pending = asyncio.create_task(client.post("/v1/completions", json=body))
-        for _ in range(100):
-            if all(i.sessions == 1 for i in await node_infos(client_p2p, module_swarm)):
-                break
-            await asyncio.sleep(0.05)
+        infos = await wait_each_holding(client_p2p, module_swarm, 1)
+        assert all(i.sessions == 1 for i in infos), ([i.sessions for i in infos], gateway.log_text()[-2000:])
         pending.cancel()
         assert all(
             i.cache_tokens_left == 8192 and i.sessions == 0 for i in await wait_all_free(client_p2p, module_swarm)
