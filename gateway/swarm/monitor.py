@@ -29,13 +29,15 @@ class SwarmMonitor:
         self.on_lookup: Callable[[float], None] | None = None  # told each DHT lookup's seconds (the engine wires it)
 
     async def view(self, fresh: bool = False, max_age: float | None = None, stale_ok: float = 0.0) -> SwarmView:
-        """A view at most ``max_age`` seconds old (default: the monitor's), or a new one if ``fresh``.
+        """A view at most ``max_age`` seconds old (default: the monitor's), or if ``fresh`` one whose lookup began
+        after this call.
 
         ``stale_ok``: a view older than that but younger than ``stale_ok`` seconds is returned at once while a new
         one is fetched in the background — a request does not wait on the DHT (several round trips to nodes across
         the world) for records that rarely change; the failover path asks for fresh views."""
+        asked = time.monotonic()
         held = self._view
-        if not fresh and held is not None and time.monotonic() - held.fetched_at <= stale_ok:
+        if not fresh and held is not None and asked - held.fetched_at <= stale_ok:
             aged = time.monotonic() - held.fetched_at > (self._max_age if max_age is None else max_age)
             if aged and (self._refresh is None or self._refresh.done()):
                 self._refresh = asyncio.create_task(self._refetch(max_age))
@@ -43,7 +45,10 @@ class SwarmMonitor:
         async with self._lock:
             limit = self._max_age if max_age is None else max_age
             stale = self._view is None or time.monotonic() - self._view.fetched_at > limit
-            if fresh or stale:
+            # Fresh means read after the caller asked: a lookup that began since then (another caller's, while this
+            # one waited on the lock) is one. Failovers ask together after a node dies (every session through it);
+            # without this they read the DHT one after another, each waiting for all the lookups before its own.
+            if stale or (fresh and (self._view is None or self._view.fetched_at < asked)):
                 began = time.monotonic()  # the records may be older than the fetch's end, not than its start
                 servers, announced = await fetch_announcements(self._dht, self._model, self._num_blocks)
                 if self.on_lookup is not None:

@@ -66,6 +66,26 @@ async def test_an_aged_view_is_served_at_once_and_refreshed_behind_it(dht: FakeD
     assert set((await monitor.view()).servers) == {"A"}
 
 
+async def test_fresh_views_asked_together_share_the_lookups_begun_after_they_asked(dht: FakeDHT) -> None:
+    """Every session through a dead node fails over at once, each asking for a fresh view: one lookup begun after
+    they asked serves them all, instead of one lookup each, one after another (a DHT read crosses continents)."""
+    monitor = SwarmMonitor(cast(DHT, None), "m", 4, max_age=60.0)
+    await monitor.view()
+    dht.release.clear()
+    first = asyncio.create_task(monitor.view(fresh=True))
+    await asyncio.sleep(0)  # its lookup has begun: the ones asked from here on are later than it
+    assert dht.fetches == 2
+    dht.records["B"] = record("B", 0, 4)
+    later = [asyncio.create_task(monitor.view(fresh=True)) for _ in range(9)]
+    await asyncio.sleep(0)
+    dht.release.set()
+    views = await asyncio.gather(*later)
+    await first
+    assert dht.fetches == 3  # the one under way when they asked could not serve them; one more did, for all nine
+    assert all(v is views[0] and set(v.servers) == {"A", "B"} for v in views)
+    assert (await monitor.view(fresh=True)) is not views[0] and dht.fetches == 4  # asked after it: a lookup of its own
+
+
 async def test_a_gap_in_a_stale_view_is_checked_against_a_fresh_one_before_routing_fails(dht: FakeDHT) -> None:
     monitor = SwarmMonitor(cast(DHT, None), "m", 4, max_age=60.0)
     router = Router(monitor, cast(P2P, None))
