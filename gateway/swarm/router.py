@@ -16,7 +16,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from hivemind.p2p import P2P
@@ -40,6 +40,11 @@ logger = logging.getLogger(__name__)
 
 RTT_SMOOTHING = 0.5  # weight of a new sample in the moving average
 PROBE_TIMEOUT = 2.0
+# Seconds routing does not wait on probing a node again after it left a probe unanswered (a dead node's record lingers
+# until it expires, a frozen or unreachable one's as long as it announces): without this, every route waited
+# PROBE_TIMEOUT on it. The background prober still tries it each probe period, and routing prices it meanwhile at
+# routing.UNKNOWN_RTT.
+PROBE_RETRY = 30.0
 # Seconds a new session may be routed on the last swarm view while a newer one is fetched (nodes re-announce every
 # 10 s and their departures are noticed by failing sessions, pings and departures.py).
 ROUTE_STALE_OK = 30.0
@@ -90,6 +95,7 @@ class Router:
         auth: CallAuth | None = None,
         allowed_peers: frozenset[str] | None = None,
         verifier: Verifier | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.monitor = monitor
         self.mode = mode
@@ -101,6 +107,8 @@ class Router:
         self.allowed_peers = allowed_peers  # None: any node that announces itself (with the swarm secret, if any)
         self._p2p = p2p
         self._probe_period = probe_period
+        self._unanswered: dict[str, float] = {}  # peer -> when it last left a probe unanswered (``clock``)
+        self._clock = clock
         self._prober = Periodic("rtt-probe", self._probe_period, self._probe_all, "RTT probing failed")
         self.departures = Departures()
         self.room_refusals = RoomRefusals()
@@ -147,7 +155,7 @@ class Router:
         try:
             while True:
                 view = await self.view(fresh, max_age, stale_ok)
-                await self._probe(view, [s.peer_id for s in view.online() if s.peer_id not in self.rtts])
+                await self._probe(view, self._unmeasured(view))
                 request = self._route_request(view, max_length, start, end, avoid, push, adapter)
                 planning = time.perf_counter()
                 try:
@@ -183,7 +191,7 @@ class Router:
             start,
             end,
             rtts=dict(self.rtts),
-            banned=self.bans.banned() | avoid,
+            banned=self.bans.banned() | avoid | self._silent(),
             load=dict(self.load),
             push=push,
             adapter=adapter,
@@ -259,11 +267,28 @@ class Router:
             await open_paths(self._p2p, {p: view.servers[p].relay_addrs for p in peer_ids if p in view.servers})
             await asyncio.gather(*(self._probe_one(peer) for peer in peer_ids))
 
+    def _unmeasured(self, view: SwarmView) -> list[str]:
+        """Online nodes with no RTT estimate that routing should probe before it routes: not those that left a probe
+        unanswered in the last ``PROBE_RETRY`` seconds."""
+        silent = self._silent()
+        return [s.peer_id for s in view.online() if s.peer_id not in self.rtts and s.peer_id not in silent]
+
+    def _silent(self) -> frozenset[str]:
+        """Nodes that never answered a probe and left one unanswered in the last ``PROBE_RETRY`` seconds: routed
+        like banned ones, only where nothing else serves a block (dead or frozen, most likely; a route through one
+        costs its session a step timeout)."""
+        now = self._clock()
+        for peer_id in [p for p, when in self._unanswered.items() if now - when > PROBE_RETRY]:
+            del self._unanswered[peer_id]
+        return frozenset(p for p in self._unanswered if p not in self.rtts)
+
     async def _probe_one(self, peer_id: str) -> None:
         try:
             _, rtt = await fetch_info(self._p2p, peer_id, PROBE_TIMEOUT, self.auth)
         except SwarmError:
+            self._unanswered[peer_id] = self._clock()
             return  # an unreachable node keeps its old estimate; failing sessions ban it
+        self._unanswered.pop(peer_id, None)
         old = self.rtts.get(peer_id)
         self.rtts[peer_id] = rtt if old is None else (1 - RTT_SMOOTHING) * old + RTT_SMOOTHING * rtt
 
