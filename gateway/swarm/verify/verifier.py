@@ -28,7 +28,7 @@ from gateway.swarm.verify.remote import forward_outputs, session_outputs
 from gateway.swarm.verify.spot_checks import SpotCheck, run_spot_check
 from gateway.swarm.verify.trust import NodeTrust, TrustBook, Verification
 from gateway.swarm.view import SwarmView
-from shared.errors import BadReceipt, MalformedReply
+from shared.errors import BadReceipt, MalformedReply, SwarmError
 from shared.membership import CallAuth
 from shared.receipts import Receipt
 from shared.server_records import ServerRecord
@@ -39,6 +39,9 @@ _NEW = NodeTrust(Verification.PROBATION, (0, 0))  # how a node the book has not 
 CHALLENGE_RETRY = 5.0  # seconds before a challenge that could not run (node busy, unreachable) is tried again
 CHALLENGE_TIMEOUT = 10.0  # seconds a challenge's remote calls may take (8 tokens: far less than a step's timeout)
 CHALLENGES_AT_ONCE = 4
+# Seconds a challenge waits on one reference's forward before it asks the next (8 tokens through a span: well under a
+# second on a GPU; a CPU under load takes a few): a frozen reference must not hold a newcomer in probation alone.
+REFERENCE_TIMEOUT = CHALLENGE_TIMEOUT / 2
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,10 @@ class VerifySettings:
     timeout: float = 30.0  # seconds a check's remote call may take
     hidden_size: int = 0
     dtype: torch.dtype = torch.float32
+
+
+class NoReferenceAnswered(SwarmError):
+    """Every reference a challenge could run against failed to answer its forward: the challenge could not run."""
 
 
 class Verifier:
@@ -159,15 +166,13 @@ class Verifier:
         if not references:
             self._queue_or_settle(view, candidate)
             return
-        reference = references[0]
-        blocks = overlap(candidate, reference)
+        blocks = overlap(candidate, references[0])
         assert blocks is not None  # references share blocks by construction
         challenge = new_challenge(blocks, self.settings.hidden_size, self.settings.dtype, CHALLENGE_TOKENS)
         timeout = self.settings.timeout
-        unverified = self.book.nodes[reference.peer_id].state is Verification.UNVERIFIED  # before the calls
-        got, want = await asyncio.gather(
+        got, (reference, want, unverified) = await asyncio.gather(
             session_outputs(self._p2p, peer_id, blocks, challenge.inputs, timeout, self._auth),
-            forward_outputs(self._p2p, reference.peer_id, blocks, challenge.inputs, timeout, self._auth),
+            self._reference_forward(references, challenge),
         )
         verdict = judge(challenge, candidate, reference, got, want)
         where = f"blocks {blocks[0]}:{blocks[1]} against {reference.peer_id} (seed {challenge.seed})"
@@ -189,6 +194,29 @@ class Verifier:
             logger.info("node %s passed its challenge on %s: %s", peer_id, where, verdict.describe())
             return
         self._fail(peer_id, f"failed its challenge on {where}: {verdict.describe()}")
+
+    async def _reference_forward(
+        self, references: list[ServerRecord], challenge: Challenge
+    ) -> tuple[ServerRecord, torch.Tensor, bool]:
+        """The challenge's forward on the first reference over its blocks that answers it: (that reference, its
+        output, whether it was unverified before the call). A reference that does not answer within
+        ``REFERENCE_TIMEOUT`` (frozen, unreachable from here) or answers garbage says nothing about the candidate:
+        the next one is asked. Raises ``NoReferenceAnswered`` (the challenge could not run) when none did."""
+        start, end = challenge.blocks
+        limit = min(self.settings.timeout, REFERENCE_TIMEOUT)
+        failures = []
+        for reference in [r for r in references if r.start <= start and end <= r.end]:
+            unverified = self.book.nodes[reference.peer_id].state is Verification.UNVERIFIED  # before the call
+            try:
+                want = await forward_outputs(
+                    self._p2p, reference.peer_id, challenge.blocks, challenge.inputs, limit, self._auth
+                )
+            except (SwarmError, TimeoutError) as error:
+                failures.append(f"{reference.peer_id}: {error}")
+                logger.info("reference %s did not answer a challenge's forward: %s", reference.peer_id, error)
+                continue
+            return reference, want, unverified
+        raise NoReferenceAnswered("no reference answered its forward (" + "; ".join(failures) + ")")
 
     async def _challenge_back(self, candidate: ServerRecord, reference: ServerRecord, challenge: Challenge) -> None:
         """An unverified reference answered the challenge's forward; its sessions (where a cache is used) are
@@ -248,9 +276,13 @@ class Verifier:
         if not thirds:
             return None
         third = max(thirds, key=lambda s: reference_order(candidate, s, self.book.reputation(s.peer_id)))
-        want = await forward_outputs(
-            self._p2p, third.peer_id, challenge.blocks, challenge.inputs, self.settings.timeout, self._auth
-        )
+        try:
+            want = await forward_outputs(
+                self._p2p, third.peer_id, challenge.blocks, challenge.inputs, self.settings.timeout, self._auth
+            )
+        except SwarmError as error:  # the third's garbage or silence says nothing about the candidate
+            logger.info("third node %s did not answer a tie-break's forward: %s", third.peer_id, error)
+            return None
         verdict = judge(challenge, candidate, third, got, want)
         if verdict.agrees:
             outvoted = f"outvoted at {candidate.peer_id}'s challenge by it and {third.peer_id} (seed {challenge.seed})"

@@ -9,6 +9,7 @@ from gateway.swarm.verify import verifier as verifier_module
 from gateway.swarm.verify.trust import Verification
 from gateway.swarm.verify.verifier import Verifier, VerifySettings
 from gateway.swarm.view import SwarmView
+from shared.errors import MalformedReply, StepTimeout
 from shared.membership import CallAuth
 from shared.server_records import NodeState, ServerRecord
 
@@ -51,4 +52,79 @@ async def test_a_challenge_against_a_reference_outvoted_meanwhile_runs_again_ins
     node = verifier.book.nodes["honest"]
     assert node.state is Verification.PROBATION, node.reason
     assert "lost its trust during the challenge" in node.reason and "honest" in verifier._retry
+    assert verifier.counts["challenge", "failed"] == 0
+
+
+def _verifier_with(references: dict[str, str]) -> Verifier:
+    """A verifier that has seen ``candidate`` and each reference in its state ("verified" or "unverified"); the
+    verified ones are asked first."""
+    verifier = Verifier(None, CallAuth(None, ""), VerifySettings(hidden_size=8))  # type: ignore[arg-type]
+    verifier._view = SwarmView(6, {p: _record(p) for p in ("candidate", *references)})
+    for peer, state in references.items():
+        verifier.book.see(peer, (0, 6))
+        if state == "verified":
+            verifier.book.passed(peer, "passed its challenge")
+        else:
+            verifier.book.unverified(peer, "first node of its blocks")
+    verifier.book.see("candidate", (0, 6))
+    return verifier
+
+
+async def test_a_reference_that_does_not_answer_gives_way_to_the_next_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The best reference is frozen (its p2pd accepts the call, nothing answers): the newcomer is compared with the
+    next one instead of waiting in probation for the frozen node's record to expire."""
+    verifier = _verifier_with({"frozen": "verified", "good": "unverified"})
+    asked: list[str] = []
+
+    async def session_outputs(
+        p2p: object, peer: str, blocks: object, inputs: torch.Tensor, *rest: object
+    ) -> torch.Tensor:
+        return inputs * 2
+
+    async def forward_outputs(
+        p2p: object, peer: str, blocks: object, inputs: torch.Tensor, *rest: object
+    ) -> torch.Tensor:
+        asked.append(peer)
+        if peer == "frozen":
+            raise StepTimeout(f"node {peer} did not answer a check's forward within 5s")
+        return inputs * 2
+
+    monkeypatch.setattr(verifier_module, "session_outputs", session_outputs)
+    monkeypatch.setattr(verifier_module, "forward_outputs", forward_outputs)
+    await verifier._challenge("candidate")
+    node = verifier.book.nodes["candidate"]
+    assert node.state is Verification.VERIFIED and "against good" in node.reason, node.reason
+    assert asked[:2] == ["frozen", "good"]
+
+
+@pytest.mark.parametrize("others", [("liar", "honest"), ("liar",)])
+async def test_a_reference_answering_garbage_never_fails_the_newcomer(
+    monkeypatch: pytest.MonkeyPatch, others: tuple[str, ...]
+) -> None:
+    """A reference whose forward is malformed (a wrong shape) says nothing about the node challenged against it:
+    the next reference decides; with none left the challenge could not run and is tried again later. (A lying first
+    node used to get every honest newcomer of its blocks failed for good this way.)"""
+    verifier = _verifier_with({peer: "verified" if peer == "liar" else "unverified" for peer in others})
+
+    async def session_outputs(
+        p2p: object, peer: str, blocks: object, inputs: torch.Tensor, *rest: object
+    ) -> torch.Tensor:
+        return inputs * 2
+
+    async def forward_outputs(
+        p2p: object, peer: str, blocks: object, inputs: torch.Tensor, *rest: object
+    ) -> torch.Tensor:
+        if peer == "liar":
+            raise MalformedReply(f"node {peer} sent a malformed forward result")
+        return inputs * 2
+
+    monkeypatch.setattr(verifier_module, "session_outputs", session_outputs)
+    monkeypatch.setattr(verifier_module, "forward_outputs", forward_outputs)
+    await verifier._challenge_guarded("candidate")
+    node = verifier.book.nodes["candidate"]
+    if "honest" in others:
+        assert node.state is Verification.VERIFIED and "against honest" in node.reason, node.reason
+    else:
+        assert node.state is Verification.PROBATION and "could not run" in node.reason, node.reason
+        assert "candidate" in verifier._retry
     assert verifier.counts["challenge", "failed"] == 0
