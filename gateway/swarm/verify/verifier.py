@@ -201,7 +201,8 @@ class Verifier:
         """The challenge's forward on the first reference over its blocks that answers it: (that reference, its
         output, whether it was unverified before the call). A reference that does not answer within
         ``REFERENCE_TIMEOUT`` (frozen, unreachable from here) or answers garbage says nothing about the candidate:
-        the next one is asked. Raises ``NoReferenceAnswered`` (the challenge could not run) when none did."""
+        the next one is asked (garbage, objectively wrong, cuts the reference's own trust). Raises
+        ``NoReferenceAnswered`` (the challenge could not run) when none did."""
         start, end = challenge.blocks
         limit = min(self.settings.timeout, REFERENCE_TIMEOUT)
         failures = []
@@ -211,6 +212,13 @@ class Verifier:
                 want = await forward_outputs(
                     self._p2p, reference.peer_id, challenge.blocks, challenge.inputs, limit, self._auth
                 )
+            except (MalformedReply, BadReceipt) as error:  # garbage, or unsigned: cut its trust as an outvote would
+                failures.append(f"{reference.peer_id}: {error}")
+                reason = f"answered a challenge's forward with garbage: {error}"
+                self.counts["challenge", "outvoted"] += 1
+                if self.book.lost(reference.peer_id, reason, outvoted=True):
+                    logger.warning("node %s is out of routing: %s", reference.peer_id, reason)
+                continue
             except (SwarmError, TimeoutError) as error:
                 failures.append(f"{reference.peer_id}: {error}")
                 logger.info("reference %s did not answer a challenge's forward: %s", reference.peer_id, error)

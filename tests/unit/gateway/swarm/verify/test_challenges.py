@@ -102,8 +102,9 @@ async def test_a_reference_answering_garbage_never_fails_the_newcomer(
     monkeypatch: pytest.MonkeyPatch, others: tuple[str, ...]
 ) -> None:
     """A reference whose forward is malformed (a wrong shape) says nothing about the node challenged against it:
-    the next reference decides; with none left the challenge could not run and is tried again later. (A lying first
-    node used to get every honest newcomer of its blocks failed for good this way.)"""
+    the next reference decides; with none left the challenge could not run and is tried again later. The garbage
+    cuts the reference's own trust. (A lying first node used to get every honest newcomer of its blocks failed for
+    good this way.)"""
     verifier = _verifier_with({peer: "verified" if peer == "liar" else "unverified" for peer in others})
 
     async def session_outputs(
@@ -128,3 +129,4 @@ async def test_a_reference_answering_garbage_never_fails_the_newcomer(
         assert node.state is Verification.PROBATION and "could not run" in node.reason, node.reason
         assert "candidate" in verifier._retry
     assert verifier.counts["challenge", "failed"] == 0
+    assert verifier.book.reputation("liar") < 0.5  # garbage is evidence against the reference itself
