@@ -9,7 +9,7 @@ from gateway.swarm.verify import verifier as verifier_module
 from gateway.swarm.verify.trust import Verification
 from gateway.swarm.verify.verifier import Verifier, VerifySettings
 from gateway.swarm.view import SwarmView
-from shared.errors import MalformedReply, StepTimeout
+from shared.errors import MalformedReply, StepTimeout, SwarmError
 from shared.membership import CallAuth
 from shared.server_records import NodeState, ServerRecord
 
@@ -70,10 +70,9 @@ def _verifier_with(references: dict[str, str]) -> Verifier:
     return verifier
 
 
-async def test_a_reference_that_does_not_answer_gives_way_to_the_next_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The best reference is frozen (its p2pd accepts the call, nothing answers): the newcomer is compared with the
-    next one instead of waiting in probation for the frozen node's record to expire."""
-    verifier = _verifier_with({"frozen": "verified", "good": "unverified"})
+def _honest_but(monkeypatch: pytest.MonkeyPatch, broken: dict[str, SwarmError]) -> list[str]:
+    """Every node computes the honest model (twice its input) except those in ``broken``, whose forward raises
+    their error; returns the peers asked for a forward, in order."""
     asked: list[str] = []
 
     async def session_outputs(
@@ -85,12 +84,20 @@ async def test_a_reference_that_does_not_answer_gives_way_to_the_next_one(monkey
         p2p: object, peer: str, blocks: object, inputs: torch.Tensor, *rest: object
     ) -> torch.Tensor:
         asked.append(peer)
-        if peer == "frozen":
-            raise StepTimeout(f"node {peer} did not answer a check's forward within 5s")
+        if peer in broken:
+            raise broken[peer]
         return inputs * 2
 
     monkeypatch.setattr(verifier_module, "session_outputs", session_outputs)
     monkeypatch.setattr(verifier_module, "forward_outputs", forward_outputs)
+    return asked
+
+
+async def test_a_reference_that_does_not_answer_gives_way_to_the_next_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The best reference is frozen (its p2pd accepts the call, nothing answers): the newcomer is compared with the
+    next one instead of waiting in probation for the frozen node's record to expire."""
+    verifier = _verifier_with({"frozen": "verified", "good": "unverified"})
+    asked = _honest_but(monkeypatch, {"frozen": StepTimeout("node frozen did not answer a check's forward within 5s")})
     await verifier._challenge("candidate")
     node = verifier.book.nodes["candidate"]
     assert node.state is Verification.VERIFIED and "against good" in node.reason, node.reason
@@ -106,21 +113,7 @@ async def test_a_reference_answering_garbage_never_fails_the_newcomer(
     cuts the reference's own trust. (A lying first node used to get every honest newcomer of its blocks failed for
     good this way.)"""
     verifier = _verifier_with({peer: "verified" if peer == "liar" else "unverified" for peer in others})
-
-    async def session_outputs(
-        p2p: object, peer: str, blocks: object, inputs: torch.Tensor, *rest: object
-    ) -> torch.Tensor:
-        return inputs * 2
-
-    async def forward_outputs(
-        p2p: object, peer: str, blocks: object, inputs: torch.Tensor, *rest: object
-    ) -> torch.Tensor:
-        if peer == "liar":
-            raise MalformedReply(f"node {peer} sent a malformed forward result")
-        return inputs * 2
-
-    monkeypatch.setattr(verifier_module, "session_outputs", session_outputs)
-    monkeypatch.setattr(verifier_module, "forward_outputs", forward_outputs)
+    _honest_but(monkeypatch, {"liar": MalformedReply("node liar sent a malformed forward result")})
     await verifier._challenge_guarded("candidate")
     node = verifier.book.nodes["candidate"]
     if "honest" in others:
