@@ -344,6 +344,8 @@ class SpanHandlers:
         async with self.pool.reserve(hidden.shape[0] * hidden.shape[1]):
             output = await self.backend.forward(hidden, blocks, message.adapter)
         self.tokens_processed += hidden.shape[0] * hidden.shape[1]
+        if self.status.faulty_outputs == "forward-shape":  # testing: a liar only where it serves as a reference
+            output = output[:, :, : output.shape[-1] // 2]
         return encode_response(ForwardResult(), (output,))
 
     async def _info(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:

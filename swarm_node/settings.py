@@ -16,7 +16,17 @@ if TYPE_CHECKING:
 
 # --faulty-outputs (testing only): what each mode does is in swarm_node/faults.py.
 FaultyOutputs = Literal[
-    "none", "nan", "shape", "dtype", "noise", "stale-cache", "wrong-weights", "low-precision", "lazy", "bad-receipt"
+    "none",
+    "nan",
+    "shape",
+    "dtype",
+    "noise",
+    "stale-cache",
+    "wrong-weights",
+    "low-precision",
+    "lazy",
+    "bad-receipt",
+    "forward-shape",
 ]
 
 
@@ -118,6 +128,8 @@ class NodeSettings(P2PSettings):
         " relative noise to every output, stale-cache never keeps keys/values, wrong-weights computes its first block"
         " with weights of another seed, low-precision announces --quant but computes nf4, lazy answers its input."
         " bad-receipt computes right but signs its receipts with a key its certificate does not name."
+        " forward-shape serves sessions right but answers stateless forwards (what a gateway asks a reference"
+        " replica during another node's check) with a wrong shape."
         " The self-test refuses stale-cache (see --skip-self-test)",
     )
     skip_self_test: bool = Field(

@@ -143,6 +143,44 @@ def test_a_liar_caught_mid_stream_hands_the_stream_to_verified_nodes(
         stop_gracefully(local_swarm)
 
 
+def test_a_liar_answering_a_newcomers_challenge_with_garbage_loses_trust_and_the_newcomer_serves(
+    local_swarm: LocalSwarm, tiny_with_tokenizer: GetTinyModel
+) -> None:
+    """The liar (``forward-shape``: its sessions are right, its stateless forwards malformed) is the first node of
+    its blocks, so it is every newcomer's reference. An honest node joins: its challenge gets the liar's garbage as
+    the reference's answer. That is evidence against the liar, not the newcomer (a newcomer was failed for it, for
+    good): the liar leaves routing, and the honest node, with no reference left, is routed as unverified."""
+    tiny = tiny_with_tokenizer("llama")
+    try:
+        local_swarm.start_dht()
+        liar = local_swarm.start_node(tiny.folder, "0:6", "--faulty-outputs", "forward-shape", name="liar")
+        local_swarm.wait_serving(liar)
+        gateway = start_gateway(local_swarm, tiny.folder)
+        wait_until(lambda: _nodes(gateway)[liar.peer_id]["verification"]["state"] == "unverified", within=60)
+        honest = local_swarm.start_node(tiny.folder, "0:6", name="honest")
+        local_swarm.wait_serving(honest)
+
+        def settled() -> bool:
+            nodes = _nodes(gateway)
+            return honest.peer_id in nodes and nodes[honest.peer_id]["verification"]["routed"]
+
+        wait_until(settled, 60, state=lambda: {p: n["verification"] for p, n in _nodes(gateway).items()})
+        nodes = _nodes(gateway)
+        assert nodes[honest.peer_id]["verification"]["state"] in ("unverified", "verified"), nodes[honest.peer_id]
+        liar_state = nodes[liar.peer_id]["verification"]
+        assert liar_state["state"] == "distrusted" and "garbage" in liar_state["reason"], liar_state
+        with torch.no_grad():
+            out = tiny.model.generate(torch.tensor([PROMPT]), max_new_tokens=10, do_sample=False)
+        tokenizer = AutoTokenizer.from_pretrained(tiny.folder)
+        expected = str(tokenizer.decode(PROMPT + [int(t) for t in out[0, len(PROMPT) :]]))
+        result = gateway.openai().completions.create(
+            model=gateway.model, prompt=PROMPT, max_tokens=10, temperature=0, extra_body={"ignore_eos": True}
+        )
+        assert result.choices[0].text == expected[len(tokenizer.decode(PROMPT)) :]
+    finally:
+        stop_gracefully(local_swarm)
+
+
 def swarm_counters(gateway: Gateway) -> dict[str, int]:
     with gateway.http() as http:
         counters: dict[str, int] = http.get("/v1/swarm").json()["counters"]
