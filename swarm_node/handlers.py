@@ -345,7 +345,7 @@ class SpanHandlers:
             output = await self.backend.forward(hidden, blocks, message.adapter)
         self.tokens_processed += hidden.shape[0] * hidden.shape[1]
         if self.status.faulty_outputs == "forward-shape":  # testing: a liar only where it serves as a reference
-            output = output[:, :, : output.shape[-1] // 2]
+            output = self._corrupt(output, "shape")
         return encode_response(ForwardResult(), (output,))
 
     async def _info(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
@@ -373,9 +373,10 @@ class SpanHandlers:
             raise NodeInternalError("the node has no step key yet")
         return self.status.step_key.certificate
 
-    def _corrupt(self, output: torch.Tensor) -> torch.Tensor:
-        """A broken node, for tests of the gateway's checks (``--faulty-outputs``); a healthy node returns as is."""
-        fault = self.status.faulty_outputs
+    def _corrupt(self, output: torch.Tensor, fault: str | None = None) -> torch.Tensor:
+        """A broken node, for tests of the gateway's checks (``--faulty-outputs``, or ``fault`` where given); a
+        healthy node returns as is."""
+        fault = self.status.faulty_outputs if fault is None else fault
         if fault == "nan":
             return torch.full_like(output, float("nan"))
         if fault == "shape":
