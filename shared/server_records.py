@@ -96,6 +96,10 @@ class ServerRecord(BaseModel):
     def blocks(self) -> range:
         return range(self.start, self.end)
 
+    def covers(self, start: int, end: int) -> bool:
+        """Whether this node serves every block of [start, end)."""
+        return self.start <= start and end <= self.end
+
 
 def record_json(server: ServerRecord) -> dict[str, Any]:
     """The record as stored: fields added since the first release left out while unset, so older readers (which

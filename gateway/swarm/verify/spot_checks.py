@@ -63,8 +63,7 @@ def replicas_of(view: SwarmView, book: TrustBook, hop: Hop, adapter: str | None 
         s
         for s in view.online()
         if s.peer_id != hop.peer_id
-        and s.start <= hop.start
-        and hop.end <= s.end
+        and s.covers(hop.start, hop.end)
         and book.routable(s.peer_id)
         and (adapter is None or adapter in s.adapters)
     ]

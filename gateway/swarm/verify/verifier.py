@@ -206,7 +206,7 @@ class Verifier:
         start, end = challenge.blocks
         limit = min(self.settings.timeout, REFERENCE_TIMEOUT)
         failures = []
-        for reference in [r for r in references if r.start <= start and end <= r.end]:
+        for reference in [r for r in references if r.covers(start, end)]:
             unverified = self.book.nodes[reference.peer_id].state is Verification.UNVERIFIED  # before the call
             try:
                 want = await forward_outputs(
@@ -277,8 +277,7 @@ class Verifier:
             s
             for s in view.online()
             if s.peer_id not in (candidate.peer_id, reference.peer_id)
-            and s.start <= start
-            and end <= s.end
+            and s.covers(start, end)
             and self.book.nodes.get(s.peer_id, _NEW).state not in (Verification.FAILED, Verification.DISTRUSTED)
         ]
         if not thirds:
