@@ -181,6 +181,32 @@ def test_a_liar_answering_a_newcomers_challenge_with_garbage_loses_trust_and_the
         stop_gracefully(local_swarm)
 
 
+def test_a_sole_replica_answering_its_spot_checks_forward_with_garbage_loses_trust(
+    local_swarm: LocalSwarm, tiny_with_tokenizer: GetTinyModel
+) -> None:
+    """The only node of its blocks is checked against itself: each served step re-run as a stateless forward. This
+    one answers that forward with garbage (``forward-shape``); before, the check ended unjudged, so a sole replica
+    that lied in its sessions could dodge every self-check that way. Now the garbage is held against it."""
+    tiny = tiny_with_tokenizer("llama")
+    try:
+        local_swarm.start_dht()
+        liar = local_swarm.start_node(tiny.folder, "0:6", "--faulty-outputs", "forward-shape", name="liar")
+        local_swarm.wait_serving(liar)
+        gateway = start_gateway(local_swarm, tiny.folder, "--verify-check-rate", "1000")  # every step checked
+        wait_until(lambda: _nodes(gateway)[liar.peer_id]["verification"]["state"] == "unverified", within=60)
+        # One token: the prefill step alone, so the stream has ended before its check (in the background) can
+        # take the node out of routing under it.
+        gateway.openai().completions.create(model=gateway.model, prompt=PROMPT, max_tokens=1, temperature=0)
+
+        def caught() -> bool:
+            return "spot check's forward with garbage" in _nodes(gateway)[liar.peer_id]["verification"]["reason"]
+
+        wait_until(caught, 60, state=lambda: _nodes(gateway)[liar.peer_id]["verification"])
+        assert _nodes(gateway)[liar.peer_id]["verification"]["state"] == "distrusted"
+    finally:
+        stop_gracefully(local_swarm)
+
+
 def swarm_counters(gateway: Gateway) -> dict[str, int]:
     with gateway.http() as http:
         counters: dict[str, int] = http.get("/v1/swarm").json()["counters"]

@@ -8,6 +8,9 @@ last positions.
     sole replica            the node re-runs its own step as a prefill: a node whose cache and forwards disagree
                             (drift: a broken kernel, a cache never written) is caught; a node that lies the same way
                             both times is not — a check of a sole replica catches drift, not malice
+    garbage                 a forward answered with garbage (a wrong shape, NaN, no valid receipt) loses its node
+                            trust as an outvote would; a replica that did is passed over for the next one (none
+                            left: the node re-runs its own step)
 
 The check costs one forward of the whole prefix on the checker (``TrustBook.check_probability`` picks steps so
 that this stays the configured fraction of the compute served).
@@ -15,7 +18,7 @@ that this stays the configured fraction of the compute served).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +31,7 @@ from gateway.swarm.verify.remote import forward_outputs
 from gateway.swarm.verify.tolerances import Precision, Tolerance, tolerance_for
 from gateway.swarm.verify.trust import TrustBook
 from gateway.swarm.view import SwarmView
+from shared.errors import BadReceipt, MalformedReply
 from shared.membership import CallAuth
 from shared.receipts import Receipt
 from shared.server_records import ServerRecord
@@ -82,22 +86,44 @@ async def run_spot_check(
     mine = Precision.parse(node.precision if node else None)
     others = replicas_of(view, book, hop, check.adapter)
 
-    async def on(peer_id: str) -> torch.Tensor:
-        return (await forward_outputs(p2p, peer_id, blocks, inputs, limit, auth, check.adapter))[:, -steps:]
+    async def on(peer_id: str) -> torch.Tensor | None:
+        """The node's forward of the step's input, or None when it answered garbage (a wrong shape, NaN, no valid
+        receipt): objectively wrong whatever the step was, so it loses trust as an outvote would. Before, the error
+        ended the check unjudged: a sole replica that lied in its sessions dodged every self-check by answering
+        forwards with garbage, and a replica doing so went unpunished as a reference."""
+        try:
+            return (await forward_outputs(p2p, peer_id, blocks, inputs, limit, auth, check.adapter))[:, -steps:]
+        except (MalformedReply, BadReceipt) as error:
+            reason = f"answered a spot check's forward with garbage: {error}"
+            evidence = check.evidence() if peer_id == hop.peer_id else None
+            book.lost(peer_id, reason, outvoted=True, self_check=peer_id == hop.peer_id, evidence=evidence)
+            return None
+
+    async def next_answer(replicas: Iterator[ServerRecord]) -> tuple[ServerRecord, torch.Tensor] | None:
+        """The next replica that answers its forward with a result (silence still ends the check: it raises)."""
+        for server in replicas:
+            output = await on(server.peer_id)
+            if output is not None:
+                return server, output
+        return None
 
     def versus(server: ServerRecord | None, want: torch.Tensor) -> Comparison:
         theirs = Precision.parse(server.precision if server else None)
         return compare(inputs[:, -steps:], want, check.output, tolerance_for(mine, theirs))
 
-    if not others:
-        verdict = versus(node, await on(hop.peer_id))
-        return _settle(book, check, verdict, "its own prefill of the same step", self_check=True)
-    reference = others[0]
-    want = await on(reference.peer_id)
+    replicas = iter(others)
+    first = await next_answer(replicas)
+    if first is None:  # a sole replica, or no other that answered sense: the node re-runs its own step
+        own = await on(hop.peer_id)
+        if own is None:
+            return SpotResult("self", "outvoted")
+        return _settle(book, check, versus(node, own), "its own prefill of the same step", self_check=True)
+    reference, want = first
     verdict = versus(reference, want)
-    if verdict.agrees or len(others) < 2:
+    third = None if verdict.agrees else await next_answer(replicas)
+    if third is None:
         return _settle(book, check, verdict, f"{reference.peer_id}'s forward", self_check=False)
-    return _tie_break(book, check, others[1], reference, (want, await on(others[1].peer_id)), versus)
+    return _tie_break(book, check, third[0], reference, (want, third[1]), versus)
 
 
 def side_of(with_node: bool, with_reference: bool) -> str:
