@@ -181,6 +181,40 @@ def test_a_liar_answering_a_newcomers_challenge_with_garbage_loses_trust_and_the
         stop_gracefully(local_swarm)
 
 
+def test_a_liar_joining_next_to_an_honest_first_node_cannot_take_it_out_of_routing(
+    local_swarm: LocalSwarm, tiny_with_tokenizer: GetTinyModel
+) -> None:
+    """An honest node is the first of its blocks (unverified). A liar joins (``forward-shape``: its sessions are
+    right, its stateless forwards malformed): its challenge passes, and the challenge back — the first node's
+    session checked against the newcomer's forward — gets garbage. That is evidence against the newcomer: before,
+    it outvoted the honest first node, and the only honest node of its blocks left routing."""
+    tiny = tiny_with_tokenizer("llama")
+    try:
+        local_swarm.start_dht()
+        first = local_swarm.start_node(tiny.folder, "0:6", name="first")
+        local_swarm.wait_serving(first)
+        gateway = start_gateway(local_swarm, tiny.folder)
+        wait_until(lambda: _nodes(gateway)[first.peer_id]["verification"]["state"] == "unverified", within=60)
+        liar = local_swarm.start_node(tiny.folder, "0:6", "--faulty-outputs", "forward-shape", name="liar")
+        local_swarm.wait_serving(liar)
+
+        def decided() -> bool:
+            nodes = _nodes(gateway)
+            return liar.peer_id in nodes and nodes[liar.peer_id]["verification"]["state"] not in (
+                "probation",
+                "verified",
+            )
+
+        wait_until(decided, 60, state=lambda: {p: n["verification"] for p, n in _nodes(gateway).items()})
+        nodes = _nodes(gateway)
+        assert nodes[liar.peer_id]["verification"]["state"] == "distrusted", nodes[liar.peer_id]
+        assert "garbage" in nodes[liar.peer_id]["verification"]["reason"]
+        assert nodes[first.peer_id]["verification"]["state"] == "unverified", nodes[first.peer_id]
+        assert nodes[first.peer_id]["verification"]["routed"]
+    finally:
+        stop_gracefully(local_swarm)
+
+
 def test_a_sole_replica_answering_its_spot_checks_forward_with_garbage_loses_trust(
     local_swarm: LocalSwarm, tiny_with_tokenizer: GetTinyModel
 ) -> None:

@@ -230,18 +230,31 @@ class Verifier:
         """An unverified reference answered the challenge's forward; its sessions (where a cache is used) are
         checked too, against the candidate's forward, before it counts as verified."""
         timeout, blocks, inputs = self.settings.timeout, challenge.blocks, challenge.inputs
-        try:
-            got, want = await asyncio.gather(
-                session_outputs(self._p2p, reference.peer_id, blocks, inputs, timeout, self._auth),
-                forward_outputs(self._p2p, candidate.peer_id, blocks, inputs, timeout, self._auth),
-            )
+        got, want = await asyncio.gather(
+            session_outputs(self._p2p, reference.peer_id, blocks, inputs, timeout, self._auth),
+            forward_outputs(self._p2p, candidate.peer_id, blocks, inputs, timeout, self._auth),
+            return_exceptions=True,
+        )
+        # Garbage (or an unsigned reply) is evidence against whoever sent it: the candidate's forward garbage once
+        # outvoted the reference, so a liar joining could take an honest first node out of routing.
+        if isinstance(want, MalformedReply | BadReceipt):
+            reason = f"answered a challenge's forward with garbage: {want}"
+            self.counts["challenge", "outvoted"] += 1
+            if self.book.lost(candidate.peer_id, reason, outvoted=True):
+                logger.warning("node %s is out of routing: %s", candidate.peer_id, reason)
+        for result in (got, want):
+            if isinstance(result, BaseException) and not isinstance(result, MalformedReply | BadReceipt):
+                raise result  # silence, a refusal: the challenge could not run
+        if isinstance(want, BaseException):
+            return  # nothing to check the reference's session against
+        if isinstance(got, BaseException):  # the reference's garbage, or a session reply it did not sign
+            verdict, detail = None, f"answered a session with garbage: {got}"
+        else:
             verdict = judge(challenge, reference, candidate, got, want)
-        except (MalformedReply, BadReceipt) as error:  # garbage, or a session reply it did not sign
-            verdict, detail = None, f"answered a session with garbage: {error}"
-        if verdict is not None and verdict.agrees:
-            self.book.confirmed(reference.peer_id)
-            return
-        detail = detail if verdict is None else verdict.describe()
+            if verdict.agrees:
+                self.book.confirmed(reference.peer_id)
+                return
+            detail = verdict.describe()
         reason = f"its session disagreed with {candidate.peer_id}'s forward (seed {challenge.seed}): {detail}"
         self.book.lost(reference.peer_id, reason, outvoted=True)
         self.counts["challenge", "outvoted"] += 1
@@ -289,6 +302,9 @@ class Verifier:
             )
         except SwarmError as error:  # the third's garbage or silence says nothing about the candidate
             logger.info("third node %s did not answer a tie-break's forward: %s", third.peer_id, error)
+            if isinstance(error, MalformedReply | BadReceipt):  # garbage is evidence against the third itself
+                self.counts["challenge", "outvoted"] += 1
+                self.book.lost(third.peer_id, f"answered a challenge's forward with garbage: {error}", outvoted=True)
             return None
         verdict = judge(challenge, candidate, third, got, want)
         if verdict.agrees:

@@ -123,3 +123,39 @@ async def test_a_reference_answering_garbage_never_fails_the_newcomer(
         assert "candidate" in verifier._retry
     assert verifier.counts["challenge", "failed"] == 0
     assert verifier.book.reputation("liar") < 0.5  # garbage is evidence against the reference itself
+
+
+async def test_a_newcomer_answering_the_challenge_back_with_garbage_loses_trust_not_the_first_node(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The newcomer passes its challenge against the unverified first node (its session agrees with the first
+    node's forward), and is then asked a forward to check the first node's session against: it answers garbage.
+    That is evidence against the newcomer, not the first node (the honest first node was outvoted for it: a liar
+    joining could take the only honest node of its blocks out of routing)."""
+    verifier = _verifier_with({"first": "unverified"})
+    _honest_but(monkeypatch, {"candidate": MalformedReply("node candidate sent a malformed forward result")})
+    await verifier._challenge_guarded("candidate")
+    first, candidate = verifier.book.nodes["first"], verifier.book.nodes["candidate"]
+    assert first.state is Verification.UNVERIFIED and verifier.book.reputation("first") == 0.5, first.reason
+    assert candidate.state is Verification.DISTRUSTED and "garbage" in candidate.reason, candidate.reason
+
+
+async def test_a_third_answering_a_tie_break_with_garbage_loses_trust_and_the_newcomer_waits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The newcomer disagrees with the unverified first node (lazy: its input back); the third node asked to break
+    the tie answers garbage: the newcomer stays undecided, and the garbage counts against the third."""
+    verifier = _verifier_with({"first": "unverified"})
+    verifier._view = SwarmView(6, {p: _record(p) for p in ("candidate", "first", "third")})
+    verifier.book.see("third", (0, 6))  # in probation: not a reference, but a third may be
+    _honest_but(monkeypatch, {"third": MalformedReply("node third sent a malformed forward result")})
+    real_forward = verifier_module.forward_outputs
+
+    async def forward_outputs(p2p: object, peer: str, blocks: object, inputs: torch.Tensor, *rest: object) -> object:
+        return inputs if peer == "first" else await real_forward(p2p, peer, blocks, inputs, *rest)
+
+    monkeypatch.setattr(verifier_module, "forward_outputs", forward_outputs)
+    await verifier._challenge_guarded("candidate")
+    assert verifier.book.nodes["candidate"].state is Verification.PROBATION
+    assert verifier.book.reputation("third") < 0.5 and "garbage" in verifier.book.nodes["third"].reason
+    assert verifier.book.reputation("first") == 0.5
