@@ -17,6 +17,7 @@ And one that computes right but cannot be held to it: ``bad-receipt`` signs its 
 with a key of its own that the certificate it sends at open does not name; the gateway must refuse its replies.
 ``forward-shape`` serves sessions right and answers stateless forwards — what a gateway asks a reference replica
 while it checks another node — with a wrong shape (``SpanHandlers._forward``): a liar only in the reference's role.
+``forward-noise`` is the same liar with plausible values (``noise``'s), which only a comparison can tell.
 
 ``noise`` and ``lazy`` act in ``SpanBackend._forward`` (every step, batched, pushed or stateless), the others in how
 the span is built or run, so every path a request can take lies the same way.

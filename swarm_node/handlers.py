@@ -69,6 +69,7 @@ from shared.wire import ClientMessage as SessionMessage
 from swarm_node.backend import SpanBackend
 from swarm_node.cache_pool import CachePool
 from swarm_node.fair_share import FairShare, ShareLimits
+from swarm_node.faults import lie_about
 from swarm_node.kv_cache import SessionKV, check_branch, is_chain, tree_depths
 from swarm_node.push import PushLinks, RowsOutcome, run_rows, wait_rows
 from swarm_node.rpc_checks import check_batch, check_blocks, check_hidden, check_max_length, check_protocol
@@ -346,6 +347,8 @@ class SpanHandlers:
         self.tokens_processed += hidden.shape[0] * hidden.shape[1]
         if self.status.faulty_outputs == "forward-shape":  # testing: a liar only where it serves as a reference
             output = self._corrupt(output, "shape")
+        elif self.status.faulty_outputs == "forward-noise":  # ... the same, with plausible wrong values
+            output = lie_about("noise", hidden, output)
         return encode_response(ForwardResult(), (output,))
 
     async def _info(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:

@@ -27,6 +27,7 @@ FaultyOutputs = Literal[
     "lazy",
     "bad-receipt",
     "forward-shape",
+    "forward-noise",
 ]
 
 
@@ -129,7 +130,7 @@ class NodeSettings(P2PSettings):
         " with weights of another seed, low-precision announces --quant but computes nf4, lazy answers its input."
         " bad-receipt computes right but signs its receipts with a key its certificate does not name."
         " forward-shape serves sessions right but answers stateless forwards (what a gateway asks a reference"
-        " replica during another node's check) with a wrong shape."
+        " replica during another node's check) with a wrong shape; forward-noise the same with noise's values."
         " The self-test refuses stale-cache (see --skip-self-test)",
     )
     skip_self_test: bool = Field(

@@ -215,6 +215,40 @@ def test_a_liar_joining_next_to_an_honest_first_node_cannot_take_it_out_of_routi
         stop_gracefully(local_swarm)
 
 
+@pytest.mark.parametrize("liar_first", [True, False], ids=["liar-first", "liar-joins"])
+def test_a_node_whose_forwards_disagree_with_its_own_sessions_loses_trust_not_the_honest_node(
+    local_swarm: LocalSwarm, tiny_with_tokenizer: GetTinyModel, liar_first: bool
+) -> None:
+    """The liar (``forward-noise``) serves sessions right and answers stateless forwards — what a check asks of a
+    reference, and of a newcomer to check an unverified first node's session — with plausible wrong values. A
+    disagreement is held against a node only once its own forward and session agree: the liar's do not.
+    First of its blocks, it is the honest newcomer's reference (before: the newcomer waited in probation for a third
+    node that never came); joining, its forward checks the honest first node's session (before: the honest node was
+    outvoted and left routing, the liar verified)."""
+    tiny = tiny_with_tokenizer("llama")
+    try:
+        local_swarm.start_dht()
+        liar_flags = ("--faulty-outputs", "forward-noise")
+        first = local_swarm.start_node(tiny.folder, "0:6", *(liar_flags if liar_first else ()), name="first")
+        local_swarm.wait_serving(first)
+        gateway = start_gateway(local_swarm, tiny.folder)
+        wait_until(lambda: _nodes(gateway)[first.peer_id]["verification"]["state"] == "unverified", within=60)
+        second = local_swarm.start_node(tiny.folder, "0:6", *(() if liar_first else liar_flags), name="second")
+        local_swarm.wait_serving(second)
+        liar, honest = (first, second) if liar_first else (second, first)
+
+        def decided() -> bool:
+            nodes = _nodes(gateway)
+            return liar.peer_id in nodes and nodes[liar.peer_id]["verification"]["state"] == "distrusted"
+
+        wait_until(decided, 60, state=lambda: {p: n["verification"] for p, n in _nodes(gateway).items()})
+        wait_until(lambda: _nodes(gateway)[honest.peer_id]["verification"]["routed"], 30, state=lambda: _nodes(gateway))
+        assert "its own session" in _nodes(gateway)[liar.peer_id]["verification"]["reason"]
+        assert _nodes(gateway)[honest.peer_id]["verification"]["state"] in ("unverified", "verified")
+    finally:
+        stop_gracefully(local_swarm)
+
+
 def test_a_sole_replica_answering_its_spot_checks_forward_with_garbage_loses_trust(
     local_swarm: LocalSwarm, tiny_with_tokenizer: GetTinyModel
 ) -> None:

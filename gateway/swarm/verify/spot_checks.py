@@ -5,6 +5,9 @@ last positions.
     agree                   the node gains reputation
     disagree, a 3rd replica the 3rd decides: whoever it disagrees with is outvoted (loses much reputation)
     disagree, no 3rd        disputed: the checked node loses some (the reference is routed and at least as reputed)
+    ... unless the reference the reference re-runs the input as a session first: when its own session disowns its
+    disowns its forward     forward (or it answers garbage), the reference loses trust as if outvoted and the check
+                            ends undecided; the checked node loses nothing
     sole replica            the node re-runs its own step as a prefill: a node whose cache and forwards disagree
                             (drift: a broken kernel, a cache never written) is caught; a node that lies the same way
                             both times is not — a check of a sole replica catches drift, not malice
@@ -27,7 +30,7 @@ from hivemind.p2p import P2P
 
 from gateway.swarm.routing import Hop
 from gateway.swarm.verify.compare import Comparison, compare
-from gateway.swarm.verify.remote import forward_outputs
+from gateway.swarm.verify.remote import forward_outputs, session_outputs
 from gateway.swarm.verify.tolerances import Precision, Tolerance, tolerance_for
 from gateway.swarm.verify.trust import TrustBook
 from gateway.swarm.view import SwarmView
@@ -121,9 +124,41 @@ async def run_spot_check(
     reference, want = first
     verdict = versus(reference, want)
     third = None if verdict.agrees else await next_answer(replicas)
-    if third is None:
-        return _settle(book, check, verdict, f"{reference.peer_id}'s forward", self_check=False)
-    return _tie_break(book, check, third[0], reference, (want, third[1]), versus)
+    if third is not None:
+        return _tie_break(book, check, third[0], reference, (want, third[1]), versus)
+    if not verdict.agrees and check.adapter is None and await _disowns(p2p, auth, book, reference, check, want, limit):
+        return SpotResult("spot", "undecided")  # the dispute is the reference's doing: the node loses nothing
+    return _settle(book, check, verdict, f"{reference.peer_id}'s forward", self_check=False)
+
+
+async def _disowns(
+    p2p: P2P,
+    auth: CallAuth,
+    book: TrustBook,
+    reference: ServerRecord,
+    check: SpotCheck,
+    want: torch.Tensor,
+    limit: float,
+) -> bool:
+    """Whether ``reference``'s forward (``want``: the step's last positions) is disowned by its own session of the
+    same input, held to before a dispute counts against the checked node: a replica lying only in forwards (the
+    role a reference plays; its sessions right, so its own checks pass) would otherwise wear down every node checked
+    against it. Disowned, or answered with garbage, it loses trust as if outvoted. Raises on silence (the check
+    could not run)."""
+    inputs, steps, blocks = check.inputs(), check.output.shape[1], (check.hop.start, check.hop.end)
+    try:
+        session = (await session_outputs(p2p, reference.peer_id, blocks, inputs, limit, auth))[:, -steps:]
+    except (MalformedReply, BadReceipt) as error:
+        book.lost(reference.peer_id, f"answered a spot check's session with garbage: {error}", outvoted=True)
+        return True
+    own = compare(inputs[:, -steps:], session, want, tolerance_of(reference, reference))
+    if own.agrees:
+        return False
+    where = f"a spot check of blocks {blocks[0]}:{blocks[1]}"
+    book.lost(
+        reference.peer_id, f"its forward disagreed with its own session on {where}: {own.describe()}", outvoted=True
+    )
+    return True
 
 
 def side_of(with_node: bool, with_reference: bool) -> str:

@@ -180,6 +180,9 @@ class Verifier:
             # Another challenge outvoted the reference while this one ran: disagreeing with it says nothing.
             self._undecided(peer_id, f"its reference {reference.peer_id} lost its trust during the challenge", 0.0)
             return
+        if not verdict.agrees and await self._forward_disowned(reference, challenge, want):
+            self._undecided(peer_id, f"its reference {reference.peer_id} answered a forward it cannot stand by", 0.0)
+            return
         if not verdict.agrees and unverified:
             decided = await self._tie_break(view, candidate, reference, challenge, got)
             if decided is None:  # one against one, and nobody to ask: wait for a third node
@@ -189,7 +192,7 @@ class Verifier:
         if verdict.agrees:
             self.book.passed(peer_id, f"passed its challenge on {where}: {verdict.describe()}")
             if self.book.nodes[reference.peer_id].state is Verification.UNVERIFIED:
-                await self._challenge_back(candidate, reference, challenge)
+                await self._challenge_back(candidate, reference, challenge, got)
             self.counts["challenge", "passed"] += 1
             logger.info("node %s passed its challenge on %s: %s", peer_id, where, verdict.describe())
             return
@@ -214,10 +217,7 @@ class Verifier:
                 )
             except (MalformedReply, BadReceipt) as error:  # garbage, or unsigned: cut its trust as an outvote would
                 failures.append(f"{reference.peer_id}: {error}")
-                reason = f"answered a challenge's forward with garbage: {error}"
-                self.counts["challenge", "outvoted"] += 1
-                if self.book.lost(reference.peer_id, reason, outvoted=True):
-                    logger.warning("node %s is out of routing: %s", reference.peer_id, reason)
+                self._outvoted(reference.peer_id, f"answered a challenge's forward with garbage: {error}")
                 continue
             except (SwarmError, TimeoutError) as error:
                 failures.append(f"{reference.peer_id}: {error}")
@@ -226,9 +226,47 @@ class Verifier:
             return reference, want, unverified
         raise NoReferenceAnswered("no reference answered its forward (" + "; ".join(failures) + ")")
 
-    async def _challenge_back(self, candidate: ServerRecord, reference: ServerRecord, challenge: Challenge) -> None:
+    async def _forward_disowned(self, server: ServerRecord, challenge: Challenge, forward: torch.Tensor) -> bool:
+        """Whether ``server``'s ``forward`` of the challenge disagrees with its own session on the same input (run
+        now): then the disagreement is its own doing — a node that lies only in forwards, the role a reference and
+        a checker play, while its sessions are right — and it loses trust as if outvoted. Before, such a first node
+        kept every honest newcomer of its blocks waiting for a third node, and a verified one failed them.
+        False where the session does not come (silence says nothing)."""
+        timeout, blocks, inputs = self.settings.timeout, challenge.blocks, challenge.inputs
+        try:
+            session = await session_outputs(self._p2p, server.peer_id, blocks, inputs, timeout, self._auth)
+        except (MalformedReply, BadReceipt) as error:
+            self._outvoted(server.peer_id, f"answered a session with garbage: {error}")
+            return True
+        except (SwarmError, TimeoutError) as error:
+            logger.info("node %s did not answer a session to check its forward against: %s", server.peer_id, error)
+            return False
+        return self._disowns(server, challenge, session, forward)
+
+    def _disowns(
+        self, server: ServerRecord, challenge: Challenge, session: torch.Tensor, forward: torch.Tensor
+    ) -> bool:
+        """Whether ``server``'s forward and session of the challenge's input disagree (then it loses trust)."""
+        verdict = judge(challenge, server, server, session, forward)
+        if verdict.agrees:
+            return False
+        seed = challenge.seed
+        self._outvoted(
+            server.peer_id, f"its forward disagreed with its own session (seed {seed}): {verdict.describe()}"
+        )
+        return True
+
+    def _outvoted(self, peer_id: str, reason: str) -> None:
+        self.counts["challenge", "outvoted"] += 1
+        if self.book.lost(peer_id, reason, outvoted=True):
+            logger.warning("node %s is out of routing: %s", peer_id, reason)
+
+    async def _challenge_back(
+        self, candidate: ServerRecord, reference: ServerRecord, challenge: Challenge, candidate_session: torch.Tensor
+    ) -> None:
         """An unverified reference answered the challenge's forward; its sessions (where a cache is used) are
-        checked too, against the candidate's forward, before it counts as verified."""
+        checked too, against the candidate's forward, before it counts as verified. A candidate whose forward
+        disagrees with its own session of the challenge (``candidate_session``) is the one found out."""
         timeout, blocks, inputs = self.settings.timeout, challenge.blocks, challenge.inputs
         got, want = await asyncio.gather(
             session_outputs(self._p2p, reference.peer_id, blocks, inputs, timeout, self._auth),
@@ -238,10 +276,7 @@ class Verifier:
         # Garbage (or an unsigned reply) is evidence against whoever sent it: the candidate's forward garbage once
         # outvoted the reference, so a liar joining could take an honest first node out of routing.
         if isinstance(want, MalformedReply | BadReceipt):
-            reason = f"answered a challenge's forward with garbage: {want}"
-            self.counts["challenge", "outvoted"] += 1
-            if self.book.lost(candidate.peer_id, reason, outvoted=True):
-                logger.warning("node %s is out of routing: %s", candidate.peer_id, reason)
+            self._outvoted(candidate.peer_id, f"answered a challenge's forward with garbage: {want}")
         for result in (got, want):
             if isinstance(result, BaseException) and not isinstance(result, MalformedReply | BadReceipt):
                 raise result  # silence, a refusal: the challenge could not run
@@ -254,11 +289,13 @@ class Verifier:
             if verdict.agrees:
                 self.book.confirmed(reference.peer_id)
                 return
+            if self._disowns(candidate, challenge, candidate_session, want):
+                return  # the candidate's forward is at fault, not the reference's session
             detail = verdict.describe()
-        reason = f"its session disagreed with {candidate.peer_id}'s forward (seed {challenge.seed}): {detail}"
-        self.book.lost(reference.peer_id, reason, outvoted=True)
-        self.counts["challenge", "outvoted"] += 1
-        logger.warning("node %s is out of routing: %s", reference.peer_id, reason)
+        self._outvoted(
+            reference.peer_id,
+            f"its session disagreed with {candidate.peer_id}'s forward (seed {challenge.seed}): {detail}",
+        )
 
     def _undecided(self, peer_id: str, reason: str, retry_in: float = CHALLENGE_RETRY) -> None:
         """The node stays in probation, unrouted, and is challenged again in ``retry_in`` seconds (a third node may
@@ -303,15 +340,12 @@ class Verifier:
         except SwarmError as error:  # the third's garbage or silence says nothing about the candidate
             logger.info("third node %s did not answer a tie-break's forward: %s", third.peer_id, error)
             if isinstance(error, MalformedReply | BadReceipt):  # garbage is evidence against the third itself
-                self.counts["challenge", "outvoted"] += 1
-                self.book.lost(third.peer_id, f"answered a challenge's forward with garbage: {error}", outvoted=True)
+                self._outvoted(third.peer_id, f"answered a challenge's forward with garbage: {error}")
             return None
         verdict = judge(challenge, candidate, third, got, want)
         if verdict.agrees:
             outvoted = f"outvoted at {candidate.peer_id}'s challenge by it and {third.peer_id} (seed {challenge.seed})"
-            self.book.lost(reference.peer_id, outvoted, outvoted=True)
-            self.counts["challenge", "outvoted"] += 1
-            logger.warning("node %s is out of routing: %s", reference.peer_id, outvoted)
+            self._outvoted(reference.peer_id, outvoted)
         return verdict, f"blocks {start}:{end} against {third.peer_id} (seed {challenge.seed})"
 
     def bad_receipt(self, peer_id: str, error: str) -> None:

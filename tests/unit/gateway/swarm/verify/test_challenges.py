@@ -143,8 +143,9 @@ async def test_a_newcomer_answering_the_challenge_back_with_garbage_loses_trust_
 async def test_a_third_answering_a_tie_break_with_garbage_loses_trust_and_the_newcomer_waits(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The newcomer disagrees with the unverified first node (lazy: its input back); the third node asked to break
-    the tie answers garbage: the newcomer stays undecided, and the garbage counts against the third."""
+    """The newcomer disagrees with the unverified first node (a consistent liar: the same wrong answer in sessions
+    and forwards); the third node asked to break the tie answers garbage: the newcomer stays undecided, and the garbage
+    counts against the third."""
     verifier = _verifier_with({"first": "unverified"})
     verifier._view = SwarmView(6, {p: _record(p) for p in ("candidate", "first", "third")})
     verifier.book.see("third", (0, 6))  # in probation: not a reference, but a third may be
@@ -152,10 +153,63 @@ async def test_a_third_answering_a_tie_break_with_garbage_loses_trust_and_the_ne
     real_forward = verifier_module.forward_outputs
 
     async def forward_outputs(p2p: object, peer: str, blocks: object, inputs: torch.Tensor, *rest: object) -> object:
-        return inputs if peer == "first" else await real_forward(p2p, peer, blocks, inputs, *rest)
+        return inputs * 3 if peer == "first" else await real_forward(p2p, peer, blocks, inputs, *rest)
+
+    real_session = verifier_module.session_outputs
+
+    async def session_outputs(p2p: object, peer: str, blocks: object, inputs: torch.Tensor, *rest: object) -> object:
+        return inputs * 3 if peer == "first" else await real_session(p2p, peer, blocks, inputs, *rest)
 
     monkeypatch.setattr(verifier_module, "forward_outputs", forward_outputs)
+    monkeypatch.setattr(verifier_module, "session_outputs", session_outputs)
     await verifier._challenge_guarded("candidate")
     assert verifier.book.nodes["candidate"].state is Verification.PROBATION
     assert verifier.book.reputation("third") < 0.5 and "garbage" in verifier.book.nodes["third"].reason
     assert verifier.book.reputation("first") == 0.5
+
+
+def _forward_liar(monkeypatch: pytest.MonkeyPatch, liar: str) -> None:
+    """Every node computes the honest model (twice its input) except ``liar``'s stateless forwards (three times)."""
+
+    async def session_outputs(
+        p2p: object, peer: str, blocks: object, inputs: torch.Tensor, *rest: object
+    ) -> torch.Tensor:
+        return inputs * 2
+
+    async def forward_outputs(
+        p2p: object, peer: str, blocks: object, inputs: torch.Tensor, *rest: object
+    ) -> torch.Tensor:
+        return inputs * 3 if peer == liar else inputs * 2
+
+    monkeypatch.setattr(verifier_module, "session_outputs", session_outputs)
+    monkeypatch.setattr(verifier_module, "forward_outputs", forward_outputs)
+
+
+@pytest.mark.parametrize("state", ["verified", "unverified"])
+async def test_a_reference_whose_forward_disagrees_with_its_own_session_loses_trust_not_the_newcomer(
+    monkeypatch: pytest.MonkeyPatch, state: str
+) -> None:
+    """The reference lies only in forwards: the newcomer disagrees with it, and the reference's own session of the
+    same input disagrees with its forward too. Before, a verified such reference failed every honest newcomer for
+    good, an unverified one kept them waiting for a third node."""
+    verifier = _verifier_with({"liar": state})
+    _forward_liar(monkeypatch, "liar")
+    await verifier._challenge_guarded("candidate")
+    candidate, liar = verifier.book.nodes["candidate"], verifier.book.nodes["liar"]
+    assert candidate.state is Verification.PROBATION and "cannot stand by" in candidate.reason, candidate.reason
+    assert "candidate" in verifier._retry
+    assert verifier.book.reputation("liar") < 0.5 and "its own session" in liar.reason, liar.reason
+
+
+async def test_a_newcomer_whose_forward_disagrees_with_its_own_session_cannot_outvote_the_first_node(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The newcomer lies only in forwards: its session passes against the first node's forward, and its forward,
+    asked to check the first node's session, disagrees with it — and with its own session. Before, that outvoted
+    the honest first node."""
+    verifier = _verifier_with({"first": "unverified"})
+    _forward_liar(monkeypatch, "candidate")
+    await verifier._challenge_guarded("candidate")
+    first, candidate = verifier.book.nodes["first"], verifier.book.nodes["candidate"]
+    assert first.state is Verification.UNVERIFIED and verifier.book.reputation("first") == 0.5, first.reason
+    assert candidate.state is Verification.DISTRUSTED and "its own session" in candidate.reason, candidate.reason

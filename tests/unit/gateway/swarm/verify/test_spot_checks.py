@@ -101,3 +101,36 @@ async def test_with_every_replica_answering_garbage_the_node_checks_itself(monke
     result = await run_spot_check(None, CallAuth(None, ""), book, view, _check("checked", INPUTS * 2), 5.0)  # type: ignore[arg-type]
     assert (result.kind, result.outcome) == ("self", "agreed")
     assert asked == ["junk", "checked"]
+
+
+@pytest.mark.parametrize("liar", ["reference", "checked"])
+async def test_a_dispute_counts_against_the_checked_node_only_once_the_reference_stands_by_its_forward(
+    monkeypatch: pytest.MonkeyPatch, liar: str
+) -> None:
+    """Two replicas disagree and no third can decide. Where the reference lies only in forwards (its sessions
+    right, so checks of its own steps pass), its session of the same input disowns its forward: it loses trust and
+    the honest node nothing (before, every check against it wore the honest node down). Where the checked node
+    lied, the reference's session stands by its forward, and the dispute counts against the node as before."""
+    view, book = _swarm(("reference", "checked"))
+
+    async def forward_outputs(p2p: object, peer: str, blocks: object, inputs: torch.Tensor, *rest: object) -> object:
+        return inputs * 3 if peer == liar else inputs * 2
+
+    async def session_outputs(p2p: object, peer: str, blocks: object, inputs: torch.Tensor, *rest: object) -> object:
+        return inputs * 2
+
+    monkeypatch.setattr(spot_module, "forward_outputs", forward_outputs)
+    monkeypatch.setattr(spot_module, "session_outputs", session_outputs)
+    before = {peer: book.reputation(peer) for peer in ("reference", "checked")}
+    served = INPUTS * 2 if liar == "reference" else INPUTS * 3
+    result = await run_spot_check(None, CallAuth(None, ""), book, view, _check("checked", served), 5.0)  # type: ignore[arg-type]
+    if liar == "reference":
+        assert (result.kind, result.outcome) == ("spot", "undecided")
+        assert (
+            book.reputation("reference") < before["reference"] and "its own session" in book.nodes["reference"].reason
+        )
+        assert book.reputation("checked") == before["checked"]
+    else:
+        assert (result.kind, result.outcome) == ("spot", "disputed")
+        assert book.reputation("checked") < before["checked"]
+        assert book.reputation("reference") == before["reference"]
