@@ -277,25 +277,22 @@ class Verifier:
         # outvoted the reference, so a liar joining could take an honest first node out of routing.
         if isinstance(want, MalformedReply | BadReceipt):
             self._outvoted(candidate.peer_id, f"answered a challenge's forward with garbage: {want}")
+        if isinstance(got, MalformedReply | BadReceipt):
+            self._outvoted(reference.peer_id, f"answered a session with garbage: {got}")
         for result in (got, want):
             if isinstance(result, BaseException) and not isinstance(result, MalformedReply | BadReceipt):
                 raise result  # silence, a refusal: the challenge could not run
-        if isinstance(want, BaseException):
-            return  # nothing to check the reference's session against
-        if isinstance(got, BaseException):  # the reference's garbage, or a session reply it did not sign
-            verdict, detail = None, f"answered a session with garbage: {got}"
-        else:
-            verdict = judge(challenge, reference, candidate, got, want)
-            if verdict.agrees:
-                self.book.confirmed(reference.peer_id)
-                return
-            if self._disowns(candidate, challenge, candidate_session, want):
-                return  # the candidate's forward is at fault, not the reference's session
-            detail = verdict.describe()
-        self._outvoted(
-            reference.peer_id,
-            f"its session disagreed with {candidate.peer_id}'s forward (seed {challenge.seed}): {detail}",
-        )
+        if isinstance(got, BaseException) or isinstance(want, BaseException):
+            return
+        verdict = judge(challenge, reference, candidate, got, want)
+        if verdict.agrees:
+            self.book.confirmed(reference.peer_id)
+        elif not self._disowns(
+            candidate, challenge, candidate_session, want
+        ):  # else the candidate's forward is at fault
+            seed = challenge.seed
+            detail = f"its session disagreed with {candidate.peer_id}'s forward (seed {seed}): {verdict.describe()}"
+            self._outvoted(reference.peer_id, detail)
 
     def _undecided(self, peer_id: str, reason: str, retry_in: float = CHALLENGE_RETRY) -> None:
         """The node stays in probation, unrouted, and is challenged again in ``retry_in`` seconds (a third node may
