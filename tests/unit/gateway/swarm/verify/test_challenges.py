@@ -70,9 +70,12 @@ def _verifier_with(references: dict[str, str]) -> Verifier:
     return verifier
 
 
-def _honest_but(monkeypatch: pytest.MonkeyPatch, broken: dict[str, SwarmError]) -> list[str]:
+def _honest_but(
+    monkeypatch: pytest.MonkeyPatch, broken: dict[str, SwarmError], forward_liar: str | None = None
+) -> list[str]:
     """Every node computes the honest model (twice its input) except those in ``broken``, whose forward raises
-    their error; returns the peers asked for a forward, in order."""
+    their error, and ``forward_liar``'s stateless forwards (three times its input); returns the peers asked for a
+    forward, in order."""
     asked: list[str] = []
 
     async def session_outputs(
@@ -86,7 +89,7 @@ def _honest_but(monkeypatch: pytest.MonkeyPatch, broken: dict[str, SwarmError]) 
         asked.append(peer)
         if peer in broken:
             raise broken[peer]
-        return inputs * 2
+        return inputs * 3 if peer == forward_liar else inputs * 2
 
     monkeypatch.setattr(verifier_module, "session_outputs", session_outputs)
     monkeypatch.setattr(verifier_module, "forward_outputs", forward_outputs)
@@ -168,23 +171,6 @@ async def test_a_third_answering_a_tie_break_with_garbage_loses_trust_and_the_ne
     assert verifier.book.reputation("first") == 0.5
 
 
-def _forward_liar(monkeypatch: pytest.MonkeyPatch, liar: str) -> None:
-    """Every node computes the honest model (twice its input) except ``liar``'s stateless forwards (three times)."""
-
-    async def session_outputs(
-        p2p: object, peer: str, blocks: object, inputs: torch.Tensor, *rest: object
-    ) -> torch.Tensor:
-        return inputs * 2
-
-    async def forward_outputs(
-        p2p: object, peer: str, blocks: object, inputs: torch.Tensor, *rest: object
-    ) -> torch.Tensor:
-        return inputs * 3 if peer == liar else inputs * 2
-
-    monkeypatch.setattr(verifier_module, "session_outputs", session_outputs)
-    monkeypatch.setattr(verifier_module, "forward_outputs", forward_outputs)
-
-
 @pytest.mark.parametrize("state", ["verified", "unverified"])
 async def test_a_reference_whose_forward_disagrees_with_its_own_session_loses_trust_not_the_newcomer(
     monkeypatch: pytest.MonkeyPatch, state: str
@@ -193,7 +179,7 @@ async def test_a_reference_whose_forward_disagrees_with_its_own_session_loses_tr
     same input disagrees with its forward too. Before, a verified such reference failed every honest newcomer for
     good, an unverified one kept them waiting for a third node."""
     verifier = _verifier_with({"liar": state})
-    _forward_liar(monkeypatch, "liar")
+    _honest_but(monkeypatch, {}, forward_liar="liar")
     await verifier._challenge_guarded("candidate")
     candidate, liar = verifier.book.nodes["candidate"], verifier.book.nodes["liar"]
     assert candidate.state is Verification.PROBATION and "cannot stand by" in candidate.reason, candidate.reason
@@ -208,7 +194,7 @@ async def test_a_newcomer_whose_forward_disagrees_with_its_own_session_cannot_ou
     asked to check the first node's session, disagrees with it — and with its own session. Before, that outvoted
     the honest first node."""
     verifier = _verifier_with({"first": "unverified"})
-    _forward_liar(monkeypatch, "candidate")
+    _honest_but(monkeypatch, {}, forward_liar="candidate")
     await verifier._challenge_guarded("candidate")
     first, candidate = verifier.book.nodes["first"], verifier.book.nodes["candidate"]
     assert first.state is Verification.UNVERIFIED and verifier.book.reputation("first") == 0.5, first.reason
