@@ -5,9 +5,9 @@ last positions.
     agree                   the node gains reputation
     disagree, a 3rd replica the 3rd decides: whoever it disagrees with is outvoted (loses much reputation)
     disagree, no 3rd        disputed: the checked node loses some (the reference is routed and at least as reputed)
-    ... unless the reference the reference re-runs the input as a session first: when its own session disowns its
-    disowns its forward     forward (or it answers garbage), the reference loses trust as if outvoted and the check
-                            ends undecided; the checked node loses nothing
+    ... the reference's own   before a dispute counts, the reference runs the same input as a session: when that
+    session disowns its     session disowns its forward (or it answers garbage), the reference loses trust as if
+    forward                 outvoted and the check ends undecided; the checked node loses nothing
     sole replica            the node re-runs its own step as a prefill: a node whose cache and forwards disagree
                             (drift: a broken kernel, a cache never written) is caught; a node that lies the same way
                             both times is not — a check of a sole replica catches drift, not malice
